@@ -1,0 +1,59 @@
+"""The CUDA caching allocator's sizing rules (c10/cuda/CUDACachingAllocator.cpp), shared by the reader and the simulator.
+
+Trace entries record requested bytes; `torch.cuda.memory_allocated()` counts block sizes. `round_size` is the
+rule that turns one into the other (a block can still be larger when the remainder of a free block was too
+small to split; the reader uses the final block sizes where the snapshot has them).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+MIN_BLOCK_SIZE = 512            # kMinBlockSize: every block is a multiple of this
+SMALL_SIZE = 1 << 20            # kSmallSize: requests up to 1 MiB use the small pool
+SMALL_BUFFER = 2 << 20          # kSmallBuffer: small-pool segments are 2 MiB
+LARGE_BUFFER = 20 << 20         # kLargeBuffer: requests below 10 MiB get a 20 MiB segment
+MIN_LARGE_ALLOC = 10 << 20      # kMinLargeAlloc
+ROUND_LARGE = 2 << 20           # kRoundLarge: larger segments are rounded to 2 MiB
+
+_INTERVAL_START_LOG2 = 20       # roundup_power2_divisions intervals start at 1 MiB ...
+_INTERVAL_COUNT = 16            # ... and there are 16 of them (1 MiB .. 32 GiB and above)
+
+
+def _divisions_for(size: int, settings: Mapping[str, Any]) -> int:
+    table = settings.get("roundup_power2_divisions") if settings else None
+    if not isinstance(table, Mapping) or not table:
+        return 0
+    values = [int(v) for _, v in sorted(table.items(), key=lambda kv: int(kv[0]))]
+    index = max(size.bit_length() - 1 - _INTERVAL_START_LOG2, 0)
+    return values[min(index, len(values) - 1, _INTERVAL_COUNT - 1)]
+
+
+def _roundup_power2_next_division(size: int, divisions: int) -> int:
+    if size <= 4 or divisions <= 1 or size & (size - 1) == 0:
+        return size
+    floor = 1 << (size.bit_length() - 1)
+    step = floor >> (divisions.bit_length() - 1)
+    if step == 0:
+        return floor << 1
+    rounded_floor = size & ~(step - 1)
+    return size if rounded_floor == size else rounded_floor + step
+
+
+def round_size(size: int, settings: Mapping[str, Any] | None = None) -> int:
+    """The block size the allocator carves for a request of `size` bytes (before split decisions)."""
+    if size < MIN_BLOCK_SIZE:
+        return MIN_BLOCK_SIZE
+    divisions = _divisions_for(size, settings or {})
+    if divisions > 1 and size > MIN_BLOCK_SIZE * divisions:
+        return _roundup_power2_next_division(size, divisions)
+    return MIN_BLOCK_SIZE * ((size + MIN_BLOCK_SIZE - 1) // MIN_BLOCK_SIZE)
+
+
+def segment_size(rounded: int) -> int:
+    """The cudaMalloc size for a new segment that must hold a block of `rounded` bytes."""
+    if rounded <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if rounded < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return ROUND_LARGE * ((rounded + ROUND_LARGE - 1) // ROUND_LARGE)

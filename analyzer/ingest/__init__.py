@@ -1,0 +1,49 @@
+"""Readers: one module per input format, each turning a file into a MemoryTrace.
+
+`load()` sniffs the format from the bytes and dispatches through `READERS`; a new format is one new module
+and one new line in that table.
+"""
+from __future__ import annotations
+
+import importlib
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+
+from analyzer.errors import UnsupportedFormat
+from analyzer.ingest import sniff as formats
+from analyzer.trace import MemoryTrace
+
+#: kind -> "module:function" of the reader (imported on use, so one format's dependencies never slow another)
+READERS: dict[str, str] = {
+    formats.SNAPSHOT: "analyzer.ingest.snapshot:read_snapshot",
+}
+
+_NOT_YET = {
+    formats.KINETO: "PyTorch Profiler (Kineto) traces",
+    formats.MEMORY_TIMELINE: "export_memory_timeline files",
+    formats.MEMORY_TIMELINE_RAW: "export_memory_timeline files",
+    formats.NSYS_SQLITE: "Nsight Systems exports",
+    formats.TRACE_ARCHIVE: "archives of per-rank traces",
+    formats.TRACE_DIRECTORY: "directories of per-rank traces",
+}
+
+
+def reader_for(kind: str, path: Path) -> Callable[[Path], MemoryTrace]:
+    if kind == formats.NSYS_REP:
+        sqlite = path.with_suffix(".sqlite")
+        raise UnsupportedFormat(path, "this is a binary Nsight Systems report (.nsys-rep), which only nsys can read",
+                                f"Export it first: nsys export --type sqlite --output {shlex.quote(str(sqlite))} "
+                                f"{shlex.quote(str(path))}, then analyze the .sqlite file.")
+    target = READERS.get(kind)
+    if target is None:
+        raise UnsupportedFormat(path, f"reading {_NOT_YET.get(kind, kind)} is not supported by this version",
+                                "Record a CUDA memory snapshot with torch.cuda.memory._dump_snapshot() instead.")
+    module, function = target.split(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def load(path: str | Path) -> MemoryTrace:
+    """Read any supported input into a MemoryTrace; raises an AnalyzerError subclass on bad input."""
+    p = formats.check_path(path)
+    return reader_for(formats.sniff(p), p)(p)

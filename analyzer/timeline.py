@@ -1,0 +1,103 @@
+"""Replay each device's allocator history into allocated, requested and reserved bytes over time.
+
+Allocated bytes are block sizes (what `torch.cuda.memory_allocated()` shows); requested bytes are what the
+callers asked for. Both are computed from the `allocations` table, so at every point they equal the sum of
+the live allocations, and per-category or per-module splits of the same rows sum to them exactly. The
+replay starts from the allocations alive before the first recorded event (frees with no alloc, blocks alive
+at the end with no alloc): that is how a wrapped ring buffer or a late start is seeded. Reserved bytes are
+anchored at the final segments and walked back through segment_alloc/free/map/unmap.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+TIMELINE_COLUMNS = ["device", "t_us", "seq", "allocated_bytes", "requested_bytes", "reserved_bytes"]
+_GROW = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+
+
+def _deltas(rows: pd.DataFrame, column: str, n_events: int) -> tuple[int, np.ndarray]:
+    """(bytes alive before the first event, change at each event) for one size column of one device."""
+    delta = np.zeros(n_events, dtype=np.int64)
+    sizes = rows[column].to_numpy(dtype=np.int64)
+    seq_alloc = rows["seq_alloc"].to_numpy(dtype=np.float64, na_value=np.nan)
+    seq_free = rows["seq_free"].to_numpy(dtype=np.float64, na_value=np.nan)
+    allocated_in_trace = ~np.isnan(seq_alloc)
+    freed_in_trace = ~np.isnan(seq_free)
+    np.add.at(delta, seq_alloc[allocated_in_trace].astype(np.int64), sizes[allocated_in_trace])
+    np.subtract.at(delta, seq_free[freed_in_trace].astype(np.int64), sizes[freed_in_trace])
+    start = int(sizes[~allocated_in_trace].sum())
+    return start, delta
+
+
+def _reserved_deltas(trace, device: int, events: pd.DataFrame) -> tuple[int, np.ndarray]:
+    """Reserved bytes before the first event and their change at each event: the final segments walked back."""
+    segments = trace.segments
+    end = int(segments.loc[(segments["device"] == device) & segments["alive_at_end"], "bytes"].sum())
+    sign = events["action"].map(_GROW).fillna(0).to_numpy(dtype=np.int64)
+    delta = sign * events["bytes"].to_numpy(dtype=np.int64)
+    return end - int(delta.sum()), delta
+
+
+def device_timeline(trace, device: int) -> pd.DataFrame:
+    """One row before the first event (seq -1) and one after every event of `device`."""
+    events = trace.events[trace.events["device"] == device]
+    rows = trace.allocations[trace.allocations["device"] == device]
+    n = len(events)
+    alloc_start, alloc_delta = _deltas(rows, "allocated_bytes", n)
+    req_start, req_delta = _deltas(rows, "requested_bytes", n)
+    reserved_start, reserved_delta = _reserved_deltas(trace, device, events)
+    first_t = events["t_us"].iloc[0] if n else pd.NA
+    def series(start: int, delta: np.ndarray) -> np.ndarray:
+        return np.concatenate([[start], start + np.cumsum(delta)]).astype(np.int64)
+
+    return pd.DataFrame({
+        "device": np.full(n + 1, device, dtype=np.int64),
+        "t_us": pd.array([first_t, *events["t_us"]], dtype="Int64"),
+        "seq": np.arange(-1, n, dtype=np.int64),
+        "allocated_bytes": series(alloc_start, alloc_delta),
+        "requested_bytes": series(req_start, req_delta),
+        "reserved_bytes": series(reserved_start, reserved_delta),
+    })
+
+
+def build_timeline(trace) -> pd.DataFrame:
+    """The `timeline` table for every device."""
+    parts = [device_timeline(trace, d) for d in trace.device_ids]
+    if not parts:
+        return pd.DataFrame({c: pd.Series(dtype="Int64" if c == "t_us" else "int64") for c in TIMELINE_COLUMNS})
+    return pd.concat(parts, ignore_index=True)
+
+
+@dataclass
+class Peak:
+    """The moment of highest allocated bytes on one device."""
+
+    device: int
+    allocated_bytes: int
+    requested_bytes: int
+    reserved_bytes: int
+    time_us: int | None
+    event_index: int          # seq of the event after which the peak holds; -1: before the first event
+    live: pd.DataFrame        # the allocations alive at that moment, largest first
+
+
+def live_at(trace, device: int, seq: int) -> pd.DataFrame:
+    """Allocations of `device` alive just after event `seq` (-1: before the first event)."""
+    a = trace.allocations[trace.allocations["device"] == device]
+    born = a["seq_alloc"].isna() | (a["seq_alloc"] <= seq)
+    alive = a["seq_free"].isna() | (a["seq_free"] > seq)
+    return a[(born & alive).fillna(False).astype(bool)].sort_values("allocated_bytes", ascending=False, kind="stable")
+
+
+def find_peak(trace, device: int) -> Peak:
+    tl = trace.timeline
+    tl = tl[tl["device"] == device]
+    i = int(np.argmax(tl["allocated_bytes"].to_numpy()))
+    row = tl.iloc[i]
+    seq = int(row["seq"])
+    return Peak(device=device, allocated_bytes=int(row["allocated_bytes"]), requested_bytes=int(row["requested_bytes"]),
+                reserved_bytes=int(row["reserved_bytes"]), time_us=None if pd.isna(row["t_us"]) else int(row["t_us"]),
+                event_index=seq, live=live_at(trace, device, seq))

@@ -1,0 +1,214 @@
+"""MemoryTrace: the one set of tables every reader fills and every analysis reads.
+
+Sizes are int64 bytes and times int64 microseconds. Columns that can be missing use pandas' nullable
+Int64. The column lists below are the documented pandas API (the README repeats them); the constructor
+checks that each table has exactly its columns and that the invariants hold, so a reader bug fails loudly
+where it happens rather than as a wrong number in a report.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+UNATTRIBUTED = "unattributed"
+
+#: one row per tensor-level allocation: an alloc paired with its free.
+ALLOCATION_COLUMNS: dict[str, str] = {
+    "alloc_id": "int64",          # position in this table
+    "device": "int64",
+    "addr": "int64",
+    "requested_bytes": "int64",   # what the caller asked for
+    "allocated_bytes": "int64",   # the block size the allocator handed out (what memory_allocated() counts)
+    "stream": "int64",
+    "t_alloc_us": "Int64",        # NA: allocated before recording started
+    "t_free_us": "Int64",         # NA: alive at the end of the recording
+    "seq_alloc": "Int64",         # index of the alloc entry in the device's trace; NA as above
+    "seq_free": "Int64",          # index of the free entry (free_requested, else free_completed)
+    "stack_id": "Int64",          # into `stacks`; NA when the allocation carries no frames
+    "origin": "str",              # trace | before_trace (freed, alloc not recorded) | end_state (alive, alloc not recorded)
+    "module": "str",              # labels: filled by analyzer.attribute; "unattributed" until then
+    "phase": "str",
+    "category": "str",
+    "step": "Int64",
+    "label_source": "str",        # which signal decided the labels
+    "confidence": "float64",
+}
+
+#: one row per reserved memory range (a cudaMalloc'd segment, or a mapped range of an expandable segment).
+SEGMENT_COLUMNS: dict[str, str] = {
+    "device": "int64",
+    "addr": "int64",
+    "bytes": "int64",
+    "t_alloc_us": "Int64",
+    "t_free_us": "Int64",
+    "seq_alloc": "Int64",
+    "seq_free": "Int64",
+    "pool": "str",               # small | large | expandable-mapping (for segment_map ranges) | unknown
+    "stream": "int64",
+    "expandable": "bool",
+    "alive_at_end": "bool",
+}
+
+#: one row per block of the final allocator state (the snapshot's `segments[*].blocks`).
+BLOCK_COLUMNS: dict[str, str] = {
+    "device": "int64",
+    "segment_addr": "int64",
+    "addr": "int64",
+    "bytes": "int64",
+    "requested_bytes": "int64",
+    "state": "str",              # active_allocated | active_pending_free | inactive
+    "stack_id": "Int64",
+}
+
+#: one row per raw allocator event, in recording order per device.
+EVENT_COLUMNS: dict[str, str] = {
+    "device": "int64",
+    "seq": "int64",
+    "t_us": "Int64",
+    "action": "str",
+    "addr": "int64",
+    "bytes": "int64",
+    "stream": "int64",
+    "stack_id": "Int64",
+}
+
+#: one row per interned stack; frames are innermost first.
+STACK_COLUMNS: dict[str, str] = {
+    "stack_id": "int64",
+    "frames": "object",          # tuple of (filename, line, function)
+    "top_user_frame": "object",  # "file:line function" of the innermost frame outside torch/C++/stdlib, or None
+}
+
+#: one row per annotation range (record_function, Optimizer.step#..., FSDP, dynamo_timed ...).
+ANNOTATION_COLUMNS: dict[str, str] = {
+    "device": "int64",
+    "name": "str",
+    "start_us": "Int64",
+    "end_us": "Int64",           # NA: still open at the end of the recording
+    "thread": "Int64",
+}
+
+#: one row per out-of-memory event.
+OOM_COLUMNS: dict[str, str] = {
+    "device": "int64",
+    "seq": "int64",
+    "t_us": "Int64",
+    "requested_bytes": "int64",  # the rounded size the allocator tried to get
+    "device_free_bytes": "Int64",  # what cudaMemGetInfo said was free on the device
+    "stack_id": "Int64",
+}
+
+TABLES: dict[str, dict[str, str]] = {
+    "allocations": ALLOCATION_COLUMNS,
+    "segments": SEGMENT_COLUMNS,
+    "blocks": BLOCK_COLUMNS,
+    "events": EVENT_COLUMNS,
+    "stacks": STACK_COLUMNS,
+    "annotations": ANNOTATION_COLUMNS,
+    "ooms": OOM_COLUMNS,
+}
+
+
+def empty_table(name: str) -> pd.DataFrame:
+    """A table with the documented columns and dtypes and no rows."""
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in TABLES[name].items()})
+
+
+def make_table(name: str, columns: dict[str, Any]) -> pd.DataFrame:
+    """Build a table from column arrays, casting each to its documented dtype."""
+    spec = TABLES[name]
+    missing = set(spec) - set(columns)
+    extra = set(columns) - set(spec)
+    if missing or extra:
+        raise ValueError(f"table {name}: missing {sorted(missing)}, unexpected {sorted(extra)}")
+    return pd.DataFrame({c: pd.array(columns[c], dtype=t) if t != "object" else pd.Series(columns[c], dtype=object)
+                         for c, t in spec.items()})
+
+
+@dataclass
+class DeviceInfo:
+    """What the input says about one device, beyond the tables."""
+
+    device: int
+    trace_entries: int = 0
+    history_truncated: bool = False     # frees with no alloc, or live blocks with no alloc, were seen
+    capacity_bytes: int | None = None   # total device memory, where the input records it
+    name: str | None = None
+
+
+@dataclass
+class MemoryTrace:
+    """Every input, whatever its format, becomes these tables (see the column dicts above)."""
+
+    source_path: str
+    source_kind: str
+    allocations: pd.DataFrame
+    segments: pd.DataFrame
+    blocks: pd.DataFrame
+    events: pd.DataFrame
+    stacks: pd.DataFrame
+    annotations: pd.DataFrame
+    ooms: pd.DataFrame
+    devices: dict[int, DeviceInfo]
+    allocator_settings: dict[str, Any] = field(default_factory=dict)
+    torch_era: str = "unknown"
+    has_history: bool = True            # False: the input holds only an end state
+    warnings: list[str] = field(default_factory=list)
+    _timeline: pd.DataFrame | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        for name, spec in TABLES.items():
+            table = getattr(self, name)
+            if list(table.columns) != list(spec):
+                raise ValueError(f"{name} columns {list(table.columns)} != documented {list(spec)}")
+        self._check_invariants()
+
+    def _check_invariants(self) -> None:
+        a = self.allocations
+        if len(a) and (a["requested_bytes"] < 0).any():
+            raise ValueError("allocations: negative requested_bytes")
+        if len(a) and (a["allocated_bytes"] < a["requested_bytes"]).any():
+            raise ValueError("allocations: a block smaller than its request")
+        if len(self.segments) and (self.segments["bytes"] < 0).any():
+            raise ValueError("segments: negative size")
+
+    @property
+    def device_ids(self) -> list[int]:
+        return sorted(self.devices)
+
+    @property
+    def timeline(self) -> pd.DataFrame:
+        """Allocated, requested and reserved bytes after every event (see analyzer.timeline)."""
+        if self._timeline is None:
+            from analyzer.timeline import build_timeline
+
+            self._timeline = build_timeline(self)
+        return self._timeline
+
+    def stack_frames(self, stack_id: Any) -> tuple:
+        """Frames of one stack, innermost first; empty for NA."""
+        if pd.isna(stack_id):
+            return ()
+        return self.stacks["frames"].iat[int(stack_id)]
+
+    def end_state(self, device: int) -> dict[str, int]:
+        """Allocated, requested, reserved and inactive bytes and the largest free block at the end."""
+        blocks = self.blocks[self.blocks["device"] == device]
+        live_segments = self.segments[(self.segments["device"] == device) & self.segments["alive_at_end"]]
+        active = blocks["state"] == "active_allocated"
+        inactive = blocks.loc[blocks["state"] == "inactive", "bytes"]
+        return {
+            "allocated_bytes": int(blocks.loc[active, "bytes"].sum()),
+            "requested_bytes": int(blocks.loc[active, "requested_bytes"].sum()),
+            "reserved_bytes": int(live_segments["bytes"].sum()),
+            "inactive_bytes": int(inactive.sum()),
+            "largest_free_block_bytes": int(inactive.max()) if len(inactive) else 0,
+        }
+
+
+def int64_array(values: list[int]) -> np.ndarray:
+    """Convert to int64, turning overflow into ValueError (readers map it to CorruptInput)."""
+    return np.asarray(values, dtype=np.int64)
