@@ -21,6 +21,14 @@ def format_frame(frame: Frame) -> str:
     return f"{filename}:{line} {function}"
 
 
+def short_frame(text: str, parts: int = 3) -> str:
+    """'…/train/models.py:174 update_nodes' from a full 'file:line function': the end of a path says the most."""
+    location, _, function = text.partition(" ")
+    pieces = location.replace("\\", "/").split("/")
+    shortened = "/".join(pieces[-parts:])
+    return (("…/" if len(pieces) > parts else "") + shortened + (" " + function if function else "")).strip()
+
+
 def top_user_frame(frames: tuple[Frame, ...]) -> str | None:
     """'file:line function' of the innermost user frame (frames are innermost first), or None."""
     for frame in frames:

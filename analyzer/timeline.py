@@ -101,3 +101,17 @@ def find_peak(trace, device: int) -> Peak:
     return Peak(device=device, allocated_bytes=int(row["allocated_bytes"]), requested_bytes=int(row["requested_bytes"]),
                 reserved_bytes=int(row["reserved_bytes"]), time_us=None if pd.isna(row["t_us"]) else int(row["t_us"]),
                 event_index=seq, live=live_at(trace, device, seq))
+
+
+def downsample(timeline: pd.DataFrame, max_points: int = 2000, column: str = "allocated_bytes") -> pd.DataFrame:
+    """At most about `max_points` rows for drawing: each bucket keeps its lowest and highest row, so spikes
+    survive, and the global peak is always kept exactly."""
+    if len(timeline) <= max_points:
+        return timeline
+    values = timeline[column].to_numpy()
+    buckets = np.arange(len(values)) * (max_points // 2) // len(values)
+    frame = pd.DataFrame({"bucket": buckets, "value": values})
+    grouped = frame.groupby("bucket")["value"]
+    keep = np.union1d(grouped.idxmax().to_numpy(), grouped.idxmin().to_numpy())
+    keep = np.union1d(keep, [0, len(values) - 1, int(np.argmax(values))])
+    return timeline.iloc[keep]

@@ -188,6 +188,12 @@ class MemoryTrace:
             self._timeline = build_timeline(self)
         return self._timeline
 
+    @property
+    def time_origin_us(self) -> int | None:
+        """The first recorded event time: reports show times relative to it."""
+        times = self.events["t_us"].dropna()
+        return int(times.min()) if len(times) else None
+
     def stack_frames(self, stack_id: Any) -> tuple:
         """Frames of one stack, innermost first; empty for NA."""
         if pd.isna(stack_id):

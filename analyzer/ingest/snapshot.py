@@ -159,8 +159,9 @@ class _Builder:
                 raise TypeError(f"device_traces[{device}] is not a list")
             info = self.devices.setdefault(device, DeviceInfo(device))
             info.trace_entries = len(trace)
-            if trace:
+            if any(isinstance(e, dict) and e.get("action") != "snapshot" for e in trace[:64]) or len(trace) > 64:
                 has_history = True
+            if trace:
                 self._replay_device(device, trace, ev, al, oom, seg_events)
         allocations = self._allocations_table(al, blk)
         segments = self._segments_table(seg, seg_events)
@@ -169,7 +170,7 @@ class _Builder:
         for device, info in self.devices.items():
             mine = allocations["device"] == device
             origin = allocations.loc[mine, "origin"]
-            info.history_truncated = bool(info.trace_entries and (origin != "trace").any())
+            info.history_truncated = bool(has_history and info.trace_entries and (origin != "trace").any())
         blocks = make_table("blocks", blk)
         return MemoryTrace(
             source_path=self.path, source_kind="snapshot",

@@ -11,6 +11,7 @@ import re
 import tarfile
 import zlib
 from pathlib import Path
+from collections.abc import Callable
 from typing import IO
 
 from analyzer.errors import CorruptInput, InputNotFound, ResourceLimit, UnsupportedFormat
@@ -78,9 +79,15 @@ def check_path(path: str | Path) -> Path:
     return p
 
 
+#: called with (file object, size in bytes) whenever an input is opened, so the CLI can show progress
+OPEN_LISTENERS: list[Callable[[IO[bytes], int], None]] = []
+
+
 def open_input(path: Path) -> IO[bytes]:
     """A buffered binary stream of the file's content, gunzipped when it is gzip."""
     raw = open(path, "rb")
+    for listener in OPEN_LISTENERS:
+        listener(raw, path.stat().st_size)
     if raw.peek(2)[:2] == _GZIP_MAGIC:
         limited = _LimitedReader(gzip.GzipFile(fileobj=raw), max_decompressed_bytes(), str(path))
         return io.BufferedReader(limited, buffer_size=1 << 20)

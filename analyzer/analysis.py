@@ -1,0 +1,180 @@
+"""Analysis: everything the reports show, computed once from a MemoryTrace (reporters only render it).
+
+`Analysis.to_json()` is the stable contract behind `analyze --format json`: versioned by `SCHEMA`; later
+versions add fields and never rename or drop these.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analyzer.timeline import Peak, find_peak
+from analyzer.trace import MemoryTrace
+
+SCHEMA = "analyzer/1"
+TOP_ALLOCATIONS = 10
+
+
+@dataclass
+class OutOfMemory:
+    """The last out-of-memory event of a device (the one that ended the run)."""
+
+    requested_bytes: int
+    device_free_bytes: int | None
+    time_us: int | None
+    event_index: int
+    count: int                      # how many OOM entries the device recorded
+    top_user_frame: str | None
+
+
+@dataclass
+class DeviceAnalysis:
+    device: int
+    peak: Peak
+    reserved_peak_bytes: int
+    end: dict[str, int]
+    trace_entries: int
+    history_truncated: bool
+    oom: OutOfMemory | None
+    capacity_bytes: int | None
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    remedies: list[dict[str, Any]] = field(default_factory=list)
+
+    def top_allocations(self, trace: MemoryTrace, n: int = TOP_ALLOCATIONS) -> list[dict[str, Any]]:
+        """The largest allocations live at the peak, with where they came from."""
+        rows = []
+        frames = trace.stacks["top_user_frame"]
+        for r in self.peak.live.head(n).itertuples(index=False):
+            where = None if pd.isna(r.stack_id) else frames.iat[int(r.stack_id)]
+            rows.append({
+                "allocated_bytes": int(r.allocated_bytes), "requested_bytes": int(r.requested_bytes),
+                "address": int(r.addr), "t_alloc_us": None if pd.isna(r.t_alloc_us) else int(r.t_alloc_us),
+                "origin": r.origin, "top_user_frame": where,
+                "has_frames": not pd.isna(r.stack_id),
+            })
+        return rows
+
+
+@dataclass
+class Analysis:
+    trace: MemoryTrace
+    devices: list[DeviceAnalysis]
+    warnings: list[str] = field(default_factory=list)  # the reader's warnings, then the analysis's
+
+    def device(self, device: int) -> DeviceAnalysis:
+        return next(d for d in self.devices if d.device == device)
+
+    def to_json(self) -> dict[str, Any]:
+        """The `analyzer/1` JSON contract (see the README)."""
+        return {
+            "schema": SCHEMA,
+            "source": {"path": self.trace.source_path, "kind": self.trace.source_kind,
+                       "torch_era": self.trace.torch_era, "has_history": self.trace.has_history},
+            "allocator_settings": _jsonable(self.trace.allocator_settings),
+            "warnings": list(self.warnings),
+            "devices": [self._device_json(d) for d in self.devices],
+        }
+
+    def _device_json(self, d: DeviceAnalysis) -> dict[str, Any]:
+        return {
+            "device": d.device,
+            "capacity_bytes": d.capacity_bytes,
+            "peak": {
+                "allocated_bytes": d.peak.allocated_bytes, "requested_bytes": d.peak.requested_bytes,
+                "reserved_bytes": d.peak.reserved_bytes, "time_us": d.peak.time_us, "event_index": d.peak.event_index,
+                "live_allocations": int(len(d.peak.live)),
+                "top_allocations": d.top_allocations(self.trace),
+            },
+            "reserved_peak_bytes": d.reserved_peak_bytes,
+            "end": d.end,
+            "trace_entries": d.trace_entries,
+            "history_truncated": d.history_truncated,
+            "oom": None if d.oom is None else {
+                "requested_bytes": d.oom.requested_bytes, "device_free_bytes": d.oom.device_free_bytes,
+                "time_us": d.oom.time_us, "event_index": d.oom.event_index, "count": d.oom.count,
+                "top_user_frame": d.oom.top_user_frame,
+            },
+            "findings": d.findings,
+            "remedies": d.remedies,
+        }
+
+    def to_json_text(self) -> str:
+        return json.dumps(self.to_json(), indent=2)
+
+
+def _jsonable(value: Any) -> Any:
+    """Allocator settings hold only plain values, but keys may be ints or tuples: make them JSON-safe."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _oom(trace: MemoryTrace, device: int) -> OutOfMemory | None:
+    ooms = trace.ooms[trace.ooms["device"] == device]
+    if ooms.empty:
+        return None
+    last = ooms.iloc[-1]
+    stack = last["stack_id"]
+    return OutOfMemory(
+        requested_bytes=int(last["requested_bytes"]),
+        device_free_bytes=None if pd.isna(last["device_free_bytes"]) else int(last["device_free_bytes"]),
+        time_us=None if pd.isna(last["t_us"]) else int(last["t_us"]),
+        event_index=int(last["seq"]), count=len(ooms),
+        top_user_frame=None if pd.isna(stack) else trace.stacks["top_user_frame"].iat[int(stack)],
+    )
+
+
+def active_devices(trace: MemoryTrace) -> list[int]:
+    """Devices that hold any memory or history; idle entries of device_traces are left out."""
+    used = set(trace.segments["device"]) | set(trace.events["device"]) | set(trace.allocations["device"])
+    return [d for d in trace.device_ids if d in used]
+
+
+def _device_warnings(d: DeviceAnalysis, timeline: pd.DataFrame) -> list[str]:
+    """What a reader of the numbers must know about how complete and consistent they are."""
+    out = []
+    if d.history_truncated:
+        out.append(f"device {d.device}: the history is truncated (the ring buffer wrapped or recording started late); "
+                   f"{_start_bytes(timeline)} bytes were already allocated before the first recorded event and are "
+                   "seeded from frees without allocs and from blocks alive at the end")
+    over = timeline["allocated_bytes"] - timeline["reserved_bytes"]
+    if len(over) and int(over.max()) > 0:
+        out.append(f"device {d.device}: allocated bytes exceed reserved bytes by up to {int(over.max())} bytes; "
+                   "the snapshot is internally inconsistent (edited or synthetic?), so reserved figures are unreliable")
+    return out
+
+
+def _start_bytes(timeline: pd.DataFrame) -> int:
+    return int(timeline["allocated_bytes"].iloc[0]) if len(timeline) else 0
+
+
+def analyze(source: str | Path | MemoryTrace) -> Analysis:
+    """Analyse a file (any supported format) or an already loaded MemoryTrace."""
+    if isinstance(source, MemoryTrace):
+        trace = source
+    else:
+        from analyzer.ingest import load
+
+        trace = load(source)
+    devices = []
+    warnings = list(trace.warnings)
+    timeline = trace.timeline
+    for device in active_devices(trace):
+        info = trace.devices[device]
+        tl = timeline[timeline["device"] == device]
+        d = DeviceAnalysis(
+            device=device, peak=find_peak(trace, device), reserved_peak_bytes=int(tl["reserved_bytes"].max()),
+            end=trace.end_state(device), trace_entries=info.trace_entries, history_truncated=info.history_truncated,
+            oom=_oom(trace, device), capacity_bytes=info.capacity_bytes,
+        )
+        devices.append(d)
+        warnings.extend(_device_warnings(d, tl))
+    if not devices:
+        warnings.append("the input holds no allocations and no history on any device")
+    elif not trace.has_history:
+        warnings.append("no allocation history was recorded, so only the end state is known; record it with "
+                        "torch.cuda.memory._record_memory_history(max_entries=100000) before the step, "
+                        "then call torch.cuda.memory._dump_snapshot(path)")
+    return Analysis(trace=trace, devices=devices, warnings=warnings)

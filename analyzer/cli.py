@@ -1,0 +1,105 @@
+"""The `analyze` command.
+
+    analyze FILE [-o OUT] [--format html|json] [--quiet]
+    analyze SUBCOMMAND ...        (see SUBCOMMANDS)
+
+Bad input ends with one line on stderr naming the file and the problem, and exit code 2. An unexpected
+error is a bug of ours: one line, exit code 1, and the traceback only with ANALYZER_DEBUG=1.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from rich.console import Console
+
+from analyzer import __version__
+from analyzer.errors import EXIT_BAD_INPUT, AnalyzerError
+from analyzer.report import REPORTERS, SUFFIXES, reporter
+
+EXIT_INTERNAL = 1
+
+#: subcommand -> "module:function(argv: list[str]) -> int"; `analyze NAME ...` runs it
+SUBCOMMANDS: dict[str, str] = {}
+
+_STRIP_SUFFIXES = (".gz", ".json", ".pickle", ".pkl", ".sqlite", ".tar")
+
+
+def default_output(source: Path, fmt: str) -> Path:
+    """`<input minus its data suffixes>.<format>` beside the input, or in the current folder if that is read-only."""
+    name = source.name
+    while any(name.endswith(s) for s in _STRIP_SUFFIXES) and "." in name:
+        name = name[: name.rindex(".")]
+    folder = source.parent if os.access(source.parent, os.W_OK) else Path.cwd()
+    return folder / f"{name}.analysis{SUFFIXES[fmt]}"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="analyze",
+        description="Explain why a PyTorch run ran out of GPU memory, from a CUDA memory snapshot "
+                    "(torch.cuda.memory._dump_snapshot). Prints a summary and writes a report.",
+        epilog="Subcommands: " + (", ".join(sorted(SUBCOMMANDS)) or "none yet") + " (analyze SUBCOMMAND --help).",
+    )
+    parser.add_argument("file", type=Path, help="the recording to analyse")
+    parser.add_argument("-o", "--output", type=Path, help="where to write the report (default: beside the input; "
+                                                          "for json, standard output)")
+    parser.add_argument("--format", choices=sorted(REPORTERS), default="html", help="report format (default: html)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    parser.add_argument("--version", action="version", version=f"analyze {__version__}")
+    return parser
+
+
+def analyze_command(argv: list[str]) -> int:
+    from analyzer.analysis import analyze
+    from analyzer.ingest import load
+    from analyzer.progress import reading_progress
+    from analyzer.report.text import print_summary
+
+    args = _parser().parse_args(argv)
+    json_to_stdout = args.format == "json" and args.output is None
+    console = Console(stderr=json_to_stdout, quiet=args.quiet or json_to_stdout, highlight=False)
+    with reading_progress(Console(stderr=True), enabled=sys.stderr.isatty() and not args.quiet):
+        trace = load(args.file)
+    with console.status("analysing"):
+        analysis = analyze(trace)
+    print_summary(analysis, console)
+    out = args.output if args.output or json_to_stdout else default_output(args.file, args.format)
+    for path in reporter(args.format)(analysis, out):
+        console.print(f"\nreport written to [bold]{path}[/bold]")
+    return 0
+
+
+def _run_subcommand(name: str, argv: list[str]) -> int:
+    module, function = SUBCOMMANDS[name].split(":")
+    return getattr(importlib.import_module(module), function)(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv and argv[0] in SUBCOMMANDS:
+            return _run_subcommand(argv[0], argv[1:])
+        return analyze_command(argv)
+    except AnalyzerError as error:
+        print(f"analyze: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("analyze: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as error:  # a bug of ours: one line, never a traceback unless asked for
+        if os.environ.get("ANALYZER_DEBUG"):
+            traceback.print_exc()
+        print(f"analyze: internal error: {type(error).__name__}: {error}. Please report it with the input "
+              "(set ANALYZER_DEBUG=1 for the traceback).", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())
