@@ -5,8 +5,9 @@ Public API:
   annotations, ooms, timeline).
 - `analyze(path_or_trace)` -> Analysis: peaks, OOMs, findings and remedies; `Analysis.to_json()`.
 """
+from analyzer.analysis import Analysis, analyze
 from analyzer.ingest import load
 from analyzer.trace import MemoryTrace
 
-__all__ = ["load", "MemoryTrace"]
+__all__ = ["load", "analyze", "MemoryTrace", "Analysis"]
 __version__ = "0.1.0"

@@ -115,6 +115,7 @@ class _Builder:
         segments = self.data["segments"]
         if not isinstance(segments, list):
             raise TypeError("'segments' is not a list")
+        inconsistent = 0
         for s in segments:
             device = _int(s["device"], "segment device")
             address = _int(s["address"], "segment address")
@@ -127,6 +128,9 @@ class _Builder:
             seg["expandable"].append(bool(s.get("is_expandable", False)))
             self.devices.setdefault(device, DeviceInfo(device))
             cursor = address
+            active_sum = sum(_int(b["size"], "block size") for b in s.get("blocks", ()) if b.get("state") == "active_allocated")
+            if "allocated_size" in s and active_sum != s["allocated_size"]:
+                inconsistent += 1
             for b in s.get("blocks", ()):
                 size = _int(b["size"], "block size")
                 block_addr = _int(b["address"], "block address") if "address" in b else cursor  # 2.0: blocks tile in order
@@ -140,6 +144,9 @@ class _Builder:
                 blk["requested_bytes"].append(_int(b.get("requested_size", size), "block requested_size"))
                 blk["state"].append(str(b["state"]))
                 blk["stack_id"].append(self.stacks.intern(frames))
+        if inconsistent:
+            self.warnings.append(f"{inconsistent} segment(s) state an allocated_size that differs from the sum of their "
+                                 "active blocks: the snapshot is inconsistent (edited or synthetic?); block sizes are used")
         return seg, blk
 
     # ---- history -----------------------------------------------------------------------------------
@@ -159,10 +166,8 @@ class _Builder:
                 raise TypeError(f"device_traces[{device}] is not a list")
             info = self.devices.setdefault(device, DeviceInfo(device))
             info.trace_entries = len(trace)
-            if any(isinstance(e, dict) and e.get("action") != "snapshot" for e in trace[:64]) or len(trace) > 64:
-                has_history = True
             if trace:
-                self._replay_device(device, trace, ev, al, oom, seg_events)
+                has_history |= self._replay_device(device, trace, ev, al, oom, seg_events)
         allocations = self._allocations_table(al, blk)
         segments = self._segments_table(seg, seg_events)
         annotations = self._annotations_table()
@@ -180,8 +185,10 @@ class _Builder:
             torch_era=self._torch_era(), has_history=has_history, warnings=self.warnings,
         )
 
-    def _replay_device(self, device: int, trace: list, ev: dict, al: dict, oom: dict, seg_events: list) -> None:
-        """Pair each alloc with its free in one pass; frees with no alloc were allocated before recording."""
+    def _replay_device(self, device: int, trace: list, ev: dict, al: dict, oom: dict, seg_events: list) -> bool:
+        """Pair each alloc with its free in one pass; frees with no alloc were allocated before recording.
+
+        Returns whether the trace holds any history (entries other than `snapshot` markers)."""
         open_by_addr: dict[int, int] = {}
         awaiting_completion: set[int] = set()
         intern = self.stacks.intern
@@ -233,6 +240,7 @@ class _Builder:
                 oom["requested_bytes"].append(size); oom["device_free_bytes"].append(entry.get("device_free"))
                 oom["stack_id"].append(stack)
         ev["device"].extend([device] * len(trace))
+        return any(action != "snapshot" for action in e_action[-len(trace):])
 
     def _allocations_table(self, al: dict, blk: dict) -> pd.DataFrame:
         """Add blocks alive at the end whose alloc was not recorded; use final block sizes where known."""

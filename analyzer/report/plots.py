@@ -37,7 +37,7 @@ def memory_over_time_svg(timeline: pd.DataFrame, peak_seq: int, oom_seq: int | N
     ax.grid(alpha=0.25)
     fig.tight_layout()
     buffer = io.StringIO()
-    fig.savefig(buffer, format="svg")
+    fig.savefig(buffer, format="svg", metadata={"Creator": None, "Date": None, "Format": None, "Type": None})
     plt.close(fig)
     svg = buffer.getvalue()
     return svg[svg.index("<svg"):]  # drop the XML prolog and DOCTYPE: the SVG is inlined into HTML

@@ -1,0 +1,109 @@
+"""Blocks and block pools: the data structures of the CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp).
+
+A segment is not an object of its own, as in the C++: it is a chain of blocks linked by `prev`/`next`, whose
+head has `prev is None`. Free blocks live in their pool's `blocks` set ordered by (stream, size, address), so
+that a best-fit search is a lower-bound lookup; unmapped address ranges of expandable segments live in
+`unmapped`, ordered by (stream, address), so that the lowest address is found first.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from analyzer.simulate.expandable import ExpandableSegment
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """What the allocator records with an entry: when it happened and the Python stack (innermost first)."""
+
+    time_us: int
+    frames: list[dict[str, Any]] = field(default_factory=list)
+
+
+NO_CONTEXT = CallContext(0)
+
+
+@dataclass(eq=False)
+class Block:
+    """A range of device memory: allocated to a tensor, cached free, or (expandable) not backed by pages."""
+
+    stream: int
+    size: int
+    addr: int
+    pool: BlockPool
+    allocated: bool = False
+    requested: int = 0              # kept after a free, as the C++ keeps requested_size
+    mapped: bool = True
+    prev: Block | None = None
+    next: Block | None = None
+    expandable: ExpandableSegment | None = None
+    context: CallContext | None = None          # when handed out (None while free)
+    segment_context: CallContext | None = None  # when its segment was created (head blocks only)
+
+    @property
+    def is_split(self) -> bool:
+        return self.prev is not None or self.next is not None
+
+    def size_key(self) -> tuple[int, int, int]:
+        return (self.stream, self.size, self.addr)
+
+    def addr_key(self) -> tuple[int, int]:
+        return (self.stream, self.addr)
+
+
+class _SortedBlocks:
+    """A set of blocks ordered by a key tuple, with lower-bound search (std::set in the C++)."""
+
+    def __init__(self, by_size: bool) -> None:
+        self._by_size = by_size
+        self._keys: list[tuple] = []
+        self._blocks: dict[tuple, Block] = {}
+
+    def _key(self, block: Block) -> tuple:
+        return block.size_key() if self._by_size else block.addr_key()
+
+    def add(self, block: Block) -> None:
+        key = self._key(block)
+        if key in self._blocks:
+            raise AssertionError(f"block {key} inserted twice")
+        insort(self._keys, key)
+        self._blocks[key] = block
+
+    def remove(self, block: Block) -> None:
+        key = self._key(block)
+        if self._blocks.get(key) is not block:
+            raise AssertionError(f"block {key} is not in the set")
+        del self._blocks[key]
+        del self._keys[bisect_left(self._keys, key)]
+
+    def __contains__(self, block: Block) -> bool:
+        return self._blocks.get(self._key(block)) is block
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __iter__(self) -> Iterator[Block]:
+        return iter([self._blocks[k] for k in self._keys])
+
+    def from_key(self, key: tuple) -> Iterator[Block]:
+        """Blocks at or after `key`, in order (lower_bound and onwards)."""
+        for k in self._keys[bisect_left(self._keys, key):]:
+            yield self._blocks[k]
+
+    def before_key(self, key: tuple) -> Iterator[Block]:
+        """Blocks strictly before `key`, last first (for the C++ loops that walk back from a lower bound)."""
+        for k in reversed(self._keys[:bisect_left(self._keys, key)]):
+            yield self._blocks[k]
+
+
+class BlockPool:
+    """The small (≤ 1 MiB) or large pool: cached free blocks, and unmapped ranges of expandable segments."""
+
+    def __init__(self, is_small: bool) -> None:
+        self.is_small = is_small
+        self.blocks = _SortedBlocks(by_size=True)
+        self.unmapped = _SortedBlocks(by_size=False)

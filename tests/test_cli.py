@@ -1,0 +1,135 @@
+"""The CLI on good and bad input: one clear line and exit code 2 for bad input, never a traceback."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REAL
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "analyzer.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=120)
+
+
+def tiny_snapshot() -> dict:
+    """A two-allocation snapshot in the torch 2.13 layout, written by hand."""
+    frames = [{"filename": "/home/u/train.py", "line": 12, "name": "forward"}]
+    base = 0x7F0000000000
+    block = {"address": base, "size": 2 << 20, "requested_size": 1000, "state": "inactive", "frames": []}
+    return {
+        "segments": [{"device": 0, "address": base, "total_size": 2 << 20, "allocated_size": 0, "active_size": 0,
+                      "requested_size": 0, "stream": 0, "segment_type": "small", "segment_pool_id": (0, 0),
+                      "is_expandable": False, "frames": [], "blocks": [block]}],
+        "device_traces": [[
+            {"action": "segment_alloc", "addr": base, "size": 2 << 20, "stream": 0, "time_us": 1, "frames": frames},
+            {"action": "alloc", "addr": base, "size": 1000, "stream": 0, "time_us": 2, "frames": frames},
+            {"action": "alloc", "addr": base + 1024, "size": 3000, "stream": 0, "time_us": 3, "frames": frames},
+            {"action": "free_requested", "addr": base, "size": 1000, "stream": 0, "time_us": 4, "frames": frames},
+            {"action": "free_completed", "addr": base, "size": 1000, "stream": 0, "time_us": 4, "frames": frames},
+            {"action": "free_requested", "addr": base + 1024, "size": 3000, "stream": 0, "time_us": 5, "frames": frames},
+            {"action": "free_completed", "addr": base + 1024, "size": 3000, "stream": 0, "time_us": 5, "frames": frames},
+        ]],
+        "allocator_settings": {"expandable_segments": False},
+        "external_annotations": [],
+    }
+
+
+def test_tiny_snapshot_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.pickle"
+    path.write_bytes(pickle.dumps(tiny_snapshot(), protocol=4))
+    run = run_cli(str(path), "--format", "json", "-q")
+    assert run.returncode == 0, run.stderr
+    d = json.loads(run.stdout)["devices"][0]
+    assert d["peak"]["allocated_bytes"] == 1024 + 3072  # 512-byte rounding of 1000 and 3000
+    assert d["peak"]["requested_bytes"] == 4000
+    assert d["peak"]["event_index"] == 2
+    assert d["reserved_peak_bytes"] == 2 << 20
+    assert d["end"] == {"allocated_bytes": 0, "requested_bytes": 0, "reserved_bytes": 2 << 20,
+                        "inactive_bytes": 2 << 20, "largest_free_block_bytes": 2 << 20}
+    assert d["peak"]["top_allocations"][0]["top_user_frame"] == "/home/u/train.py:12 forward"
+
+
+def test_gzip_snapshot_and_html_beside_input(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.pickle.gz"
+    path.write_bytes(gzip.compress(pickle.dumps(tiny_snapshot(), protocol=4)))
+    run = run_cli(str(path))
+    assert run.returncode == 0, run.stderr
+    html = (tmp_path / "tiny.analysis.html").read_text()
+    assert "<svg" in html
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html), "the report must load nothing"
+    assert "train.py:12 forward" in html
+
+
+def test_malicious_pickle_creates_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    path = tmp_path / "evil.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [], "x": Payload()}, protocol=4))
+    run = run_cli(str(path), "-o", str(tmp_path / "out.html"))
+    assert run.returncode == 2
+    assert not marker.exists()
+    assert "refused" in run.stderr and str(path) in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
+    assert not (tmp_path / "out.html").exists()
+
+
+def _bad_inputs(tmp_path: Path) -> dict[str, Path]:
+    good = pickle.dumps(tiny_snapshot(), protocol=4)
+    cases = {
+        "empty": b"",
+        "truncated": good[: len(good) // 2],
+        "text": b"hello, this is not a snapshot\n",
+        "other_pickle": pickle.dumps([1, 2, 3], protocol=4),
+        "dict_without_segments": pickle.dumps({"a": 1}, protocol=4),
+        "bad_gzip": b"\x1f\x8b\x08\x00garbage-garbage",
+        "wrong_types": pickle.dumps({"segments": [{"device": "zero"}], "device_traces": []}, protocol=4),
+    }
+    paths = {}
+    for name, content in cases.items():
+        p = tmp_path / f"{name}.pickle"
+        p.write_bytes(content)
+        paths[name] = p
+    paths["missing"] = tmp_path / "missing.pickle"
+    paths["directory"] = tmp_path / "a_dir"
+    paths["directory"].mkdir()
+    return paths
+
+
+@pytest.mark.parametrize("case", ["empty", "truncated", "text", "other_pickle", "dict_without_segments", "bad_gzip",
+                                  "wrong_types", "missing", "directory"])
+def test_bad_input_is_one_clear_line(tmp_path: Path, case: str) -> None:
+    path = _bad_inputs(tmp_path)[case]
+    out = tmp_path / "report.html"
+    run = run_cli(str(path), "-o", str(out))
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in run.stderr
+    assert str(path) in lines[0]
+    assert not out.exists()
+
+
+def test_nsys_rep_says_how_to_export(tmp_path: Path) -> None:
+    rep = REAL / "dlprof" / "nsys_profile.nsys-rep"
+    if not rep.exists():
+        pytest.skip(f"{rep} absent")
+    run = run_cli(str(rep))
+    assert run.returncode == 2
+    assert "nsys export --type sqlite" in run.stderr
+
+
+def test_help_lists_options() -> None:
+    run = run_cli("--help")
+    assert run.returncode == 0 and "--format" in run.stdout
