@@ -20,13 +20,16 @@ def _align(size: int) -> int:
 class DeviceMemory:
     """Physical memory of one device (capacity minus what is in use) and its virtual address allocator."""
 
-    def __init__(self, capacity: int | None, used_outside: int = 0) -> None:
+    def __init__(self, capacity: int | None, used_outside: int = 0,
+                 recorded_addresses: list[tuple[int, int]] | None = None) -> None:
         self.capacity = capacity          # None: unlimited (replaying a recording whose device is unknown)
         self.used_outside = used_outside  # CUDA context and other processes: never available to the allocator
         self.in_use = 0                   # bytes cudaMalloc'd or mapped by the allocator
         self._holes: list[tuple[int, int]] = []   # freed cudaMalloc ranges (addr, size), sorted by address
         self._malloc_top = _MALLOC_BASE
         self._reserve_top = _RESERVE_BASE
+        # (size, addr) of a recording's cudaMallocs, handed out in order while the sizes agree (replays only)
+        self._recorded = list(reversed(recorded_addresses or []))
 
     @property
     def free(self) -> int:
@@ -47,6 +50,8 @@ class DeviceMemory:
 
     def malloc_address(self, size: int) -> int:
         """A virtual address for a new cudaMalloc range: the lowest freed range that fits, else fresh space."""
+        if self._recorded and self._recorded[-1][0] == size:
+            return self._recorded.pop()[1]
         span = _align(size)
         for i, (addr, hole) in enumerate(self._holes):
             if hole >= span:
