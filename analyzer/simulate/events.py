@@ -1,0 +1,56 @@
+"""The traced program as a stream of events, in the order they happened: what the tracer records and what the
+allocator model replays. Plain data, no torch, so that traces can be built by hand in tests.
+
+Labels are the ground truth the simulation knows and a real recording does not: which module was running,
+in which phase of the training step, and what the tensor is for.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PHASES = ("load", "forward", "backward", "optimizer", "checkpoint_save", "other")
+CATEGORIES = ("parameter", "buffer", "gradient", "optimizer_state", "activation", "temporary", "input", "other")
+
+
+@dataclass
+class Alloc:
+    """A tensor storage was created on the (simulated) GPU."""
+
+    uid: int
+    nbytes: int
+    time_us: int
+    frames: list[dict[str, Any]]
+    module: str
+    phase: str
+    step: int
+    category: str = "other"     # settled when the trace is finished (a storage's role shows only later)
+    stream: int = 0
+
+
+@dataclass
+class Free:
+    """The last reference to a storage went away."""
+
+    uid: int
+    time_us: int
+
+
+@dataclass
+class Annotation:
+    """A record_function range boundary (`Optimizer.step#Adam.step`, `ProfilerStep#1`, user ranges)."""
+
+    name: str
+    stage: str                  # START | END
+    time_us: int
+
+
+Event = Alloc | Free | Annotation
+
+
+@dataclass
+class TracedRun:
+    """Everything one traced run produced."""
+
+    events: list[Event] = field(default_factory=list)
+    steps: int = 0

@@ -1,0 +1,118 @@
+"""Run a user's training loop under the tracer and write what a GPU run would have recorded.
+
+The loop is the plain one most training scripts have: get a batch, forward (the model returns the loss; or,
+with a `loss_fn`, the batch is `(inputs, targets)` and the loss is `loss_fn(model(inputs), targets)`), backward, `optimizer.step()`, `optimizer.zero_grad()`. Each iteration is
+wrapped in `ProfilerStep#N`, as torch.profiler does; the optimizer's own `Optimizer.step#...` and
+`Optimizer.zero_grad#...` ranges and any `record_function` range of the user's code are recorded as they run.
+`save_fn(model, optimizer)`, when given, runs after the last step, in the checkpoint_save phase.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from analyzer.simulate.allocator import AllocatorSettings
+from analyzer.simulate.events import TracedRun
+from analyzer.simulate.simulation import Simulation, simulate
+from analyzer.simulate.snapshot_writer import write_snapshot
+from analyzer.simulate.tracer import Tracer
+from analyzer.simulate.truth import truth_dict, truth_path, write_truth
+
+ModelFn = Callable[[], torch.nn.Module]
+BatchFn = Callable[[int], Any]
+OptimizerFn = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+
+
+@dataclass
+class TrainingLoop:
+    """The user's functions; only model_fn, batch_fn and optimizer_fn are required."""
+
+    model_fn: ModelFn
+    batch_fn: BatchFn
+    optimizer_fn: OptimizerFn
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
+    save_fn: Callable[[torch.nn.Module, torch.optim.Optimizer], Any] | None = None
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [t for t in torch.utils._pytree.tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+
+
+def _call_model(model: torch.nn.Module, batch: Any) -> Any:
+    if isinstance(batch, dict):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    return model(batch)
+
+
+def _train_step(tracer: Tracer, loop: TrainingLoop, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                step: int) -> None:
+    """One iteration; its locals (batch, output, loss) die when it returns, as in a loop body that rebinds them."""
+    with tracer.in_phase("other"):
+        batch = loop.batch_fn(step)
+    tracer.mark(_tensors(batch), "input")
+    with tracer.in_phase("forward"):
+        if loop.loss_fn is None:
+            loss = _call_model(model, batch)
+        else:
+            inputs, targets = batch
+            loss = loop.loss_fn(_call_model(model, inputs), targets)
+    with tracer.in_phase("backward"):
+        loss.backward()
+    for param in model.parameters():
+        if param.grad is not None:
+            tracer.mark([param.grad], "gradient", tracer.owner(param))
+    with tracer.in_phase("optimizer"):
+        optimizer.step()
+    for param, state in optimizer.state.items():
+        tracer.mark(_tensors(state), "optimizer_state", tracer.owner(param))
+    optimizer.zero_grad(set_to_none=True)
+
+
+def trace_training(loop: TrainingLoop, steps: int = 3, fake: bool = False) -> TracedRun:
+    """Run the loop for `steps` iterations on the CPU and return every allocation, free and annotation."""
+    tracer = Tracer(fake=fake)
+    with tracer:
+        with tracer.in_phase("load"):
+            model = loop.model_fn()
+        tracer.watch_model(model)
+        optimizer = loop.optimizer_fn(model.parameters())
+        for step in range(1, steps + 1):
+            tracer.step = step
+            with torch.autograd.profiler.record_function(f"ProfilerStep#{step}"):
+                _train_step(tracer, loop, model, optimizer, step)
+        if loop.save_fn is not None:
+            with tracer.in_phase("checkpoint_save"):
+                gathered = loop.save_fn(model, optimizer)
+            del gathered
+    tracer.run.steps = steps
+    return tracer.run
+
+
+def simulate_to_files(run: TracedRun, out: Path, gpu_memory: int | None, settings: AllocatorSettings,
+                      scenario: str, findings: dict[str, Any] | None = None) -> Simulation:
+    """Replay the trace on the device, write `out` (the snapshot pickle) and `<name>.truth.json` beside it."""
+    simulation = simulate(run, gpu_memory, settings)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_snapshot(simulation.snapshot(), out)
+    write_truth(truth_dict(simulation, scenario=scenario, gpu_memory=gpu_memory, steps=run.steps,
+                           findings=findings or {}), truth_path(out))
+    return simulation
+
+
+def run(model_fn: ModelFn, batch_fn: BatchFn, optimizer_fn: OptimizerFn, *, gpu_memory: int | None,
+        out: str | Path, steps: int = 3, loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+        save_fn: Callable[[torch.nn.Module, torch.optim.Optimizer], Any] | None = None,
+        expandable_segments: bool = False, max_split_size: int | None = None, fake: bool = False) -> Simulation:
+    """Trace `steps` training steps of the user's model on the CPU and write the snapshot a GPU with
+    `gpu_memory` bytes would have produced (plus its ground-truth sidecar). `fake=True` traces under
+    FakeTensorMode: no memory is used, so configurations far larger than the CPU's memory can be simulated.
+    """
+    loop = TrainingLoop(model_fn, batch_fn, optimizer_fn, loss_fn, save_fn)
+    settings = AllocatorSettings(expandable_segments=expandable_segments, max_split_size=max_split_size)
+    return simulate_to_files(trace_training(loop, steps, fake), Path(out), gpu_memory, settings, scenario="user")

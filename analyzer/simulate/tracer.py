@@ -1,0 +1,243 @@
+"""Record every tensor storage a PyTorch program creates and frees, as the CUDA caching allocator would see them.
+
+The program runs on the CPU (real small tensors, or FakeTensorMode for sizes no CPU could hold); a
+TorchDispatchMode sees every operator's outputs, and a storage not seen before is an allocation of its
+`nbytes()`; a weakref finalizer on the storage reports its free. A storage counts as GPU memory when the
+operator that made it read a GPU storage, or read no tensor at all (a factory such as `randn` or `empty`): on a
+GPU run those would be on the device, while tensors built from Python values (`torch.tensor(...)`, Adam's step
+counters) stay on the host.
+
+Labels recorded with each allocation: the Python stack (innermost first, frames as torch writes them;
+empty in the backward pass, where a real GPU run allocates from autograd's C++ thread), the innermost module
+running (ModTracker's forward and backward hooks), the phase set by the runner, the step, and the category,
+settled at the end from what each storage turned out to be.
+
+Not seen: memory a kernel allocates internally (cuBLAS/cuDNN workspaces, temporaries inside one aten kernel),
+and anything a CUDA-only code path would do differently from the CPU one.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import weakref
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed._tools.mod_tracker import ModTracker
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from analyzer.simulate.events import Alloc, Annotation, Free, TracedRun
+
+_ENTER = torch.ops.profiler._record_function_enter_new.default
+_EXIT = torch.ops.profiler._record_function_exit._RecordFunction
+_HIDDEN_FILES = (str(Path(__file__)), str(Path(torch.__file__).parent / "utils" / "_python_dispatch.py"))
+_BASE_TIME_US = 1_760_000_000_000_000   # a plausible epoch time, so traces read like real ones
+_TICK_US = 10                            # the virtual clock advances this much per event: reproducible files
+
+
+class _Stacks:
+    """Interned frame dicts and frame lists: torch shares them between entries, which keeps pickles small."""
+
+    def __init__(self) -> None:
+        self._frames: dict[tuple, dict[str, Any]] = {}
+        self._lists: dict[tuple, list[dict[str, Any]]] = {}
+
+    def capture(self, outermost: Any) -> list[dict[str, Any]]:
+        keys = []
+        frame = sys._getframe(2)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if filename not in _HIDDEN_FILES:
+                keys.append((filename, frame.f_lineno, frame.f_code.co_name))
+            if frame is outermost:
+                break
+            frame = frame.f_back
+        key = tuple(keys)
+        frames = self._lists.get(key)
+        if frames is None:
+            frames = [self._frames.setdefault(k, {"filename": k[0], "line": k[1], "name": k[2]}) for k in keys]
+            self._lists[key] = frames
+        return frames
+
+
+class Tracer(TorchDispatchMode):
+    """Use as a context manager around the program; the runner sets `phase` and `step` and marks roles."""
+
+    def __init__(self, fake: bool = False) -> None:
+        super().__init__()
+        self.fake = fake
+        self.run = TracedRun()
+        self.phase = "other"
+        self.step = 0
+        self._clock = _BASE_TIME_US
+        self._stacks = _Stacks()
+        self._outermost: Any = None
+        self._gpu: dict[int, tuple[int, int]] = {}     # storage key -> (uid, nbytes) of live GPU storages
+        self._allocs: dict[int, Alloc] = {}
+        self._freed_at: dict[int, int] = {}
+        self._roles: dict[int, tuple[str, str | None]] = {}   # uid -> (category, module or None to keep)
+        self._forward_ends: dict[int, int] = {}
+        self._finalizers: list[weakref.finalize] = []
+        self._open_ranges: list[str] = []              # record_function ranges nest per thread
+        self._fqn: dict[int, str] = {}
+        self._owner: dict[int, str] = {}               # storage key of a parameter/buffer -> owning module
+        self._forward_modules: list[str] = []
+        self._backward_modules: list[str] = []
+        self._mod_tracker = ModTracker()
+        self._mod_tracker.register_user_hooks(self._pre_fw, self._post_fw, self._pre_bw, self._post_bw)
+        self._exit = contextlib.ExitStack()
+
+    # ---- entering and leaving ----------------------------------------------------------------------
+    def __enter__(self) -> Tracer:
+        self._outermost = sys._getframe(1)
+        if self.fake:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            self._exit.enter_context(FakeTensorMode())
+        self._exit.enter_context(self._mod_tracker)
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        self._exit.close()
+        for finalizer in self._finalizers:
+            finalizer.detach()
+        self._settle_categories()
+
+    # ---- what the runner tells us ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def in_phase(self, phase: str) -> Iterator[None]:
+        previous, self.phase = self.phase, phase
+        try:
+            yield
+        finally:
+            if phase == "forward":
+                self._forward_ends[self.step] = self._clock
+            self.phase = previous
+
+    def watch_model(self, model: torch.nn.Module) -> None:
+        """Name modules by their FQN; parameters and buffers alive now are the model's states."""
+        for name, module in model.named_modules():
+            self._fqn[id(module)] = name
+            for tensor, category in [*((p, "parameter") for p in module.parameters(recurse=False)),
+                                     *((b, "buffer") for b in module.buffers(recurse=False))]:
+                key = self._key(tensor)
+                self._owner[key] = name
+                self.mark([tensor], category, name)
+
+    def mark(self, tensors: Iterable[Any], category: str, module: str | None = None) -> None:
+        """Settle what these tensors' storages are (an input batch, a gradient, optimizer state ...)."""
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor):
+                entry = self._gpu.get(self._key(tensor))
+                if entry is not None:
+                    self._roles[entry[0]] = (category, module)
+
+    def owner(self, tensor: torch.Tensor) -> str | None:
+        """The module that holds this parameter or buffer."""
+        return self._owner.get(self._key(tensor))
+
+    def annotate(self, name: str, stage: str) -> None:
+        self.run.events.append(Annotation(name, stage, self._tick()))
+
+    # ---- the dispatch hook -------------------------------------------------------------------------
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func is _ENTER:
+            self._open_ranges.append(args[0])
+            self.annotate(args[0], "START")
+        elif func is _EXIT:
+            if self._open_ranges:
+                self.annotate(self._open_ranges.pop(), "END")
+        else:
+            self._record_outputs(args, kwargs, out)
+        return out
+
+    def _record_outputs(self, args: tuple, kwargs: dict | None, out: Any) -> None:
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        on_gpu = not inputs or any(self._key(t) in self._gpu for t in inputs)
+        for tensor in tree_flatten(out)[0]:
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            storage = tensor.untyped_storage()
+            key, nbytes = storage._cdata, storage.nbytes()
+            known = self._gpu.get(key)
+            if known is not None and known[1] == nbytes:
+                continue
+            if known is not None:          # resized in place (out= ops): the allocator sees a free and a new block
+                self._on_free(key, known[0])
+            if on_gpu and nbytes > 0:
+                self._new_storage(storage, key, nbytes)
+
+    def _new_storage(self, storage: Any, key: int, nbytes: int) -> None:
+        uid = len(self._allocs)
+        in_backward = self._mod_tracker.is_bw
+        alloc = Alloc(uid=uid, nbytes=nbytes, time_us=self._tick(),
+                      frames=[] if in_backward else self._stacks.capture(self._outermost),
+                      module=self._current_module(in_backward), phase=self.phase, step=self.step)
+        self._allocs[uid] = alloc
+        self._gpu[key] = (uid, nbytes)
+        self.run.events.append(alloc)
+        self._finalizers.append(weakref.finalize(storage, self._on_free, key, uid))
+
+    def _on_free(self, key: int, uid: int) -> None:
+        if self._gpu.get(key, (None,))[0] != uid:
+            return
+        del self._gpu[key]
+        time_us = self._tick()
+        self._freed_at[uid] = time_us
+        self.run.events.append(Free(uid, time_us))
+
+    # ---- modules -----------------------------------------------------------------------------------
+    def _pre_fw(self, module: torch.nn.Module, _inputs: Any) -> None:
+        self._forward_modules.append(self._fqn.get(id(module), type(module).__name__))
+
+    def _post_fw(self, module: torch.nn.Module, _inputs: Any, _outputs: Any) -> None:
+        if self._forward_modules:
+            self._forward_modules.pop()
+
+    def _pre_bw(self, module: torch.nn.Module, _grads: Any) -> None:
+        self._backward_modules.append(self._fqn.get(id(module), type(module).__name__))
+
+    def _post_bw(self, module: torch.nn.Module, _grads: Any) -> None:
+        name = self._fqn.get(id(module), type(module).__name__)
+        if name in self._backward_modules:
+            self._backward_modules.remove(name)
+
+    def _current_module(self, in_backward: bool) -> str:
+        if not in_backward:
+            return self._forward_modules[-1] if self._forward_modules else ""
+        if not self._backward_modules:
+            return ""
+        # hooks of nested modules fire together; the deepest active module, latest first, is the one computing
+        return max(reversed(self._backward_modules), key=lambda n: n.count(".") + bool(n))
+
+    # ---- helpers -----------------------------------------------------------------------------------
+    @staticmethod
+    def _key(tensor: torch.Tensor) -> int:
+        return tensor.untyped_storage()._cdata
+
+    def _tick(self) -> int:
+        self._clock += _TICK_US
+        return self._clock
+
+    def _settle_categories(self) -> None:
+        """A storage's category from the role the runner marked, else from when it was made and how long it lived."""
+        for uid, alloc in self._allocs.items():
+            role = self._roles.get(uid)
+            if role is not None:
+                alloc.category = role[0]
+                if role[1] is not None:
+                    alloc.module = role[1]
+            elif alloc.phase == "forward":
+                freed = self._freed_at.get(uid)
+                ended = self._forward_ends.get(alloc.step)
+                outlived_forward = freed is None or ended is None or freed > ended
+                alloc.category = "activation" if outlived_forward else "temporary"
+            elif alloc.phase in ("backward", "optimizer", "load"):
+                alloc.category = "temporary"
+            else:
+                alloc.category = "other"
