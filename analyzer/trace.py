@@ -157,6 +157,9 @@ class MemoryTrace:
     torch_era: str = "unknown"
     has_history: bool = True            # False: the input holds only an end state
     warnings: list[str] = field(default_factory=list)
+    # GPU activity for context (what ran at a peak), from inputs that record it (Nsight); None otherwise.
+    # Columns: analyzer.ingest.nsys.GPU_ACTIVITY_COLUMNS (kind, device, stream, start_us, end_us, name, bytes).
+    kernels: pd.DataFrame | None = None
     _timeline: pd.DataFrame | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

@@ -17,13 +17,13 @@ from analyzer.trace import MemoryTrace
 #: kind -> "module:function" of the reader (imported on use, so one format's dependencies never slow another)
 READERS: dict[str, str] = {
     formats.SNAPSHOT: "analyzer.ingest.snapshot:read_snapshot",
+    formats.NSYS_SQLITE: "analyzer.ingest.nsys:read_nsys",
 }
 
 _NOT_YET = {
     formats.KINETO: "PyTorch Profiler (Kineto) traces",
     formats.MEMORY_TIMELINE: "export_memory_timeline files",
     formats.MEMORY_TIMELINE_RAW: "export_memory_timeline files",
-    formats.NSYS_SQLITE: "Nsight Systems exports",
     formats.TRACE_ARCHIVE: "archives of per-rank traces",
     formats.TRACE_DIRECTORY: "directories of per-rank traces",
 }
