@@ -99,9 +99,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
 ]}
 
 
-def generate(name: str, out_dir: Path) -> Simulation:
-    """Trace the scenario and write `<out_dir>/<name>.pickle` and its `.truth.json`."""
+def generate(name: str, out: Path) -> Simulation:
+    """Trace the scenario and write the snapshot to `out` and its ground truth beside it (`.truth.json`)."""
     scenario = SCENARIOS[name]
     run = trace_training(scenario.loop(), scenario.steps, fake=True)
-    return simulate_to_files(run, out_dir / f"{name}.pickle", scenario.gpu_memory, scenario.settings,
+    return simulate_to_files(run, out, scenario.gpu_memory, scenario.settings,
                              scenario=name, findings={"claim": scenario.claim})

@@ -33,7 +33,10 @@ from analyzer.simulate.events import Alloc, Annotation, Free, TracedRun
 
 _ENTER = torch.ops.profiler._record_function_enter_new.default
 _EXIT = torch.ops.profiler._record_function_exit._RecordFunction
-_HIDDEN_FILES = (str(Path(__file__)), str(Path(torch.__file__).parent / "utils" / "_python_dispatch.py"))
+# the tracer itself and the wrappers torch puts around a dispatch mode: not frames a GPU run would record
+_TORCH_DIR = Path(torch.__file__).parent
+_HIDDEN_FILES = (str(Path(__file__)), str(_TORCH_DIR / "utils" / "_python_dispatch.py"),
+                 str(_TORCH_DIR / "_dynamo" / "eval_frame.py"), str(_TORCH_DIR / "_compile.py"))
 _BASE_TIME_US = 1_760_000_000_000_000   # a plausible epoch time, so traces read like real ones
 _TICK_US = 10                            # the virtual clock advances this much per event: reproducible files
 

@@ -75,6 +75,8 @@ def truth_dict(simulation: Simulation, scenario: str, gpu_memory: int | None, st
         oom = {"trace_index": len(simulation.allocator.trace) - 1, "requested_bytes": error.requested,
                "rounded_bytes": error.rounded, "segment_bytes": error.alloc_size, "device_free": error.device_free,
                "allocated_bytes": error.allocated, "reserved_bytes": error.reserved,
+               "largest_free_block": max((b.size for b in simulation.allocator.all_blocks() if not b.allocated),
+                                         default=0),
                "category": label.category, "module": label.module, "phase": label.phase, "step": label.step}
     return {"format": TRUTH_FORMAT, "scenario": scenario, "device": 0, "gpu_memory": gpu_memory, "steps": steps,
             "allocations": allocations, "oom": oom, "measures": measures(simulation), "findings": findings}
