@@ -14,7 +14,7 @@ import pytest
 
 import analyzer
 from analyzer.timeline import find_peak
-from tests.conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT
 
 SIM = FIXTURES / "sim"
 SCENARIOS = ["gpt_activation_peak", "adam_first_step", "checkpoint_gather", "fragmentation", "capacity_oom",

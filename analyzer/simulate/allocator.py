@@ -87,7 +87,6 @@ class CachingAllocator:
         self.trace: list[dict[str, Any]] = []
         self.allocated_bytes = 0
         self.reserved_bytes = 0
-        self.expandable_segments: list[ExpandableSegment] = []
 
     # ---- public API --------------------------------------------------------------------------------
     def malloc(self, size: int, stream: int = 0, ctx: CallContext = NO_CONTEXT) -> Block:
@@ -227,8 +226,8 @@ class CachingAllocator:
                     self._release_block(block, ctx)
             for block in to_unmap:
                 self._unmap_block(block, ctx)
-                if not block.is_split:
-                    self._release_expandable_segment(block)
+                if not block.is_split:   # wholly unmapped: the virtual range itself goes (no trace entry)
+                    pool.unmapped.remove(block)
         return True
 
     def _release_block(self, block: Block, ctx: CallContext) -> None:
@@ -283,10 +282,9 @@ class CachingAllocator:
                 candidate = candidate.prev
             if has_room(candidate):
                 return candidate
-        segment = ExpandableSegment(self.device, SMALL_BUFFER if pool.is_small else LARGE_BUFFER, stream)
+        segment = ExpandableSegment(self.device, SMALL_BUFFER if pool.is_small else LARGE_BUFFER)
         if segment.size < size:
             return None
-        self.expandable_segments.append(segment)
         block = Block(stream=stream, size=segment.size, addr=segment.addr, pool=pool, mapped=False,
                       expandable=segment)
         pool.unmapped.add(block)
@@ -358,10 +356,6 @@ class CachingAllocator:
         pool.unmapped.add(block)
         self.reserved_bytes -= size
         self._record("segment_unmap", addr, size, block.stream, ctx)
-
-    def _release_expandable_segment(self, block: Block) -> None:
-        block.pool.unmapped.remove(block)
-        self.expandable_segments.remove(block.expandable)
 
     # ---- history -----------------------------------------------------------------------------------
     def _record(self, action: str, addr: int | None, size: int, stream: int, ctx: CallContext,

@@ -80,12 +80,6 @@ class _SortedBlocks:
         del self._blocks[key]
         del self._keys[bisect_left(self._keys, key)]
 
-    def __contains__(self, block: Block) -> bool:
-        return self._blocks.get(self._key(block)) is block
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
     def __iter__(self) -> Iterator[Block]:
         return iter([self._blocks[k] for k in self._keys])
 

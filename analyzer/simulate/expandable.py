@@ -11,17 +11,15 @@ from analyzer.simulate.device import DeviceMemory
 
 
 class ExpandableSegment:
-    """The pages of one reserved virtual range and which of them are mapped."""
+    """One reserved virtual range, mapped and unmapped in whole pages (the blocks record which are mapped)."""
 
-    def __init__(self, device: DeviceMemory, page_size: int, stream: int) -> None:
+    def __init__(self, device: DeviceMemory, page_size: int) -> None:
         total = device.capacity if device.capacity is not None else 80 << 30
         # the C++ reserves address space for 1 1/8 of the device's memory
         self.page_size = page_size
         self.max_pages = -(-(total + total // 8) // page_size)
-        self.stream = stream
         self.device = device
         self.addr = device.reserve_address(self.size)
-        self._mapped: set[int] = set()
 
     @property
     def size(self) -> int:
@@ -40,7 +38,6 @@ class ExpandableSegment:
             return self.addr + begin * self.page_size, 0
         if not self.device.take((end - begin) * self.page_size):
             return self.addr + begin * self.page_size, 0
-        self._mapped.update(range(begin, end))
         return self.addr + begin * self.page_size, (end - begin) * self.page_size
 
     def unmap(self, addr: int, size: int) -> tuple[int, int]:
@@ -48,6 +45,5 @@ class ExpandableSegment:
         begin, end = self._page_right(addr), self._page_left(addr + size)
         if begin >= end:
             return addr, 0
-        self._mapped.difference_update(range(begin, end))
         self.device.give_back((end - begin) * self.page_size)
         return self.addr + begin * self.page_size, (end - begin) * self.page_size

@@ -29,7 +29,7 @@ from torch.distributed._tools.mod_tracker import ModTracker
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from analyzer.simulate.events import Alloc, Annotation, Free, TracedRun
+from analyzer.simulate.events import PHASES, Alloc, Annotation, Free, TracedRun
 
 _ENTER = torch.ops.profiler._record_function_enter_new.default
 _EXIT = torch.ops.profiler._record_function_exit._RecordFunction
@@ -113,6 +113,8 @@ class Tracer(TorchDispatchMode):
     # ---- what the runner tells us ------------------------------------------------------------------
     @contextlib.contextmanager
     def in_phase(self, phase: str) -> Iterator[None]:
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; one of {PHASES}")
         previous, self.phase = self.phase, phase
         try:
             yield
