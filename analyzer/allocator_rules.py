@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 MIN_BLOCK_SIZE = 512            # kMinBlockSize: every block is a multiple of this
 SMALL_SIZE = 1 << 20            # kSmallSize: requests up to 1 MiB use the small pool
 SMALL_BUFFER = 2 << 20          # kSmallBuffer: small-pool segments are 2 MiB
@@ -57,3 +59,11 @@ def segment_size(rounded: int) -> int:
     if rounded < MIN_LARGE_ALLOC:
         return LARGE_BUFFER
     return ROUND_LARGE * ((rounded + ROUND_LARGE - 1) // ROUND_LARGE)
+
+
+def round_sizes(sizes: np.ndarray, settings: Mapping[str, Any] | None = None) -> np.ndarray:
+    """`round_size` over an int64 array: vectorised for the default settings (no power-of-2 divisions)."""
+    table = (settings or {}).get("roundup_power2_divisions")
+    if isinstance(table, Mapping) and any(int(v) > 1 for v in table.values()):
+        return np.fromiter((round_size(int(s), settings) for s in sizes), dtype=np.int64, count=len(sizes))
+    return np.maximum(MIN_BLOCK_SIZE, (sizes + MIN_BLOCK_SIZE - 1) // MIN_BLOCK_SIZE * MIN_BLOCK_SIZE).astype(np.int64)

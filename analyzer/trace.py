@@ -28,12 +28,12 @@ ALLOCATION_COLUMNS: dict[str, str] = {
     "seq_alloc": "Int64",         # index of the alloc entry in the device's trace; NA as above
     "seq_free": "Int64",          # index of the free entry (free_requested, else free_completed)
     "stack_id": "Int64",          # into `stacks`; NA when the allocation carries no frames
-    "origin": "str",              # trace | before_trace (freed, alloc not recorded) | end_state (alive, alloc not recorded)
-    "module": "str",              # labels: filled by analyzer.attribute; "unattributed" until then
-    "phase": "str",
-    "category": "str",
+    "origin": "category",              # trace | before_trace (freed, alloc not recorded) | end_state (alive, alloc not recorded)
+    "module": "category",              # labels: filled by analyzer.attribute; "unattributed" until then
+    "phase": "category",
+    "category": "category",
     "step": "Int64",
-    "label_source": "str",        # which signal decided the labels
+    "label_source": "category",        # which signal decided the labels
     "confidence": "float64",
 }
 
@@ -46,7 +46,7 @@ SEGMENT_COLUMNS: dict[str, str] = {
     "t_free_us": "Int64",
     "seq_alloc": "Int64",
     "seq_free": "Int64",
-    "pool": "str",               # small | large | expandable-mapping (for segment_map ranges) | unknown
+    "pool": "category",               # small | large | expandable-mapping (for segment_map ranges) | unknown
     "stream": "int64",
     "expandable": "bool",
     "alive_at_end": "bool",
@@ -59,7 +59,7 @@ BLOCK_COLUMNS: dict[str, str] = {
     "addr": "int64",
     "bytes": "int64",
     "requested_bytes": "int64",
-    "state": "str",              # active_allocated | active_pending_free | inactive
+    "state": "category",              # active_allocated | active_pending_free | inactive
     "stack_id": "Int64",
 }
 
@@ -68,7 +68,7 @@ EVENT_COLUMNS: dict[str, str] = {
     "device": "int64",
     "seq": "int64",
     "t_us": "Int64",
-    "action": "str",
+    "action": "category",
     "addr": "int64",
     "bytes": "int64",
     "stream": "int64",
@@ -117,15 +117,26 @@ def empty_table(name: str) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=t) for c, t in TABLES[name].items()})
 
 
+MISSING = -(2**63)  # readers may store this in nullable columns for NA (see analyzer.ingest.columns)
+
+
+def _column(values: Any, dtype: str) -> Any:
+    if dtype == "object":
+        return pd.Series(values, dtype=object)
+    column = pd.array(values, dtype=dtype)
+    if dtype == "Int64" and len(column):
+        column[(column == MISSING).fillna(False)] = pd.NA
+    return column
+
+
 def make_table(name: str, columns: dict[str, Any]) -> pd.DataFrame:
-    """Build a table from column arrays, casting each to its documented dtype."""
+    """Build a table from column arrays, casting each to its documented dtype (MISSING becomes NA)."""
     spec = TABLES[name]
     missing = set(spec) - set(columns)
     extra = set(columns) - set(spec)
     if missing or extra:
         raise ValueError(f"table {name}: missing {sorted(missing)}, unexpected {sorted(extra)}")
-    return pd.DataFrame({c: pd.array(columns[c], dtype=t) if t != "object" else pd.Series(columns[c], dtype=object)
-                         for c, t in spec.items()})
+    return pd.DataFrame({c: _column(columns[c], t) for c, t in spec.items()})
 
 
 @dataclass
@@ -160,6 +171,15 @@ class MemoryTrace:
     # GPU activity for context (what ran at a peak), from inputs that record it (Nsight); None otherwise.
     # Columns: analyzer.ingest.nsys.GPU_ACTIVITY_COLUMNS (kind, device, stream, start_us, end_us, name, bytes).
     kernels: pd.DataFrame | None = None
+    # Host-side spans (record_function ranges, nn.Module and Python calls, backward nodes) from profiler traces,
+    # for attribution by time containment on a thread; None for other inputs.
+    # Columns: analyzer.ingest.kineto.SPAN_COLUMNS (name, cat, start_us, end_us, thread, python_id, parent_id,
+    # external_id).
+    spans: pd.DataFrame | None = None
+    # The thread that recorded each row of `events` (same index), where the input records it (Kineto); else None.
+    event_threads: pd.Series | None = None
+    rank: int | None = None             # distributed rank and world size, where the input records them
+    world_size: int | None = None
     _timeline: pd.DataFrame | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -216,6 +236,23 @@ class MemoryTrace:
             "inactive_bytes": int(inactive.sum()),
             "largest_free_block_bytes": int(inactive.max()) if len(inactive) else 0,
         }
+
+
+@dataclass
+class MultiRankTrace:
+    """Several traces of one job (a directory or archive of per-rank profiler traces), one MemoryTrace each.
+
+    Ranks stay separate because each rank numbers its own GPUs from 0; `traces` is ordered by rank (traces
+    without distributedInfo last), then by file name.
+    """
+
+    source_path: str
+    traces: list[MemoryTrace]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ranks(self) -> list[int | None]:
+        return [t.rank for t in self.traces]
 
 
 def int64_array(values: list[int]) -> np.ndarray:

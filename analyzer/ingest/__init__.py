@@ -17,15 +17,15 @@ from analyzer.trace import MemoryTrace
 #: kind -> "module:function" of the reader (imported on use, so one format's dependencies never slow another)
 READERS: dict[str, str] = {
     formats.SNAPSHOT: "analyzer.ingest.snapshot:read_snapshot",
+    formats.KINETO: "analyzer.ingest.kineto:read_kineto",
+    formats.TRACE_ARCHIVE: "analyzer.ingest.kineto:read_trace_archive",
+    formats.TRACE_DIRECTORY: "analyzer.ingest.kineto:read_trace_directory",
+    formats.MEMORY_TIMELINE: "analyzer.ingest.memory_timeline:read_memory_timeline",
+    formats.MEMORY_TIMELINE_RAW: "analyzer.ingest.memory_timeline:read_memory_timeline",
     formats.NSYS_SQLITE: "analyzer.ingest.nsys:read_nsys",
 }
 
 _NOT_YET = {
-    formats.KINETO: "PyTorch Profiler (Kineto) traces",
-    formats.MEMORY_TIMELINE: "export_memory_timeline files",
-    formats.MEMORY_TIMELINE_RAW: "export_memory_timeline files",
-    formats.TRACE_ARCHIVE: "archives of per-rank traces",
-    formats.TRACE_DIRECTORY: "directories of per-rank traces",
 }
 
 

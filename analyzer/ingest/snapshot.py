@@ -21,13 +21,13 @@ import pandas as pd
 from analyzer.errors import CorruptInput
 from analyzer.ingest.safe_pickle import load_untrusted
 from analyzer.ingest.sniff import open_input
-from analyzer.allocator_rules import round_size
-from analyzer.stacks import top_user_frame
-from analyzer.trace import UNATTRIBUTED, DeviceInfo, MemoryTrace, make_table
+from analyzer.allocator_rules import round_sizes
+from analyzer.ingest.columns import MISSING, to_nullable
+from analyzer.ingest.snapshot_history import (ACTIONS, ALLOC_COLUMNS, ORIGIN_END, ORIGINS, DeviceHistory,
+                                              StackInterner, read_device_history)
+from analyzer.trace import TABLES, UNATTRIBUTED, DeviceInfo, MemoryTrace, make_table
 
-_FREE_ACTIONS = ("free_requested", "free_completed")
 _SEGMENT_GROW = ("segment_alloc", "segment_map")
-_SEGMENT_SHRINK = ("segment_free", "segment_unmap")
 _HINT = "Dump it again with torch.cuda.memory._dump_snapshot() from an unmodified torch."
 
 
@@ -35,22 +35,29 @@ def read_snapshot(path: Path) -> MemoryTrace:
     """Load a snapshot file into a MemoryTrace."""
     with open_input(path) as stream:
         data = load_untrusted(stream, str(path))
-    return snapshot_to_trace(data, str(path))
+    return snapshot_to_trace(data, str(path), consume=True)
 
 
-def snapshot_to_trace(data: Any, path: str) -> MemoryTrace:
-    """Convert an already-unpickled snapshot object (dict or legacy list) into a MemoryTrace."""
+def snapshot_to_trace(data: Any, path: str, consume: bool = False) -> MemoryTrace:
+    """Convert an already-unpickled snapshot object (dict or legacy list) into a MemoryTrace.
+
+    With `consume`, trace entries are released as they are read (the caller's object is emptied), which
+    keeps memory near the size of the unpickled data on large files."""
     legacy_list = isinstance(data, list)
     if legacy_list:
         data = {"segments": data, "device_traces": []}
     if not isinstance(data, dict) or "segments" not in data:
         raise CorruptInput(path, f"a pickle of a {type(data).__name__} without 'segments' is not a CUDA memory snapshot", _HINT)
     try:
-        return _Builder(data, path, legacy_list).build()
+        return _Builder(data, path, legacy_list, consume).build()
     except CorruptInput:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as error:
         raise CorruptInput(path, f"the snapshot has an unexpected layout ({type(error).__name__}: {str(error)[:120]})", _HINT) from None
+
+
+def _concat(parts: list[dict[str, np.ndarray]], columns: tuple[str, ...]) -> dict[str, np.ndarray]:
+    return {c: np.concatenate([p[c] for p in parts]) if parts else np.zeros(0, dtype=np.int64) for c in columns}
 
 
 def _int(value: Any, what: str) -> int:
@@ -59,54 +66,16 @@ def _int(value: Any, what: str) -> int:
     return int(value)
 
 
-class _StackInterner:
-    """One id per distinct stack; frame dicts are shared in the pickle, so their ids identify a stack."""
-
-    def __init__(self) -> None:
-        self._by_list: dict[int, int] = {}
-        self._by_frame_ids: dict[tuple[int, ...], int] = {}
-        self._by_content: dict[tuple, int] = {}
-        self._keepalive: list[Any] = []
-        self.frames: list[tuple] = []
-
-    def intern(self, frames: Any) -> int | None:
-        if not frames:
-            return None
-        sid = self._by_list.get(id(frames))
-        if sid is not None:
-            return sid
-        key = tuple(map(id, frames))
-        sid = self._by_frame_ids.get(key)
-        if sid is None:
-            content = tuple((str(f.get("filename", "??")), int(f.get("line", 0) or 0), str(f.get("name", "??")))
-                            for f in frames)
-            sid = self._by_content.get(content)
-            if sid is None:
-                sid = len(self.frames)
-                self.frames.append(content)
-                self._by_content[content] = sid
-            self._by_frame_ids[key] = sid
-        self._by_list[id(frames)] = sid
-        self._keepalive.append(frames)  # ids stay unique only while the objects live
-        return sid
-
-    def table(self) -> pd.DataFrame:
-        return make_table("stacks", {
-            "stack_id": np.arange(len(self.frames), dtype=np.int64),
-            "frames": self.frames,
-            "top_user_frame": [top_user_frame(f) for f in self.frames],
-        })
-
-
 class _Builder:
-    def __init__(self, data: dict, path: str, legacy_list: bool) -> None:
-        self.data, self.path, self.legacy_list = data, path, legacy_list
-        self.stacks = _StackInterner()
+    def __init__(self, data: dict, path: str, legacy_list: bool, consume: bool) -> None:
+        self.data, self.path, self.legacy_list, self.consume = data, path, legacy_list, consume
+        self.stacks = StackInterner()
         self.settings = data.get("allocator_settings") or {}
         if not isinstance(self.settings, dict):
             self.settings = {}
         self.devices: dict[int, DeviceInfo] = {}
         self.warnings: list[str] = []
+        self.unknown_actions: dict[str, int] = {}
 
     # ---- final state -------------------------------------------------------------------------------
     def _segments_and_blocks(self) -> tuple[dict[str, list], dict[str, list]]:
@@ -119,19 +88,19 @@ class _Builder:
         for s in segments:
             device = _int(s["device"], "segment device")
             address = _int(s["address"], "segment address")
-            total = _int(s["total_size"], "segment total_size")
             seg["device"].append(device)
             seg["addr"].append(address)
-            seg["bytes"].append(total)
+            seg["bytes"].append(_int(s["total_size"], "segment total_size"))
             seg["pool"].append(str(s.get("segment_type", "unknown")))
             seg["stream"].append(_int(s.get("stream", 0), "segment stream"))
             seg["expandable"].append(bool(s.get("is_expandable", False)))
             self.devices.setdefault(device, DeviceInfo(device))
-            cursor = address
-            active_sum = sum(_int(b["size"], "block size") for b in s.get("blocks", ()) if b.get("state") == "active_allocated")
+            blocks = s.get("blocks", ())
+            active_sum = sum(_int(b["size"], "block size") for b in blocks if b.get("state") == "active_allocated")
             if "allocated_size" in s and active_sum != s["allocated_size"]:
                 inconsistent += 1
-            for b in s.get("blocks", ()):
+            cursor = address
+            for b in blocks:
                 size = _int(b["size"], "block size")
                 block_addr = _int(b["address"], "block address") if "address" in b else cursor  # 2.0: blocks tile in order
                 cursor = block_addr + size
@@ -147,6 +116,7 @@ class _Builder:
         if inconsistent:
             self.warnings.append(f"{inconsistent} segment(s) state an allocated_size that differs from the sum of their "
                                  "active blocks: the snapshot is inconsistent (edited or synthetic?); block sizes are used")
+        blk["stack_id"] = to_nullable(np.asarray(blk["stack_id"], dtype=np.int64))
         return seg, blk
 
     # ---- history -----------------------------------------------------------------------------------
@@ -155,124 +125,74 @@ class _Builder:
         traces = self.data.get("device_traces") or []
         if not isinstance(traces, list):
             raise TypeError("'device_traces' is not a list")
-        ev = {k: [] for k in ("device", "seq", "t_us", "action", "addr", "bytes", "stream", "stack_id")}
-        al = {k: [] for k in ("device", "addr", "requested_bytes", "stream", "t_alloc_us", "t_free_us",
-                              "seq_alloc", "seq_free", "stack_id", "origin")}
-        oom = {k: [] for k in ("device", "seq", "t_us", "requested_bytes", "device_free_bytes", "stack_id")}
-        seg_events: list[tuple] = []
-        has_history = False
+        histories: list[DeviceHistory] = []
         for device, trace in enumerate(traces):
             if not isinstance(trace, list):
                 raise TypeError(f"device_traces[{device}] is not a list")
-            info = self.devices.setdefault(device, DeviceInfo(device))
-            info.trace_entries = len(trace)
-            if trace:
-                has_history |= self._replay_device(device, trace, ev, al, oom, seg_events)
-        allocations = self._allocations_table(al, blk)
-        segments = self._segments_table(seg, seg_events)
-        annotations = self._annotations_table()
-        events = make_table("events", ev)
+            self.devices.setdefault(device, DeviceInfo(device)).trace_entries = len(trace)
+            histories.append(read_device_history(device, trace, self.stacks, self.consume))
+        self._history_warnings(histories)
+        has_history = any(h.has_history for h in histories)
+        allocations = self._allocations_table(_concat([h.allocs for h in histories], ALLOC_COLUMNS), blk)
+        segments = self._segments_table(seg, [e for h in histories for e in h.segment_events])
         for device, info in self.devices.items():
-            mine = allocations["device"] == device
-            origin = allocations.loc[mine, "origin"]
+            origin = allocations.loc[allocations["device"] == device, "origin"]
             info.history_truncated = bool(has_history and info.trace_entries and (origin != "trace").any())
-        blocks = make_table("blocks", blk)
+        events = _concat([h.events for h in histories], tuple(TABLES["events"]))
+        ooms = _concat([h.ooms for h in histories], tuple(TABLES["ooms"]))
+        events["action"] = pd.Categorical.from_codes(events["action"], categories=ACTIONS)
         return MemoryTrace(
             source_path=self.path, source_kind="snapshot",
-            allocations=allocations, segments=segments, blocks=blocks, events=events,
-            stacks=self.stacks.table(), annotations=annotations, ooms=make_table("ooms", oom),
-            devices=dict(sorted(self.devices.items())), allocator_settings=self.settings,
-            torch_era=self._torch_era(), has_history=has_history, warnings=self.warnings,
+            allocations=allocations, segments=segments, blocks=make_table("blocks", blk),
+            events=make_table("events", events), stacks=self.stacks.table(), annotations=self._annotations_table(),
+            ooms=make_table("ooms", ooms), devices=dict(sorted(self.devices.items())),
+            allocator_settings=self.settings, torch_era=self._torch_era(), has_history=has_history,
+            warnings=self.warnings,
         )
 
-    def _replay_device(self, device: int, trace: list, ev: dict, al: dict, oom: dict, seg_events: list) -> bool:
-        """Pair each alloc with its free in one pass; frees with no alloc were allocated before recording.
+    def _history_warnings(self, histories: list[DeviceHistory]) -> None:
+        for h in histories:
+            if h.double_allocs:
+                self.warnings.append(f"device {h.device}: {h.double_allocs} address(es) were allocated twice without "
+                                     "a free in between; the history is damaged, each earlier allocation is taken "
+                                     "to end at the next one")
+            if h.unknown_actions:
+                self.warnings.append(f"device {h.device}: trace entries with unknown actions were kept as 'other': "
+                                     f"{h.unknown_actions}")
 
-        Returns whether the trace holds any history (entries other than `snapshot` markers)."""
-        open_by_addr: dict[int, int] = {}
-        awaiting_completion: set[int] = set()
-        intern = self.stacks.intern
-        a_dev, a_addr, a_req, a_stream = al["device"], al["addr"], al["requested_bytes"], al["stream"]
-        a_talloc, a_tfree, a_salloc, a_sfree, a_stack, a_origin = (al["t_alloc_us"], al["t_free_us"], al["seq_alloc"],
-                                                                   al["seq_free"], al["stack_id"], al["origin"])
-        e_seq, e_t, e_action, e_addr, e_bytes, e_stream, e_stack = (ev["seq"], ev["t_us"], ev["action"], ev["addr"],
-                                                                    ev["bytes"], ev["stream"], ev["stack_id"])
-        for seq, entry in enumerate(trace):
-            action = entry["action"]
-            addr = entry.get("addr", 0)
-            size = entry["size"]
-            stream = entry.get("stream", 0)
-            t_us = entry.get("time_us")
-            stack = intern(entry.get("frames"))
-            e_seq.append(seq)
-            e_t.append(t_us)
-            e_action.append(action)
-            e_addr.append(addr)
-            e_bytes.append(size)
-            e_stream.append(stream)
-            e_stack.append(stack)
-            if action == "alloc":
-                previous = open_by_addr.get(addr)
-                if previous is not None:
-                    self.warnings.append(f"device {device}: address {addr:#x} allocated twice without a free (entry {seq})")
-                    a_sfree[previous], a_tfree[previous] = seq, t_us
-                open_by_addr[addr] = len(a_addr)
-                a_dev.append(device); a_addr.append(addr); a_req.append(size); a_stream.append(stream)
-                a_talloc.append(t_us); a_tfree.append(None); a_salloc.append(seq); a_sfree.append(None)
-                a_stack.append(stack); a_origin.append("trace")
-            elif action in _FREE_ACTIONS:
-                if action == "free_completed" and addr in awaiting_completion:
-                    awaiting_completion.discard(addr)
-                    continue
-                row = open_by_addr.pop(addr, None)
-                if row is None:  # allocated before the (ring-buffered) history starts
-                    a_dev.append(device); a_addr.append(addr); a_req.append(size); a_stream.append(stream)
-                    a_talloc.append(None); a_tfree.append(t_us); a_salloc.append(None); a_sfree.append(seq)
-                    a_stack.append(stack); a_origin.append("before_trace")
-                else:
-                    a_sfree[row], a_tfree[row] = seq, t_us
-                if action == "free_requested":
-                    awaiting_completion.add(addr)
-            elif action in _SEGMENT_GROW or action in _SEGMENT_SHRINK:
-                seg_events.append((device, seq, t_us, action, addr, size, stream))
-            elif action == "oom":
-                oom["device"].append(device); oom["seq"].append(seq); oom["t_us"].append(t_us)
-                oom["requested_bytes"].append(size); oom["device_free_bytes"].append(entry.get("device_free"))
-                oom["stack_id"].append(stack)
-        ev["device"].extend([device] * len(trace))
-        return any(action != "snapshot" for action in e_action[-len(trace):])
-
-    def _allocations_table(self, al: dict, blk: dict) -> pd.DataFrame:
-        """Add blocks alive at the end whose alloc was not recorded; use final block sizes where known."""
+    def _allocations_table(self, al: dict[str, np.ndarray], blk: dict[str, Any]) -> pd.DataFrame:
+        """Allocated bytes by the allocator's rounding, replaced by the final block size for allocations still
+        alive at the end; then the blocks alive at the end whose alloc was never recorded."""
+        requested = al["requested_bytes"]
+        allocated = round_sizes(requested, self.settings)
         live_blocks = {(d, a): i for i, (d, a, s) in enumerate(zip(blk["device"], blk["addr"], blk["state"]))
                        if s == "active_allocated"}
-        n = len(al["addr"])
-        allocated = [0] * n
         matched: set[tuple[int, int]] = set()
-        for i in range(n):
-            key = (al["device"][i], al["addr"][i])
-            block = live_blocks.get(key) if al["seq_free"][i] is None else None
-            if block is not None and blk["requested_bytes"][block] == al["requested_bytes"][i]:
+        for i in np.flatnonzero(al["seq_free"] == MISSING):
+            key = (int(al["device"][i]), int(al["addr"][i]))
+            block = live_blocks.get(key)
+            if block is not None and blk["requested_bytes"][block] == requested[i]:
                 allocated[i] = blk["bytes"][block]  # exact: the allocator's own block size
                 matched.add(key)
-            else:
-                allocated[i] = round_size(_int(al["requested_bytes"][i], "trace size"), self.settings)
-        # blocks alive at the end with no alloc in the history (history off, ring buffer wrapped, late start)
-        for key, i in live_blocks.items():
-            if key in matched:
-                continue
-            for column, value in (("device", key[0]), ("addr", key[1]), ("requested_bytes", blk["requested_bytes"][i]),
-                                  ("stream", 0), ("t_alloc_us", None), ("t_free_us", None), ("seq_alloc", None),
-                                  ("seq_free", None), ("stack_id", blk["stack_id"][i]), ("origin", "end_state")):
-                al[column].append(value)
-            allocated.append(blk["bytes"][i])
-        rows = len(al["addr"])
-        al["alloc_id"] = np.arange(rows, dtype=np.int64)
-        al["allocated_bytes"] = allocated
-        unlabelled = [UNATTRIBUTED] * rows
-        al.update(module=unlabelled, phase=unlabelled, category=unlabelled, label_source=["none"] * rows,
-                  step=[None] * rows, confidence=np.zeros(rows))
-        return make_table("allocations", al)
+        seeded = [i for key, i in live_blocks.items() if key not in matched]
+        block_stacks = blk["stack_id"].to_numpy(dtype=np.int64, na_value=MISSING)
+        n = len(seeded)
+        extra = {
+            "device": [blk["device"][i] for i in seeded], "addr": [blk["addr"][i] for i in seeded],
+            "requested_bytes": [blk["requested_bytes"][i] for i in seeded], "stream": [0] * n,
+            "t_alloc_us": [MISSING] * n, "t_free_us": [MISSING] * n, "seq_alloc": [MISSING] * n,
+            "seq_free": [MISSING] * n, "stack_id": [int(block_stacks[i]) for i in seeded], "origin": [ORIGIN_END] * n,
+        }
+        out: dict[str, Any] = {k: np.concatenate([al[k], np.asarray(extra[k], dtype=np.int64)]) for k in ALLOC_COLUMNS}
+        rows = len(out["addr"])
+        out["origin"] = pd.Categorical.from_codes(out["origin"], categories=ORIGINS)
+        out["alloc_id"] = np.arange(rows, dtype=np.int64)
+        out["allocated_bytes"] = np.concatenate([allocated, np.asarray([blk["bytes"][i] for i in seeded], dtype=np.int64)])
+        unlabelled = pd.Categorical.from_codes(np.zeros(rows, dtype=np.int8), categories=[UNATTRIBUTED])
+        out.update(module=unlabelled, phase=unlabelled, category=unlabelled, step=np.full(rows, MISSING),
+                   label_source=pd.Categorical.from_codes(np.zeros(rows, dtype=np.int8), categories=["none"]),
+                   confidence=np.zeros(rows))
+        return make_table("allocations", out)
 
     def _segments_table(self, seg: dict, seg_events: list) -> pd.DataFrame:
         """Final segments (alive at the end) plus ranges reserved and released during the recording."""

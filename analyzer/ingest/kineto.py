@@ -1,0 +1,909 @@
+"""Read PyTorch Profiler (Kineto) Chrome traces (`.json`, `.json.gz`, and directories or `.tar.gz` of them).
+
+Streaming: the file is parsed once with ijson's C backend, one `traceEvents` item at a time; only the events
+below are kept, in compact arrays, so memory stays a small multiple of what is kept, never of the file. The
+few top-level members (deviceProperties, distributedInfo, baseTimeNanoseconds) sit before or after the huge
+`traceEvents` array; they are read from the first and last megabytes the parser passed through (see
+`_Recorder`), and only if they do not fit there from a second, token-level pass.
+
+What is kept:
+- `[memory]` instant events -> `events`, `allocations`, synthetic `segments` (below);
+- `[OutOfMemory]` instant events -> `ooms` and an `oom` event;
+- `user_annotation` spans (ProfilerStep#N, Optimizer.step#..., Optimizer.zero_grad#..., record_function
+  ranges, nccl:*) -> `annotations`, on the device the process used most;
+- those, plus `python_function` spans (Python calls and `nn.Module: Class_k`), the `cpu_op` spans named
+  `autograd::engine::evaluate_function: ...` (backward) and, in 2021 traces, the `Operator` spans that are not
+  `aten::`-style ops (record_function ranges and autograd nodes) -> `trace.spans` (SPAN_COLUMNS);
+- the thread of every memory event -> `trace.event_threads`, so that later stages can attribute allocations
+  by time containment on their thread (memory events carry no op id);
+- kernels only to learn which GPU the process drove; deviceProperties -> DeviceInfo name and capacity;
+  distributedInfo -> `trace.rank` / `trace.world_size`.
+
+Formats in the wild:
+- 2021 (torch 1.8-1.9): `[memory]` args hold only Device Type, Device Id and Bytes. Without addresses a free
+  is paired with the most recent unmatched allocation of equal size on the same device: every size total is
+  then exact at every event (which of two equal-sized blocks died first cannot be known and does not change
+  any total). The allocated total starts at the sum of the frees that match nothing (blocks allocated before
+  the trace), since no Total Allocated says otherwise. Record-function ranges there are `Operator` spans with
+  `#` in their name.
+- 2022-23: Addr, Total Allocated and Total Reserved; absolute integer microseconds.
+- current: the same args, float microseconds relative to `baseTimeNanoseconds`.
+All times become epoch microseconds, floored (containment on a thread survives flooring both ends).
+
+Devices: the `device` column is the GPU index (Device Id) for every device type other than the host ones, so
+CUDA (1), HIP (6, AMD ROCm traces), XPU, MPS and PrivateUse1 memory all stay on their GPU. Host memory (Device
+Type 0 CPU, 2 MKLDNN, 5 IDEEP) is kept on device -1 (HOST): CPU-only runs then still have a history, and a
+GPU report can show host memory beside the GPU without mixing the two.
+
+Sizes: Kineto's Bytes is the block size (the caching allocator reports `block->size`), so requested_bytes =
+allocated_bytes = |Bytes|; the rounding lost nothing because there is no requested size to lose.
+
+Allocated bytes: with Total Allocated, the bytes already allocated when the window opened are known
+(Total Allocated - Bytes of the first event). Frees that match no allocation become `before_trace` rows; what
+they do not explain (memory alive through the whole window: weights, optimizer state) becomes one `end_state`
+row of that many bytes at address 0, so the replayed allocated bytes equal the trace's own Total Allocated at
+every event. Any event where they still differ (dropped events) is counted in a warning.
+
+Reserved bytes: Kineto records no segment events, only Total Reserved after each event. Each change becomes
+one `segment_alloc` or `segment_free` event (placed just before the memory event that reported it, as the
+cudaMalloc or release happened inside that call) and the `segments` rows are synthetic ranges (pool
+"unknown", address 0): a growth opens one, a shrink closes the newest ones first, splitting the last; the
+reserved bytes before the first event are one segment alive from before the trace. The reserved timeline
+then equals Total Reserved. Where no reserved figure exists (2021 traces, host memory whose Total Reserved is
+always 0), reserved bytes are estimated as the running peak of allocated bytes: a lower bound, true for a
+caching allocator that never released memory, flagged in the warnings.
+
+Stacks: with `with_stack=True` the `python_function` spans form a call tree per thread (Python id / parent
+id); the stack of a memory event is the innermost such span containing it on its thread and its ancestors
+(innermost first, `nn.Module` markers left out). Memory events on autograd's backward thread have none.
+
+Sets of ranks (a directory or `.tar.gz` of traces) become a MultiRankTrace: one MemoryTrace per file, ordered
+by the rank in distributedInfo, because every rank numbers its own GPUs from 0.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+import tarfile
+import zlib
+from array import array
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import ijson
+import numpy as np
+import pandas as pd
+
+from analyzer.errors import AnalyzerError, CorruptInput, ResourceLimit, UnsupportedFormat
+from analyzer.ingest import sniff
+from analyzer.stacks import top_user_frame
+from analyzer.trace import UNATTRIBUTED, DeviceInfo, MemoryTrace, MultiRankTrace, empty_table, make_table
+
+HOST = -1
+RECORD_HINT = ("Record it again with torch.profiler.profile(profile_memory=True, record_shapes=True, "
+               "with_stack=True).")
+_HINT = "Export the trace again with prof.export_chrome_trace() or the tensorboard_trace_handler."
+
+#: one row per kept host span (`MemoryTrace.spans`); times are epoch µs like every other table
+SPAN_COLUMNS: dict[str, str] = {
+    "name": "category",
+    "cat": "category",           # user_annotation | python_function | cpu_op | Operator (2021 traces)
+    "start_us": "int64",
+    "end_us": "int64",
+    "thread": "int64",           # the tid of the span (a system thread id); -1 where the trace names it otherwise
+    "python_id": "Int64",        # python_function only: its node in the call tree ...
+    "parent_id": "Int64",        # ... and its caller's node
+    "external_id": "Int64",      # links cpu_op / user_annotation to the GPU work they launched
+}
+
+_MEMORY, _OOM = "[memory]", "[OutOfMemory]"
+_HOST_TYPES = frozenset({0, 2, 5})          # c10::DeviceType CPU, MKLDNN, IDEEP
+_USER, _PYTHON, _CPU_OP, _OPERATOR = range(4)
+_SPAN_CATS = {"user_annotation": _USER, "python_function": _PYTHON, "cpu_op": _CPU_OP, "Operator": _OPERATOR}
+_CAT_NAMES = list(_SPAN_CATS)
+_BACKWARD = "autograd::engine::evaluate_function"
+_KERNEL_CATS = frozenset({"kernel", "Kernel"})
+_NONE = -(2**63)                           # "absent" in the integer arrays below
+_FRAME = re.compile(r"^(.*)\((\d+)\): (.*)$")
+_MODULE_MARK = "nn.Module: "
+_HEAD_BYTES = 8 << 20
+_TAIL_BYTES = 8 << 20
+
+
+# ---- entry points -------------------------------------------------------------------------------------
+def read_kineto(path: Path) -> MemoryTrace:
+    """Load one Chrome trace (`.json` or `.json.gz`)."""
+    with sniff.open_input(path) as stream:
+        return parse_chrome_trace(stream, str(path), lambda: sniff.open_input(path))
+
+
+def read_trace_directory(path: Path) -> MultiRankTrace:
+    """Load every Kineto trace under a directory (one per rank); other files are skipped with a warning."""
+    traces, warnings = [], []
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        try:
+            kind = sniff.sniff(file)
+        except AnalyzerError as error:
+            kind = f"unreadable ({error.problem})"
+        if kind == sniff.KINETO:
+            traces.append(read_kineto(file))
+        else:
+            warnings.append(f"skipped {file.relative_to(path)}: not a profiler trace ({kind})")
+    return _rank_set(path, traces, warnings)
+
+
+def read_trace_archive(path: Path) -> MultiRankTrace:
+    """Load every Kineto trace inside a `.tar.gz` (one per rank), without unpacking it to disk."""
+    traces, warnings, unpacked = [], [], 0
+    try:
+        with tarfile.open(path, "r:gz") as archive:
+            for member in archive:
+                if not member.isfile():
+                    continue
+                unpacked = _check_archive_size(path, unpacked + member.size)
+                name = f"{path}!{member.name}"
+                with _open_member(archive, member, name) as stream:
+                    if first_byte(stream) != b"{":
+                        warnings.append(f"skipped {member.name}: not a profiler trace")
+                        continue
+                    traces.append(parse_chrome_trace(stream, name, lambda m=member, n=name: _open_member(archive, m, n)))
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
+        raise CorruptInput(path, f"the archive is damaged ({error})", "Create it again with tar -czf.") from None
+    return _rank_set(path, traces, warnings)
+
+
+def _rank_set(path: Path, traces: list[MemoryTrace], warnings: list[str]) -> MultiRankTrace:
+    if not traces:
+        raise UnsupportedFormat(path, "holds no PyTorch profiler trace", "Point at the folder the trace handler wrote.")
+    traces.sort(key=lambda t: (t.rank is None, t.rank or 0, t.source_path))
+    ranks = [t.rank for t in traces if t.rank is not None]
+    duplicates = sorted(r for r, n in Counter(ranks).items() if n > 1)
+    if duplicates:
+        warnings.append(f"ranks {duplicates} appear in more than one trace (several windows of the same run?)")
+    return MultiRankTrace(source_path=str(path), traces=traces, warnings=warnings)
+
+
+def _check_archive_size(path: Path, total: int) -> int:
+    """The decompression limit applies to the archive as a whole; returns `total` when under it."""
+    limit = sniff.max_decompressed_bytes()
+    if total > limit:
+        raise ResourceLimit(path, f"the archive unpacks to more than {limit} bytes",
+                            "Raise ANALYZER_MAX_DECOMPRESSED_BYTES if the file is genuine.")
+    return total
+
+
+def _open_member(archive: tarfile.TarFile, member: tarfile.TarInfo, name: str) -> IO[bytes]:
+    """A buffered stream of one archive member, gunzipped (with the package's size limit) when it is gzip."""
+    stream = archive.extractfile(member)
+    assert stream is not None  # regular files always have content
+    if stream.peek(2)[:2] == b"\x1f\x8b":
+        limited = sniff._LimitedReader(gzip.GzipFile(fileobj=stream), sniff.max_decompressed_bytes(), name)
+        return io.BufferedReader(limited, buffer_size=1 << 20)
+    return stream
+
+
+# ---- one trace ----------------------------------------------------------------------------------------
+def parse_chrome_trace(stream: IO[bytes], name: str, reopen: Callable[[], IO[bytes]]) -> MemoryTrace:
+    """Stream one Chrome trace into a MemoryTrace; `reopen` gives the bytes again if the metadata needs a second look."""
+    if first_byte(stream) not in (b"{", b""):
+        raise CorruptInput(name, "the top level is not a JSON object, so this is not a Chrome trace", _HINT)
+    backend, warnings = ijson_backend()
+    recorder = _Recorder(stream)
+    kept = _Kept()
+    with reading(name, _HINT):
+        floor = kept.collect(backend.items(recorder, "traceEvents.item", use_float=True), recorder)
+        meta = _metadata_from_edges(recorder, floor)
+        if meta is None:
+            with reopen() as again:
+                meta = _metadata_by_tokens(backend, again)
+        return _Assembler(name, kept, meta, warnings).build()
+
+
+@contextmanager
+def reading(name: str, hint: str) -> Iterator[None]:
+    """Turn what malformed JSON or an unexpected layout raises into one CorruptInput naming the file."""
+    try:
+        yield
+    except ijson.JSONError as error:
+        first_line = str(error).strip().splitlines()[0]
+        raise CorruptInput(name, f"the JSON is malformed or truncated ({first_line})", hint) from None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as error:
+        raise CorruptInput(name, f"the content has an unexpected layout ({type(error).__name__}: {str(error)[:120]})",
+                           hint) from None
+
+
+def first_byte(stream: IO[bytes]) -> bytes:
+    """The first non-blank byte, without consuming anything (b"" when the start is all blank)."""
+    return stream.peek(4096)[:4096].lstrip()[:1]  # type: ignore[attr-defined]
+
+
+def ijson_backend() -> tuple[Any, list[str]]:
+    """The C backend (several times faster); the pure-Python one with a warning where it is not built."""
+    try:
+        return ijson.get_backend("yajl2_c"), []
+    except ImportError:
+        return ijson, ["ijson's C backend (yajl2_c) is not available: reading falls back to Python and is slower"]
+
+
+class _Recorder:
+    """File wrapper that keeps the first and last megabytes it hands to the parser.
+
+    The small top-level members of a trace sit before or after `traceEvents` (Kineto writes deviceProperties
+    and distributedInfo first and baseTimeNanoseconds last; re-serialised files move them), so they can be
+    read from these edges instead of parsing the whole file a second time.
+    """
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self.head = bytearray()
+        self._tail: deque[bytes] = deque()
+        self._tail_bytes = 0
+        self.offset = 0          # bytes handed out so far
+        self.chunk_start = 0     # offset of the latest chunk: events the parser yields now ended after it
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self._stream.read(size)
+        self.chunk_start = self.offset
+        self.offset += len(chunk)
+        if len(self.head) < _HEAD_BYTES:
+            self.head += chunk[: _HEAD_BYTES - len(self.head)]
+        self._tail.append(chunk)
+        self._tail_bytes += len(chunk)
+        while self._tail_bytes - len(self._tail[0]) >= _TAIL_BYTES:
+            self._tail_bytes -= len(self._tail.popleft())
+        return chunk
+
+    def tail(self) -> tuple[int, bytes]:
+        """(offset of the first kept byte, the last bytes of the stream)."""
+        return self.offset - self._tail_bytes, b"".join(self._tail)
+
+
+class _Kept:
+    """The events worth keeping, in compact columns, filled in one pass over the stream."""
+
+    def __init__(self) -> None:
+        # memory and OOM events
+        self.m_ts, self.m_tid, self.m_device = array("d"), array("q"), array("q")
+        self.m_addr, self.m_bytes, self.m_allocated, self.m_reserved = array("q"), array("q"), array("q"), array("q")
+        self.m_oom = array("b")
+        # spans
+        self.s_cat, self.s_name, self.s_ts, self.s_dur = array("b"), array("q"), array("d"), array("d")
+        self.s_tid, self.s_python, self.s_parent, self.s_external = array("q"), array("q"), array("q"), array("q")
+        self.names: dict[str, int] = {}
+        self.kernel_devices: Counter = Counter()
+
+    def collect(self, events: Iterable[dict], recorder: _Recorder) -> int:
+        """Keep what matters from every event; returns an offset the traceEvents array ends after."""
+        memory, span, kernels = self._memory, self._span, self.kernel_devices
+        floor = 0
+        for event in events:
+            floor = recorder.chunk_start
+            name = event.get("name")
+            if name == _MEMORY or name == _OOM:
+                memory(event, name == _OOM)
+                continue
+            cat = event.get("cat")
+            code = _SPAN_CATS.get(cat)
+            if code is not None:
+                if code == _CPU_OP and not name.startswith(_BACKWARD) or code == _OPERATOR and "::" in name:
+                    continue
+                span(event, code, name)
+            elif cat in _KERNEL_CATS:
+                kernels[(event.get("args") or {}).get("device")] += 1
+        return floor
+
+    def _memory(self, event: dict, oom: bool) -> None:
+        args = event["args"]
+        device_type = args["Device Type"]
+        self.m_ts.append(event["ts"])
+        self.m_tid.append(_thread(event.get("tid")))
+        self.m_device.append(HOST if device_type in _HOST_TYPES else args["Device Id"])
+        self.m_addr.append(args.get("Addr", _NONE))
+        self.m_bytes.append(args["Bytes"])
+        self.m_allocated.append(args.get("Total Allocated", _NONE))
+        self.m_reserved.append(args.get("Total Reserved", _NONE))
+        self.m_oom.append(oom)
+
+    def _span(self, event: dict, code: int, name: str) -> None:
+        args = event.get("args") or {}
+        self.s_cat.append(code)
+        self.s_name.append(self.names.setdefault(name, len(self.names)))
+        self.s_ts.append(event["ts"])
+        self.s_dur.append(event.get("dur", 0))
+        self.s_tid.append(_thread(event.get("tid")))
+        self.s_python.append(_optional_int(args.get("Python id")))
+        self.s_parent.append(_optional_int(args.get("Python parent id")))
+        self.s_external.append(_optional_int(args.get("External id")))
+
+
+def _thread(tid: Any) -> int:
+    """Thread ids are ints, or their decimal strings in 2021 traces; anything else (labels) is -1."""
+    if type(tid) is int:
+        return tid
+    return int(tid) if isinstance(tid, str) and tid.isdigit() else -1
+
+
+def _optional_int(value: Any) -> int:
+    return _NONE if value is None else value
+
+
+def _array(values: array, dtype: str) -> np.ndarray:
+    return np.frombuffer(values, dtype=dtype) if len(values) else np.zeros(0, dtype=dtype)
+
+
+# ---- top-level members ----------------------------------------------------------------------------------
+_ARRAY_END = re.compile(r"[}\[]\s*\]")
+_SPACE = re.compile(r"\s*")
+_DECODER = json.JSONDecoder()
+
+
+def _metadata_from_edges(recorder: _Recorder, floor: int) -> dict[str, Any] | None:
+    """Top-level members other than traceEvents, from the kept head and tail; None when they do not hold them."""
+    head = recorder.head.decode("utf-8", "surrogateescape")
+    try:
+        before, key_at = _members_before_events(head)
+    except (ValueError, IndexError):
+        return None  # a member before traceEvents is longer than the head
+    if key_at is None:
+        raise ValueError("the top-level object has no traceEvents")
+    tail_start, tail = recorder.tail()
+    events_at = len(head[:key_at].encode("utf-8", "surrogateescape"))
+    start = max(floor, events_at) - tail_start
+    if start < 0:
+        return None  # members after traceEvents are longer than the tail
+    after = _members_after_events(tail[start:].decode("utf-8", "surrogateescape"))
+    return None if after is None else {**before, **after}
+
+
+def _member(text: str, pos: int) -> tuple[str, Any, int]:
+    """Parse `"key": value` at `pos` (after optional space)."""
+    key, pos = _DECODER.raw_decode(text, _SPACE.match(text, pos).end())
+    pos = _SPACE.match(text, pos).end()
+    if not isinstance(key, str) or text[pos] != ":":
+        raise ValueError("not an object member")
+    value, pos = _DECODER.raw_decode(text, _SPACE.match(text, pos + 1).end())
+    return key, value, pos
+
+
+def _members_before_events(head: str) -> tuple[dict[str, Any], int | None]:
+    """Members from the opening brace up to the traceEvents key (its position; None when the object ends first)."""
+    members: dict[str, Any] = {}
+    pos = _SPACE.match(head).end() + 1
+    while True:
+        pos = _SPACE.match(head, pos).end()
+        if head[pos] == "}":
+            return members, None
+        if members or head[pos] == ",":
+            if head[pos] != ",":
+                raise ValueError("expected a comma")
+            pos = _SPACE.match(head, pos + 1).end()
+        if head.startswith('"traceEvents"', pos):
+            return members, pos
+        key, value, pos = _member(head, pos)
+        members[key] = value
+
+
+def _members_after_events(tail: str) -> dict[str, Any] | None:
+    """Members after the traceEvents array. Its end is the first `}]` or `[]` from which the rest of the text
+    parses as members and the final brace: inside an event, parsing from a bracket fails before the end."""
+    for match in _ARRAY_END.finditer(tail):
+        members: dict[str, Any] = {}
+        pos = match.end()
+        try:
+            while True:
+                pos = _SPACE.match(tail, pos).end()
+                if tail[pos] == "}":
+                    if tail[pos + 1:].strip():
+                        break
+                    return members
+                if tail[pos] != ",":
+                    break
+                key, value, pos = _member(tail, pos + 1)
+                if key == "traceEvents":
+                    break
+                members[key] = value
+        except (ValueError, IndexError):
+            continue
+    return None
+
+
+def _metadata_by_tokens(backend: Any, stream: IO[bytes]) -> dict[str, Any]:
+    """Second pass, token by token, for traces whose top-level members do not fit in the kept edges."""
+    members: dict[str, Any] = {}
+    builder, key, has_events = None, None, False
+    for prefix, event, value in backend.parse(stream, use_float=True):
+        if prefix == "":
+            if event == "map_key":
+                key, has_events = value, has_events or value == "traceEvents"
+                builder = None if value == "traceEvents" else ijson.ObjectBuilder()
+            continue
+        if builder is None:
+            continue
+        builder.event(event, value)
+        if prefix == key and event not in ("start_map", "start_array", "map_key"):
+            members[key] = builder.value
+            builder = None
+    if not has_events:
+        raise ValueError("the top-level object has no traceEvents")
+    return members
+
+
+# ---- python call stacks -----------------------------------------------------------------------------------
+class _Stacks:
+    """Interned stacks of memory events, found by time containment in the python_function call tree."""
+
+    def __init__(self, kept: _Kept, names: list[str]) -> None:
+        self.frames: list[tuple] = []
+        self._ids: dict[tuple, int] = {}
+        python = np.flatnonzero(_array(kept.s_cat, "b") == _PYTHON)
+        self._start = _array(kept.s_ts, "d")[python]
+        self._end = self._start + _array(kept.s_dur, "d")[python]
+        self._tid = _array(kept.s_tid, "q")[python]
+        self._name = [names[i] for i in _array(kept.s_name, "q")[python]]
+        by_id = {pid: i for i, pid in enumerate(_array(kept.s_python, "q")[python].tolist())}
+        self._parent = np.array([by_id.get(p, -1) for p in _array(kept.s_parent, "q")[python].tolist()], dtype=np.int64)
+        self._memo: dict[int, int | None] = {}
+
+    def of_events(self, ts: np.ndarray, tid: np.ndarray) -> list[int | None]:
+        """The stack id of each event (None where no Python call contains it)."""
+        ids: list[int | None] = [None] * len(ts)
+        if not len(self._start):
+            return ids
+        for thread in np.unique(tid):
+            spans = np.flatnonzero(self._tid == thread)
+            if not len(spans):
+                continue
+            spans = spans[np.argsort(self._start[spans], kind="stable")]
+            events = np.flatnonzero(tid == thread)
+            candidates = np.searchsorted(self._start[spans], ts[events], side="right") - 1
+            for event, candidate in zip(events.tolist(), candidates.tolist()):
+                ids[event] = self._innermost(ts[event], spans[candidate]) if candidate >= 0 else None
+        return ids
+
+    def _innermost(self, t: float, span: int) -> int | None:
+        """Climb from the latest span that started before `t` to the first one still open at `t`."""
+        while span >= 0 and self._end[span] < t:
+            span = int(self._parent[span])
+        return self._stack_id(span) if span >= 0 else None
+
+    def _stack_id(self, span: int) -> int | None:
+        """Intern the frames of `span` and its callers (innermost first)."""
+        if span not in self._memo:
+            chain, node = [], span
+            while node >= 0:
+                chain.append(_frame(self._name[node]))
+                node = int(self._parent[node])
+            content = tuple(f for f in chain if f is not None)
+            sid = self._ids.get(content)
+            if sid is None and content:
+                sid = self._ids[content] = len(self.frames)
+                self.frames.append(content)
+            self._memo[span] = sid
+        return self._memo[span]
+
+    def table(self) -> pd.DataFrame:
+        return make_table("stacks", {"stack_id": np.arange(len(self.frames), dtype=np.int64), "frames": self.frames,
+                                     "top_user_frame": [top_user_frame(f) for f in self.frames]})
+
+
+def _frame(name: str) -> tuple[str, int, str] | None:
+    """(file, line, function) of a python_function name `file(line): function`; built-ins get file
+    `<built-in>`; `nn.Module: X_k` markers are not frames."""
+    if name.startswith(_MODULE_MARK):
+        return None
+    match = _FRAME.match(name)
+    return (match[1], int(match[2]), match[3]) if match else ("<built-in>", 0, name)
+
+
+# ---- replay: shared with memory_timeline ---------------------------------------------------------------
+class _Rows:
+    """Allocation or segment rows under construction, one list per field."""
+
+    FIELDS = ("device", "addr", "bytes", "t_alloc", "t_free", "seq_alloc", "seq_free", "stack", "category")
+
+    def __init__(self) -> None:
+        self.columns: dict[str, list] = {f: [] for f in self.FIELDS}
+
+    def __len__(self) -> int:
+        return len(self.columns["bytes"])
+
+    def add(self, device: int, addr: int, nbytes: int, t: int | None, seq: int | None, stack: int | None,
+            category: str) -> int:
+        c = self.columns
+        c["device"].append(device)
+        c["addr"].append(addr)
+        c["bytes"].append(nbytes)
+        c["t_alloc"].append(t)
+        c["t_free"].append(None)
+        c["seq_alloc"].append(seq)
+        c["seq_free"].append(None)
+        c["stack"].append(stack)
+        c["category"].append(category)
+        return len(c["bytes"]) - 1
+
+    def close(self, row: int, t: int | None, seq: int) -> None:
+        self.columns["t_free"][row], self.columns["seq_free"][row] = t, seq
+
+    def split(self, row: int, nbytes: int) -> int:
+        """Cut `nbytes` off an open row into a new row with the same birth; the new row is returned."""
+        for values in self.columns.values():
+            values.append(values[row])
+        self.columns["bytes"][row] -= nbytes
+        self.columns["bytes"][-1] = nbytes
+        return len(self) - 1
+
+
+Pieces = list[tuple[int | None, int]]  # (open row or None for "allocated before the trace", bytes)
+
+
+class ByAddress:
+    """Frees name the address they release (Kineto since 2022): pair with the open row at that address."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, int] = {}
+
+    def add(self, row: int, addr: int, category: str, nbytes: int) -> int | None:
+        """Open `row`; returns a row left open at the same address (its free was not recorded)."""
+        previous = self._open.get(addr)
+        self._open[addr] = row
+        return previous
+
+    def take(self, addr: int, category: str, nbytes: int, rows: _Rows) -> Pieces:
+        row = self._open.get(addr)
+        if row is None or rows.columns["bytes"][row] != nbytes:
+            return [(None, nbytes)]  # allocated before the trace (or a size the allocation never had)
+        del self._open[addr]
+        return [(row, nbytes)]
+
+
+class BySize:
+    """No addresses (2021 Kineto, raw memory timelines): the most recent open row of equal size and category."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[str, int], list[int]] = {}
+
+    def add(self, row: int, addr: int, category: str, nbytes: int) -> None:
+        self._open.setdefault((category, nbytes), []).append(row)
+
+    def take(self, addr: int, category: str, nbytes: int, rows: _Rows) -> Pieces:
+        stack = self._open.get((category, nbytes))
+        return [(stack.pop(), nbytes)] if stack else [(None, nbytes)]
+
+
+class Pile:
+    """Totals only (reserved bytes, per-category curves): a shrink closes the newest rows of its category
+    first and splits the last one, so every total stays exact while lifetimes are a guess."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, list[int]] = {}
+
+    def add(self, row: int, addr: int, category: str, nbytes: int) -> None:
+        self._open.setdefault(category, []).append(row)
+
+    def take(self, addr: int, category: str, nbytes: int, rows: _Rows) -> Pieces:
+        pile, pieces, left = self._open.setdefault(category, []), [], nbytes
+        while left and pile:
+            top = pile[-1]
+            size = rows.columns["bytes"][top]
+            if size <= left:
+                pieces.append((pile.pop(), size))
+                left -= size
+            else:
+                pieces.append((rows.split(top, left), left))
+                left = 0
+        return pieces + [(None, left)] if left else pieces
+
+
+class HistoryBuilder:
+    """Replays memory records, one device after another, into rows of allocations, events, segments and ooms.
+
+    Call `start_device`, then `seed` / `alloc` / `free` / `reserve` / `oom` in time order, then `finish_device`.
+    Without `reserve` calls, reserved bytes are estimated as the running peak of allocated bytes.
+    """
+
+    def __init__(self, pairing: type = ByAddress) -> None:
+        self.pairing = pairing
+        self.allocations, self.segments = _Rows(), _Rows()
+        self.events: dict[str, list] = {k: [] for k in ("device", "seq", "t_us", "action", "addr", "bytes", "stack_id")}
+        self.threads: list[int | None] = []
+        self.ooms: dict[str, list] = {k: [] for k in ("device", "seq", "t_us", "requested_bytes", "device_free_bytes",
+                                                      "stack_id")}
+        self.warnings: list[str] = []
+
+    # -- one device --
+    def start_device(self, device: int, pairing: type | None = None) -> None:
+        self.device, self.seq = device, 0
+        self._pairs = (pairing or self.pairing)()
+        self._reserved_pile = Pile()
+        self._reserved: int | None = None      # last Total Reserved seen; None: estimating
+        self._reserved_start = 0
+        self._level = self._peak = 0           # allocated bytes relative to the start, and their running peak
+        self._first_row, self._first_segment = len(self.allocations), len(self.segments)
+        self._reallocated = 0                  # allocations at an address whose free was not recorded
+
+    def seed(self, nbytes: int, category: str = UNATTRIBUTED, addr: int = 0) -> None:
+        """A block alive before the first event (PREEXISTING, or the first point of a curve)."""
+        row = self.allocations.add(self.device, addr, nbytes, None, None, None, category)
+        self._pairs.add(row, addr, category, nbytes)
+
+    def alloc(self, t: int, nbytes: int, addr: int = 0, stack: int | None = None, thread: int | None = None,
+              category: str = UNATTRIBUTED, action: str = "alloc") -> None:
+        if self._reserved is None and self._level + nbytes > self._peak:
+            self._segment(t, self._level + nbytes - self._peak, thread)
+            self._peak = self._level + nbytes
+        seq = self._event(t, action, addr, nbytes, stack, thread)
+        row = self.allocations.add(self.device, addr, nbytes, t, seq, stack, category)
+        left_open = self._pairs.add(row, addr, category, nbytes)
+        if left_open is not None:
+            self.allocations.close(left_open, t, seq)
+            self._reallocated += 1
+        self._level += nbytes
+
+    def free(self, t: int, nbytes: int, addr: int = 0, stack: int | None = None, thread: int | None = None,
+             category: str = UNATTRIBUTED, action: str = "free_completed") -> None:
+        seq = self._event(t, action, addr, nbytes, stack, thread)
+        for row, piece in self._pairs.take(addr, category, nbytes, self.allocations):
+            if row is None:
+                row = self.allocations.add(self.device, addr, piece, None, None, stack, category)
+            self.allocations.close(row, t, seq)
+        self._level -= nbytes
+
+    def reserve(self, t: int, total: int, thread: int | None = None) -> None:
+        """The device's reserved bytes after this point (Total Reserved); a change becomes a segment event."""
+        if self._reserved is None:
+            self._reserved = self._reserved_start = total
+        elif total != self._reserved:
+            self._segment(t, total - self._reserved, thread)
+            self._reserved = total
+
+    def oom(self, t: int, nbytes: int, stack: int | None = None, thread: int | None = None,
+            device_free: int | None = None) -> None:
+        seq = self._event(t, "oom", 0, nbytes, stack, thread)
+        for column, value in zip(self.ooms, (self.device, seq, t, nbytes, device_free, stack)):
+            self.ooms[column].append(value)
+
+    def finish_device(self, allocated_before: int | None = None) -> int:
+        """Close the device: bytes alive before the first event that no row explains become one `end_state`
+        row (when the input states them); the reserved bytes before the first event become one segment.
+        Returns the allocated bytes before the first event."""
+        columns = self.allocations.columns
+        seeded = sum(b for b, s in zip(columns["bytes"][self._first_row:], columns["seq_alloc"][self._first_row:])
+                     if s is None)
+        unexplained = 0 if allocated_before is None else allocated_before - seeded
+        if unexplained > 0:
+            self.allocations.add(self.device, 0, unexplained, None, None, None, UNATTRIBUTED)
+        elif unexplained < 0:
+            self.warnings.append(f"device {self.device}: frees of blocks allocated before the trace add up to "
+                                 f"{-unexplained} bytes more than the trace says were allocated")
+        if self._reallocated:
+            self.warnings.append(f"device {self.device}: {self._reallocated} allocations reuse an address whose free "
+                                 "was not recorded; the earlier block is taken as freed there")
+        start = seeded + max(unexplained, 0)
+        before = self._reserved_start if self._reserved is not None else start
+        released = sum(b for b, s in zip(self.segments.columns["bytes"][self._first_segment:],
+                                         self.segments.columns["seq_alloc"][self._first_segment:]) if s is None)
+        if before - released > 0:
+            self.segments.add(self.device, 0, before - released, None, None, None, "reserved")
+        return start
+
+    def _event(self, t: int | None, action: str, addr: int, nbytes: int, stack: int | None, thread: int | None) -> int:
+        seq, e = self.seq, self.events
+        e["device"].append(self.device)
+        e["seq"].append(seq)
+        e["t_us"].append(t)
+        e["action"].append(action)
+        e["addr"].append(addr)
+        e["bytes"].append(nbytes)
+        e["stack_id"].append(stack)
+        self.threads.append(thread)
+        self.seq = seq + 1
+        return seq
+
+    def _segment(self, t: int, change: int, thread: int | None) -> None:
+        if change > 0:
+            seq = self._event(t, "segment_alloc", 0, change, None, thread)
+            row = self.segments.add(self.device, 0, change, t, seq, None, "reserved")
+            self._reserved_pile.add(row, 0, "reserved", change)
+            return
+        seq = self._event(t, "segment_free", 0, -change, None, thread)
+        for row, piece in self._reserved_pile.take(0, "reserved", -change, self.segments):
+            if row is None:
+                row = self.segments.add(self.device, 0, piece, None, None, None, "reserved")
+            self.segments.close(row, t, seq)
+
+    # -- tables --
+    def tables(self, label_source: str = "none") -> dict[str, Any]:
+        """allocations, events, segments, ooms, event_threads and truncated (devices with allocations whose
+        birth was not recorded); rows whose category is known carry `label_source` and confidence 1."""
+        a = self.allocations.columns
+        n = len(self.allocations)
+        born = np.array([s is not None for s in a["seq_alloc"]], dtype=bool)
+        freed = np.array([s is not None for s in a["seq_free"]], dtype=bool)
+        origin = np.where(born, "trace", np.where(freed, "before_trace", "end_state"))
+        labelled = np.array([c != UNATTRIBUTED for c in a["category"]], dtype=bool)
+        unlabelled = [UNATTRIBUTED] * n
+        allocations = make_table("allocations", {
+            "alloc_id": np.arange(n, dtype=np.int64), "device": a["device"], "addr": a["addr"],
+            "requested_bytes": a["bytes"], "allocated_bytes": a["bytes"], "stream": np.zeros(n, dtype=np.int64),
+            "t_alloc_us": a["t_alloc"], "t_free_us": a["t_free"], "seq_alloc": a["seq_alloc"],
+            "seq_free": a["seq_free"], "stack_id": a["stack"], "origin": origin, "module": unlabelled,
+            "phase": unlabelled, "category": a["category"], "step": [None] * n,
+            "label_source": np.where(labelled, label_source, "none"), "confidence": labelled.astype(np.float64),
+        })
+        s = self.segments.columns
+        m = len(self.segments)
+        segments = make_table("segments", {
+            "device": s["device"], "addr": s["addr"], "bytes": s["bytes"], "t_alloc_us": s["t_alloc"],
+            "t_free_us": s["t_free"], "seq_alloc": s["seq_alloc"], "seq_free": s["seq_free"], "pool": ["unknown"] * m,
+            "stream": np.zeros(m, dtype=np.int64), "expandable": np.zeros(m, dtype=bool),
+            "alive_at_end": np.array([t is None for t in s["seq_free"]], dtype=bool),
+        })
+        events = make_table("events", {**self.events, "stream": np.zeros(len(self.threads), dtype=np.int64)})
+        return {"allocations": allocations, "segments": segments, "events": events,
+                "truncated": set(np.unique(np.asarray(a["device"])[~born]).tolist()),
+                "ooms": make_table("ooms", self.ooms),
+                "event_threads": pd.Series(pd.array(self.threads, dtype="Int64"), index=events.index, name="thread")}
+
+
+# ---- from kept events to a MemoryTrace --------------------------------------------------------------------
+class _Assembler:
+    """Turns the kept events and top-level members into the shared tables."""
+
+    def __init__(self, name: str, kept: _Kept, meta: dict[str, Any], warnings: list[str]) -> None:
+        self.name, self.kept, self.meta, self.warnings = name, kept, meta, warnings
+        self.names = list(kept.names)
+        base_ns = meta.get("baseTimeNanoseconds")
+        self.base_ns = int(base_ns) if isinstance(base_ns, (int, float)) else None
+
+    def epoch_us(self, ts: np.ndarray) -> np.ndarray:
+        """Floored epoch microseconds: relative float µs plus baseTimeNanoseconds where the trace has it."""
+        if self.base_ns is None:
+            return np.floor(ts).astype(np.int64)
+        return np.floor(ts + (self.base_ns % 1000) / 1000).astype(np.int64) + self.base_ns // 1000
+
+    def build(self) -> MemoryTrace:
+        k = self.kept
+        ts, tid = _array(k.m_ts, "d"), _array(k.m_tid, "q")
+        stacks = _Stacks(k, self.names)
+        builder = self._replay(ts, tid, stacks.of_events(ts, tid))
+        tables = builder.tables()
+        devices = self._devices(tables["events"], tables["truncated"])
+        main = self._main_device(devices)
+        has_history = bool(len(ts))
+        if not has_history:
+            self.warnings.append(f"this trace has no [memory] events, so it holds no memory history. {RECORD_HINT}")
+        if HOST in devices and len(devices) > 1:
+            self.warnings.append("host (CPU) memory events are kept on device -1, apart from the GPU")
+        distributed = self.meta.get("distributedInfo") or {}
+        spans = self._spans()
+        return MemoryTrace(
+            source_path=self.name, source_kind="kineto",
+            allocations=tables["allocations"], segments=tables["segments"], blocks=empty_table("blocks"),
+            events=tables["events"], stacks=stacks.table(), annotations=_annotations(spans, main), ooms=tables["ooms"],
+            devices=devices, torch_era=self._era(), has_history=has_history,
+            warnings=self.warnings + builder.warnings, spans=spans, event_threads=tables["event_threads"],
+            rank=_int_or_none(distributed.get("rank")), world_size=_int_or_none(distributed.get("world_size")),
+        )
+
+    def _replay(self, ts: np.ndarray, tid: np.ndarray, stack_ids: list[int | None]) -> HistoryBuilder:
+        """Every device's memory events in time order (file order breaks ties) through one HistoryBuilder."""
+        k = self.kept
+        device = _array(k.m_device, "q")
+        order = np.argsort(ts, kind="stable")
+        order = order[np.argsort(device[order], kind="stable")]
+        builder = HistoryBuilder()
+        t_us = self.epoch_us(ts)
+        columns = [t_us, tid, _array(k.m_addr, "q"), _array(k.m_bytes, "q"), _array(k.m_allocated, "q"),
+                   _array(k.m_reserved, "q"), _array(k.m_oom, "b")]
+        for d in np.unique(device).tolist():
+            rows = order[device[order] == d]
+            self._replay_device(builder, d, [c[rows] for c in columns], [stack_ids[i] for i in rows.tolist()])
+        return builder
+
+    def _replay_device(self, builder: HistoryBuilder, device: int, columns: list[np.ndarray],
+                       stacks: list[int | None]) -> None:
+        t, tid, addr, nbytes, allocated, reserved, oom = columns
+        memory = oom == 0
+        by_address = bool(memory.any()) and bool((addr[memory] != _NONE).all())
+        has_reserved = device != HOST and bool((reserved != _NONE).all())
+        builder.start_device(device, ByAddress if by_address else BySize)
+        for t_i, tid_i, addr_i, bytes_i, reserved_i, oom_i, stack in zip(
+                t.tolist(), tid.tolist(), addr.tolist(), nbytes.tolist(), reserved.tolist(), oom.tolist(), stacks):
+            if has_reserved:
+                builder.reserve(t_i, reserved_i, tid_i)
+            address = addr_i if by_address else 0
+            if oom_i:
+                builder.oom(t_i, bytes_i, stack, tid_i)
+            elif bytes_i > 0:
+                builder.alloc(t_i, bytes_i, address, stack, tid_i)
+            elif bytes_i < 0:
+                builder.free(t_i, -bytes_i, address, stack, tid_i)
+        totals = allocated[memory]
+        known = bool(len(totals)) and bool((totals != _NONE).all())
+        start = builder.finish_device(int(totals[0] - nbytes[memory][0]) if known else None)
+        self._check_totals(device, start, nbytes[memory], totals if known else None, by_address, has_reserved)
+
+    def _check_totals(self, device: int, start: int, nbytes: np.ndarray, totals: np.ndarray | None,
+                      by_address: bool, has_reserved: bool) -> None:
+        """Warn where the replay cannot match the trace's own figures, and say what was reconstructed."""
+        if totals is not None:
+            differ = int(np.count_nonzero(start + np.cumsum(nbytes) != totals))
+            if differ:
+                self.warnings.append(f"device {device}: replayed allocated bytes differ from the trace's Total "
+                                     f"Allocated at {differ} of {len(totals)} events (events were dropped?)")
+        else:
+            self.warnings.append(f"device {device}: [memory] events carry no Total Allocated (2021 format): totals "
+                                 "are rebuilt by summing Bytes from the frees of earlier blocks")
+        if not by_address and len(nbytes):
+            self.warnings.append(f"device {device}: [memory] events carry no Addr: frees are paired with the latest "
+                                 "open allocation of the same size")
+        if not has_reserved and len(nbytes):
+            self.warnings.append(f"device {device}: no reserved bytes recorded; reserved is estimated as the running "
+                                 "peak of allocated bytes (a lower bound)")
+
+    def _devices(self, events: pd.DataFrame, truncated: set[int]) -> dict[int, DeviceInfo]:
+        """Devices with memory events, or else the GPUs kernels ran on (ROCm numbers kernel devices by agent,
+        which differs from the HIP index of memory events, so kernels never add a device beside memory);
+        names and capacities from deviceProperties."""
+        properties = {p.get("id"): p for p in self.meta.get("deviceProperties") or [] if isinstance(p, dict)}
+        counts = events["device"].value_counts().to_dict()
+        ids = set(counts)
+        if not ids - {HOST}:
+            ids |= {d for d in self.kept.kernel_devices if isinstance(d, int)}
+        devices = {}
+        for d in sorted(ids):
+            p = properties.get(d, {}) if d != HOST else {"name": "CPU (host memory)"}
+            memory = p.get("totalGlobalMem")
+            devices[d] = DeviceInfo(d, trace_entries=int(counts.get(d, 0)), history_truncated=d in truncated, name=p.get("name"),
+                                    capacity_bytes=int(memory) if isinstance(memory, int) else None)
+        return devices
+
+    def _main_device(self, devices: dict[int, DeviceInfo]) -> int:
+        """The GPU the process used most (memory events, then kernels); the host when it used none."""
+        gpus = [d for d in devices if d != HOST]
+        if not gpus:
+            return HOST
+        return max(gpus, key=lambda d: (devices[d].trace_entries, self.kept.kernel_devices.get(d, 0), -d))
+
+    def _spans(self) -> pd.DataFrame:
+        """The kept spans as SPAN_COLUMNS; names and categories as pandas categoricals (interned once)."""
+        k = self.kept
+        start = _array(k.s_ts, "d")
+        python, parent, external = (_array(c, "q") for c in (k.s_python, k.s_parent, k.s_external))
+        return pd.DataFrame({
+            "name": pd.Categorical.from_codes(_array(k.s_name, "q"), categories=self.names) if self.names
+            else pd.Categorical([]),
+            "cat": pd.Categorical.from_codes(_array(k.s_cat, "b").astype(np.int64), categories=_CAT_NAMES),
+            "start_us": self.epoch_us(start), "end_us": self.epoch_us(start + _array(k.s_dur, "d")),
+            "thread": _array(k.s_tid, "q").copy(),
+            "python_id": pd.arrays.IntegerArray(python.copy(), python == _NONE),
+            "parent_id": pd.arrays.IntegerArray(parent.copy(), parent == _NONE),
+            "external_id": pd.arrays.IntegerArray(external.copy(), external == _NONE),
+        }, columns=list(SPAN_COLUMNS))
+
+    def _era(self) -> str:
+        addr = _array(self.kept.m_addr, "q")
+        if len(addr) and (addr == _NONE).all():
+            return "kineto 2021 (torch 1.8-1.9): [memory] with Bytes only"
+        if self.base_ns is not None:
+            return "kineto (times relative to baseTimeNanoseconds)"
+        return "kineto (absolute microseconds)"
+
+
+def _annotations(spans: pd.DataFrame, device: int) -> pd.DataFrame:
+    """user_annotation spans (and 2021 `Operator` ranges named with `#`) on the process's main device."""
+    names = spans["name"].astype(str)
+    keep = (spans["cat"] == "user_annotation") | ((spans["cat"] == "Operator") & names.str.contains("#", regex=False))
+    chosen = spans[keep]
+    return make_table("annotations", {"device": np.full(len(chosen), device, dtype=np.int64),
+                                      "name": names[keep].tolist(), "start_us": chosen["start_us"],
+                                      "end_us": chosen["end_us"], "thread": chosen["thread"]})
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
