@@ -3,7 +3,7 @@
 Streaming: the file is parsed once with ijson's C backend, one `traceEvents` item at a time; only the events
 below are kept, in compact arrays, so memory stays a small multiple of what is kept, never of the file. The
 few top-level members (deviceProperties, distributedInfo, baseTimeNanoseconds) sit before or after the huge
-`traceEvents` array; they are read from the first and last megabytes the parser passed through (see
+`traceEvents` array; they are read from the first and last 8 MiB the parser passed through (see
 `_Recorder`), and only if they do not fit there from a second, token-level pass.
 
 What is kept:
@@ -36,7 +36,7 @@ Type 0 CPU, 2 MKLDNN, 5 IDEEP) is kept on device -1 (HOST): CPU-only runs then s
 GPU report can show host memory beside the GPU without mixing the two.
 
 Sizes: Kineto's Bytes is the block size (the caching allocator reports `block->size`), so requested_bytes =
-allocated_bytes = |Bytes|; the rounding lost nothing because there is no requested size to lose.
+allocated_bytes = |Bytes| (Kineto records no requested size).
 
 Allocated bytes: with Total Allocated, the bytes already allocated when the window opened are known
 (Total Allocated - Bytes of the first event). Frees that match no allocation become `before_trace` rows; what
@@ -72,6 +72,7 @@ from array import array
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
@@ -119,7 +120,7 @@ _TAIL_BYTES = 8 << 20
 def read_kineto(path: Path) -> MemoryTrace:
     """Load one Chrome trace (`.json` or `.json.gz`)."""
     with sniff.open_input(path) as stream:
-        return parse_chrome_trace(stream, str(path), lambda: sniff.open_input(path))
+        return parse_chrome_trace(stream, str(path), partial(sniff.open_input, path))
 
 
 def read_trace_directory(path: Path) -> MultiRankTrace:
@@ -151,7 +152,7 @@ def read_trace_archive(path: Path) -> MultiRankTrace:
                     if first_byte(stream) != b"{":
                         warnings.append(f"skipped {member.name}: not a profiler trace")
                         continue
-                    traces.append(parse_chrome_trace(stream, name, lambda m=member, n=name: _open_member(archive, m, n)))
+                    traces.append(parse_chrome_trace(stream, name, partial(_open_member, archive, member, name)))
     except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
         raise CorruptInput(path, f"the archive is damaged ({error})", "Create it again with tar -czf.") from None
     return _rank_set(path, traces, warnings)
@@ -189,7 +190,8 @@ def _open_member(archive: tarfile.TarFile, member: tarfile.TarInfo, name: str) -
 
 # ---- one trace ----------------------------------------------------------------------------------------
 def parse_chrome_trace(stream: IO[bytes], name: str, reopen: Callable[[], IO[bytes]]) -> MemoryTrace:
-    """Stream one Chrome trace into a MemoryTrace; `reopen` gives the bytes again if the metadata needs a second look."""
+    """Stream one Chrome trace into a MemoryTrace; `reopen` gives the bytes again for the rare second look at
+    top-level members that do not fit in the kept edges."""
     if first_byte(stream) not in (b"{", b""):
         raise CorruptInput(name, "the top level is not a JSON object, so this is not a Chrome trace", _HINT)
     backend, warnings = ijson_backend()
@@ -231,7 +233,7 @@ def ijson_backend() -> tuple[Any, list[str]]:
 
 
 class _Recorder:
-    """File wrapper that keeps the first and last megabytes it hands to the parser.
+    """File wrapper that keeps the first and last bytes it hands to the parser (_HEAD_BYTES, _TAIL_BYTES).
 
     The small top-level members of a trace sit before or after `traceEvents` (Kineto writes deviceProperties
     and distributedInfo first and baseTimeNanoseconds last; re-serialised files move them), so they can be
@@ -445,8 +447,12 @@ class _Stacks:
         self._end = self._start + _array(kept.s_dur, "d")[python]
         self._tid = _array(kept.s_tid, "q")[python]
         self._name = [names[i] for i in _array(kept.s_name, "q")[python]]
-        by_id = {pid: i for i, pid in enumerate(_array(kept.s_python, "q")[python].tolist())}
-        self._parent = np.array([by_id.get(p, -1) for p in _array(kept.s_parent, "q")[python].tolist()], dtype=np.int64)
+        ids = _array(kept.s_python, "q")[python].tolist()
+        by_id = {pid: i for i, pid in enumerate(ids) if pid != _NONE}
+        # Python ids grow in call order, so a caller's id is smaller: requiring it keeps any input acyclic.
+        self._parent = np.array([by_id.get(parent, -1) if parent < pid else -1
+                                 for pid, parent in zip(ids, _array(kept.s_parent, "q")[python].tolist())],
+                                dtype=np.int64)
         self._memo: dict[int, int | None] = {}
 
     def of_events(self, ts: np.ndarray, tid: np.ndarray) -> list[int | None]:
@@ -606,8 +612,7 @@ class HistoryBuilder:
     Without `reserve` calls, reserved bytes are estimated as the running peak of allocated bytes.
     """
 
-    def __init__(self, pairing: type = ByAddress) -> None:
-        self.pairing = pairing
+    def __init__(self) -> None:
         self.allocations, self.segments = _Rows(), _Rows()
         self.events: dict[str, list] = {k: [] for k in ("device", "seq", "t_us", "action", "addr", "bytes", "stack_id")}
         self.threads: list[int | None] = []
@@ -616,9 +621,10 @@ class HistoryBuilder:
         self.warnings: list[str] = []
 
     # -- one device --
-    def start_device(self, device: int, pairing: type | None = None) -> None:
+    def start_device(self, device: int, pairing: type[ByAddress] | type[BySize] | type[Pile]) -> None:
+        """Begin `device`; `pairing` decides which open allocation a free releases."""
         self.device, self.seq = device, 0
-        self._pairs = (pairing or self.pairing)()
+        self._pairs = pairing()
         self._reserved_pile = Pile()
         self._reserved: int | None = None      # last Total Reserved seen; None: estimating
         self._reserved_start = 0
@@ -810,11 +816,11 @@ class _Assembler:
         t, tid, addr, nbytes, allocated, reserved, oom = columns
         memory = oom == 0
         by_address = bool(memory.any()) and bool((addr[memory] != _NONE).all())
-        has_reserved = device != HOST and bool((reserved != _NONE).all())
+        has_reserved = device != HOST and bool(memory.any()) and bool((reserved[memory] != _NONE).all())
         builder.start_device(device, ByAddress if by_address else BySize)
         for t_i, tid_i, addr_i, bytes_i, reserved_i, oom_i, stack in zip(
                 t.tolist(), tid.tolist(), addr.tolist(), nbytes.tolist(), reserved.tolist(), oom.tolist(), stacks):
-            if has_reserved:
+            if has_reserved and reserved_i != _NONE:
                 builder.reserve(t_i, reserved_i, tid_i)
             address = addr_i if by_address else 0
             if oom_i:
@@ -859,8 +865,8 @@ class _Assembler:
         for d in sorted(ids):
             p = properties.get(d, {}) if d != HOST else {"name": "CPU (host memory)"}
             memory = p.get("totalGlobalMem")
-            devices[d] = DeviceInfo(d, trace_entries=int(counts.get(d, 0)), history_truncated=d in truncated, name=p.get("name"),
-                                    capacity_bytes=int(memory) if isinstance(memory, int) else None)
+            devices[d] = DeviceInfo(d, trace_entries=int(counts.get(d, 0)), history_truncated=d in truncated,
+                                    name=p.get("name"), capacity_bytes=int(memory) if isinstance(memory, int) else None)
         return devices
 
     def _main_device(self, devices: dict[int, DeviceInfo]) -> int:

@@ -61,8 +61,8 @@ def read_memory_timeline(path: Path) -> MemoryTrace:
 def _raw_trace(name: str, rows: Any, warnings: list[str]) -> MemoryTrace:
     """Raw rows in time order (PREEXISTING first) through the shared replay."""
     t_ns, action, nbytes, category = _raw_columns(rows)
-    builder = HistoryBuilder(BySize)
-    builder.start_device(DEVICE)
+    builder = HistoryBuilder()
+    builder.start_device(DEVICE, BySize)
     order = np.argsort(t_ns, kind="stable")
     for t, a, b, c in zip((t_ns[order] // 1000).tolist(), action[order].tolist(), nbytes[order].tolist(),
                           category[order].tolist()):
@@ -83,9 +83,12 @@ def _raw_columns(rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
     """(t_ns, action, signed bytes, category index) arrays, checked against the enums."""
     table = np.array([(int(t), int(a), int(b), int(c)) for t, a, b, c in rows], dtype=np.int64).reshape(-1, 4)
     t_ns, action, nbytes, category = table.T
-    if len(action) and not np.isin(action, (PREEXISTING, CREATE, INCREMENT_VERSION, DESTROY)).all():
-        raise ValueError(f"unknown actions {sorted(set(action.tolist()) - {1, 2, 3, 4})}")
-    if len(category) and ((category < 0) | (category >= len(CATEGORIES))).any():
+    actions = (PREEXISTING, CREATE, INCREMENT_VERSION, DESTROY)
+    if not np.isin(action, actions).all():
+        raise ValueError(f"unknown actions {sorted(set(action.tolist()) - set(actions))}")
+    if ((action <= CREATE) & (nbytes < 0) | (action == DESTROY) & (nbytes > 0)).any():
+        raise ValueError("a PREEXISTING or CREATE row frees bytes, or a DESTROY row adds them")
+    if ((category < 0) | (category >= len(CATEGORIES))).any():
         raise ValueError(f"category indices outside 0..{len(CATEGORIES) - 1}")
     return t_ns, action, nbytes, category
 
@@ -97,8 +100,8 @@ def _curve_trace(name: str, times: Any, sizes: list, warnings: list[str]) -> Mem
         raise ValueError(f"expected [times, sizes] with {len(CATEGORIES) + 1} sizes per time")
     levels = levels[:, 1:]  # column 0 is never written by torch
     t_us = np.array(times, dtype=np.int64)
-    builder = HistoryBuilder(Pile)
-    builder.start_device(DEVICE)
+    builder = HistoryBuilder()
+    builder.start_device(DEVICE, Pile)
     for c, b in enumerate(levels[0].tolist() if len(levels) else []):
         if b > 0:
             builder.seed(b, CATEGORIES[c])
