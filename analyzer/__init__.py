@@ -4,10 +4,23 @@ Public API:
 - `load(path)` -> MemoryTrace: the input as pandas tables (allocations, segments, blocks, events, stacks,
   annotations, ooms, timeline).
 - `analyze(path_or_trace)` -> Analysis: peaks, OOMs, findings and remedies; `Analysis.to_json()`.
+- `capture(run_dir)`, `phase(name)`, `tag_modules(model)`: record a run well (analyzer.capture; imports torch
+  only when used).
 """
 from analyzer.analysis import Analysis, analyze
 from analyzer.ingest import load
 from analyzer.trace import MemoryTrace
 
-__all__ = ["load", "analyze", "MemoryTrace", "Analysis"]
+__all__ = ["load", "analyze", "MemoryTrace", "Analysis", "capture", "phase", "tag_modules"]
 __version__ = "0.1.0"
+
+_CAPTURE_NAMES = frozenset({"capture", "phase", "tag_modules"})
+
+
+def __getattr__(name: str) -> object:
+    """The recording helpers, imported on first use so that `import analyzer` never imports torch."""
+    if name in _CAPTURE_NAMES:
+        import importlib
+
+        return getattr(importlib.import_module("analyzer.capture"), name)
+    raise AttributeError(f"module 'analyzer' has no attribute {name!r}")

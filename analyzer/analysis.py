@@ -12,6 +12,8 @@ from typing import Any
 
 import pandas as pd
 
+from analyzer.attribute import attribute
+from analyzer.breakdown import TOP_MODULES, event_labels, labels_at, split, step_peaks
 from analyzer.timeline import Peak, find_peak
 from analyzer.trace import MemoryTrace
 
@@ -41,8 +43,31 @@ class DeviceAnalysis:
     history_truncated: bool
     oom: OutOfMemory | None
     capacity_bytes: int | None
+    by_category: list[dict[str, Any]] = field(default_factory=list)   # at the peak, largest first
+    by_phase: list[dict[str, Any]] = field(default_factory=list)
+    by_module: list[dict[str, Any]] = field(default_factory=list)     # top 20, the rest folded
+    peak_step: int | None = None
+    peak_phase: str | None = None
+    peak_module: str | None = None      # module of the allocation that made the peak
+    steps: list[dict[str, Any]] = field(default_factory=list)
     findings: list[dict[str, Any]] = field(default_factory=list)
     remedies: list[dict[str, Any]] = field(default_factory=list)
+
+    def headline(self) -> str:
+        """'62% activations, forward of layers.11.mlp, step 1': what the peak is made of and where it is."""
+        parts = []
+        if self.by_category and self.by_category[0]["name"] != "unattributed":
+            top = self.by_category[0]
+            parts.append(f"{top['share']:.0%} {top['name'].replace('_', ' ')}")
+        where = self.peak_phase if self.peak_phase not in (None, "unattributed") else None
+        module = self.peak_module if self.peak_module not in (None, "unattributed") else None
+        if where and module:
+            parts.append(f"{where} of {module}")
+        elif where or module:
+            parts.append(where or f"in {module}")
+        if self.peak_step is not None:
+            parts.append(f"step {self.peak_step}")
+        return ", ".join(parts)
 
     def top_allocations(self, trace: MemoryTrace, n: int = TOP_ALLOCATIONS) -> list[dict[str, Any]]:
         """The largest allocations live at the peak, with where they came from."""
@@ -88,7 +113,13 @@ class Analysis:
                 "reserved_bytes": d.peak.reserved_bytes, "time_us": d.peak.time_us, "event_index": d.peak.event_index,
                 "live_allocations": int(len(d.peak.live)),
                 "top_allocations": d.top_allocations(self.trace),
+                "by_category": {r["name"]: r["bytes"] for r in d.by_category},
+                "by_phase": {r["name"]: r["bytes"] for r in d.by_phase},
+                "by_module": {r["name"]: r["bytes"] for r in d.by_module},
+                "step": d.peak_step, "phase": d.peak_phase, "module": d.peak_module,
+                "summary": d.headline(),
             },
+            "steps": d.steps,
             "reserved_peak_bytes": d.reserved_peak_bytes,
             "end": d.end,
             "trace_entries": d.trace_entries,
@@ -160,14 +191,23 @@ def analyze(source: str | Path | MemoryTrace) -> Analysis:
         trace = load(source)
     devices = []
     warnings = list(trace.warnings)
+    attribute(trace)
+    trace._timeline = None  # rebuilt with the per-category columns
     timeline = trace.timeline
     for device in active_devices(trace):
         info = trace.devices[device]
         tl = timeline[timeline["device"] == device]
+        peak = find_peak(trace, device)
+        labels = event_labels(trace, device)
+        step, phase = labels_at(labels, peak.event_index)
+        made = peak.live[peak.live["seq_alloc"] == peak.event_index]
         d = DeviceAnalysis(
-            device=device, peak=find_peak(trace, device), reserved_peak_bytes=int(tl["reserved_bytes"].max()),
+            device=device, peak=peak, reserved_peak_bytes=int(tl["reserved_bytes"].max()),
             end=trace.end_state(device), trace_entries=info.trace_entries, history_truncated=info.history_truncated,
             oom=_oom(trace, device), capacity_bytes=info.capacity_bytes,
+            by_category=split(peak.live, "category"), by_phase=split(peak.live, "phase"),
+            by_module=split(peak.live, "module", TOP_MODULES), peak_step=step, peak_phase=phase,
+            peak_module=str(made["module"].iloc[0]) if len(made) else None, steps=step_peaks(labels, tl),
         )
         devices.append(d)
         warnings.extend(_device_warnings(d, tl))

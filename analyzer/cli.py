@@ -24,7 +24,9 @@ from analyzer.report import REPORTERS, SUFFIXES, reporter
 EXIT_INTERNAL = 1
 
 #: subcommand -> "module:function(argv: list[str]) -> int"; `analyze NAME ...` runs it
-SUBCOMMANDS: dict[str, str] = {}
+SUBCOMMANDS: dict[str, str] = {
+    "run": "analyzer.capture_run:run_command",
+}
 
 _STRIP_SUFFIXES = (".gz", ".json", ".pickle", ".pkl", ".sqlite", ".tar")
 

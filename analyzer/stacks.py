@@ -5,9 +5,9 @@ import re
 
 Frame = tuple[str, int, str]  # (filename, line, function)
 
-# torch itself, C++ frames from the unwinder, the interpreter's own machinery and the stdlib plumbing
+# torch itself (paths are relative in Kineto stacks), C++ frames from the unwinder, the interpreter's own machinery and the stdlib plumbing
 _NOT_USER = re.compile(
-    r"(^\?\?$|^<|[\\/]torch[\\/]|[\\/]torch$|\.(cpp|cc|h|hpp|cu)$|[\\/]python3\.\d+[\\/](contextlib|threading|runpy|functools|abc)\.py$)"
+    r"(^\?\?$|^<|(^|[\\/])torch[\\/]|[\\/]torch$|\.(cpp|cc|h|hpp|cu)$|[\\/]python3\.\d+[\\/](contextlib|threading|runpy|functools|abc)\.py$)"
 )
 
 

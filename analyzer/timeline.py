@@ -53,6 +53,10 @@ def device_timeline(trace, device: int) -> pd.DataFrame:
     def series(start: int, delta: np.ndarray) -> np.ndarray:
         return np.concatenate([[start], start + np.cumsum(delta)]).astype(np.int64)
 
+    by_category = {}
+    for category in sorted(rows["category"].astype(str).unique()):
+        start, delta = _deltas(rows[rows["category"].astype(str) == category], "allocated_bytes", n)
+        by_category[f"{category}_bytes"] = series(start, delta)
     return pd.DataFrame({
         "device": np.full(n + 1, device, dtype=np.int64),
         "t_us": pd.array([first_t, *events["t_us"]], dtype="Int64"),
@@ -60,6 +64,7 @@ def device_timeline(trace, device: int) -> pd.DataFrame:
         "allocated_bytes": series(alloc_start, alloc_delta),
         "requested_bytes": series(req_start, req_delta),
         "reserved_bytes": series(reserved_start, reserved_delta),
+        **by_category,  # allocated bytes per category: they sum to allocated_bytes at every row
     })
 
 
@@ -68,7 +73,10 @@ def build_timeline(trace) -> pd.DataFrame:
     parts = [device_timeline(trace, d) for d in trace.device_ids]
     if not parts:
         return pd.DataFrame({c: pd.Series(dtype="Int64" if c == "t_us" else "int64") for c in TIMELINE_COLUMNS})
-    return pd.concat(parts, ignore_index=True)
+    timeline = pd.concat(parts, ignore_index=True)
+    extra = [c for c in timeline.columns if c not in TIMELINE_COLUMNS]
+    timeline[extra] = timeline[extra].fillna(0).astype(np.int64)  # a category absent on a device holds 0 bytes there
+    return timeline
 
 
 @dataclass

@@ -253,8 +253,3 @@ class MultiRankTrace:
     @property
     def ranks(self) -> list[int | None]:
         return [t.rank for t in self.traces]
-
-
-def int64_array(values: list[int]) -> np.ndarray:
-    """Convert to int64, turning overflow into ValueError (readers map it to CorruptInput)."""
-    return np.asarray(values, dtype=np.int64)

@@ -39,14 +39,15 @@ def make(entries: int, seed: int = 0) -> dict:
             live.append((addr, size, frames))
             trace.append({"action": "alloc", "addr": addr, "size": size, "stream": 0, "time_us": t,
                           "compile_context": "N/A", "user_metadata": "", "frames": frames})
-    blocks = [{"address": addr, "size": (size + 511) // 512 * 512, "requested_size": size, "state": "active_allocated",
-               "frames": list(frames)} for addr, size, frames in live]
-    total = sum(b["size"] for b in blocks)
-    segment = {"device": 0, "address": BASE, "total_size": max(total, next_addr - BASE), "allocated_size": total,
-               "active_size": total, "requested_size": sum(b["requested_size"] for b in blocks), "stream": 0,
-               "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
-               "blocks": blocks}
-    return {"segments": [segment], "device_traces": [trace], "allocator_settings": {"expandable_segments": False},
+    segments = []
+    for addr, size, frames in live:  # one segment per live block, so blocks tile their segments exactly
+        block = (size + 511) // 512 * 512
+        segments.append({"device": 0, "address": addr, "total_size": block, "allocated_size": block,
+                         "active_size": block, "requested_size": size, "stream": 0, "segment_type": "large",
+                         "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+                         "blocks": [{"address": addr, "size": block, "requested_size": size,
+                                     "state": "active_allocated", "frames": frames}]})
+    return {"segments": segments, "device_traces": [trace], "allocator_settings": {"expandable_segments": False},
             "external_annotations": []}
 
 

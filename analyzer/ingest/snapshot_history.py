@@ -75,7 +75,7 @@ class StackInterner:
         by_list = self._by_list
         by_list[0] = MISSING
         list_ids = [id(f) if f else 0 for f in frame_lists]
-        unseen = dict.fromkeys(i for i in list_ids if i not in by_list)
+        unseen = [i for i in dict.fromkeys(list_ids) if i not in by_list]
         if unseen:
             frames_by_id = dict(zip(list_ids, frame_lists))
             for list_id in unseen:

@@ -116,9 +116,11 @@ class Tracer(TorchDispatchMode):
         if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r}; one of {PHASES}")
         previous, self.phase = self.phase, phase
+        self.annotate(f"phase::{phase}", "START")  # as analyzer.phase() records it
         try:
             yield
         finally:
+            self.annotate(f"phase::{phase}", "END")
             if phase == "forward":
                 self._forward_ends[self.step] = self._clock
             self.phase = previous
@@ -197,20 +199,26 @@ class Tracer(TorchDispatchMode):
         self.run.events.append(Free(uid, time_us))
 
     # ---- modules -----------------------------------------------------------------------------------
+    # Module ranges are recorded as analyzer.tag_modules() records them: module::forward|backward::FQN.
     def _pre_fw(self, module: torch.nn.Module, _inputs: Any) -> None:
-        self._forward_modules.append(self._fqn.get(id(module), type(module).__name__))
+        name = self._fqn.get(id(module), type(module).__name__)
+        self._forward_modules.append(name)
+        self.annotate(f"module::forward::{name}", "START")
 
     def _post_fw(self, module: torch.nn.Module, _inputs: Any, _outputs: Any) -> None:
         if self._forward_modules:
-            self._forward_modules.pop()
+            self.annotate(f"module::forward::{self._forward_modules.pop()}", "END")
 
     def _pre_bw(self, module: torch.nn.Module, _grads: Any) -> None:
-        self._backward_modules.append(self._fqn.get(id(module), type(module).__name__))
+        name = self._fqn.get(id(module), type(module).__name__)
+        self._backward_modules.append(name)
+        self.annotate(f"module::backward::{name}", "START")
 
     def _post_bw(self, module: torch.nn.Module, _grads: Any) -> None:
         name = self._fqn.get(id(module), type(module).__name__)
         if name in self._backward_modules:
             self._backward_modules.remove(name)
+            self.annotate(f"module::backward::{name}", "END")
 
     def _current_module(self, in_backward: bool) -> str:
         if not in_backward:

@@ -1,0 +1,49 @@
+"""Score attribution against ground truth (the simulator's `.truth.json` sidecars): bytes-weighted agreement
+of the labels of the allocations live at the peak. Used by tests and benchmarks/attribution_accuracy.py."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from analyzer.attribute import attribute
+from analyzer.attribute.annotations import ROOT_MODULE, classify
+from analyzer.ingest import load
+from analyzer.timeline import find_peak
+from analyzer.trace import MemoryTrace
+
+# parameters and buffers are both model state made at load time: the recording cannot tell them apart;
+# the truth's empty module is the root module (or no module at all, which we call unattributed)
+_SAME = {"buffer": "parameter", "": ROOT_MODULE}
+_EITHER = {("", "unattributed")}
+
+
+def without_tags(trace: MemoryTrace) -> MemoryTrace:
+    """The same recording as if it had been made without analyzer's capture helpers (no phase/module tags)."""
+    kinds = [classify(n)[3] for n in trace.annotations["name"]]
+    keep = [k not in ("tag:phase", "tag:module") for k in kinds]
+    return replace(trace, annotations=trace.annotations[keep].reset_index(drop=True),
+                   allocations=trace.allocations.copy(), _timeline=None)
+
+
+def peak_agreement(snapshot: Path, tags: bool = True) -> dict[str, float]:
+    """Share of peak bytes whose category, phase and module match the truth; also the attributed share."""
+    truth = json.loads(snapshot.with_name(snapshot.stem + ".truth.json").read_text())
+    trace = load(snapshot)
+    if not tags:
+        trace = without_tags(trace)
+    attribute(trace)
+    live = find_peak(trace, truth["device"]).live
+    labels = truth["allocations"]
+    weights = live["allocated_bytes"].to_numpy(dtype=np.float64)
+    keys = [str(int(s)) if s == s and s is not None else None for s in live["seq_alloc"].astype("float64")]
+    scores: dict[str, float] = {}
+    for field in ("category", "phase", "module"):
+        ours = live[field].astype(str).to_numpy()
+        theirs = [labels[k][field] if k in labels else None for k in keys]
+        match = np.asarray([_SAME.get(t, t) == _SAME.get(o, o) or (t, o) in _EITHER for o, t in zip(ours, theirs)])
+        scores[field] = float(weights[match].sum() / weights.sum()) if weights.sum() else 1.0
+        scores[f"{field}_attributed"] = float(weights[ours != "unattributed"].sum() / weights.sum()) if weights.sum() else 1.0
+    return scores

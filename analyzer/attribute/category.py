@@ -1,0 +1,81 @@
+"""What an allocation is, from the phase that made it and how long it lived.
+
+- load, alive past loading                    -> parameter (parameters and buffers look alike here)
+- forward, freed after its step's backward began -> activation (kept for backward); else -> temporary
+- backward, alive past its step's backward     -> gradient; freed within backward -> temporary
+- optimizer, alive past its optimizer step     -> optimizer_state; freed within it -> temporary
+- made before a step's forward and used by it  -> input
+- checkpoint_save / compile / other            -> other
+- allocated before the recording started         -> the long-lived category of its phase (lower confidence)
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+_LONG_LIVED = {"load": "parameter", "forward": "activation", "backward": "gradient", "optimizer": "optimizer_state"}
+
+
+def _per_step(step: np.ndarray, mask: np.ndarray, values: np.ndarray, reducer) -> dict[int, float]:
+    out: dict[int, float] = {}
+    if mask.any():
+        frame = pd.DataFrame({"step": step[mask], "v": values[mask]})
+        out = frame.groupby("step")["v"].agg(reducer).to_dict()
+    return out
+
+
+def categorise(a: pd.DataFrame, phase: np.ndarray, step: np.ndarray,
+               annotations: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    t_alloc = a["t_alloc_us"].to_numpy(dtype=np.float64, na_value=np.nan)
+    t_free = a["t_free_us"].to_numpy(dtype=np.float64, na_value=np.inf)  # alive at the end: forever
+    timed = ~np.isnan(t_alloc)
+    forward_end = _per_step(step, phase == "forward", t_alloc, "max")
+    for s, start in _per_step(step, phase == "backward", t_alloc, "min").items():
+        forward_end[s] = start  # the forward pass ends where backward begins (the loss belongs to forward)
+    forward_start = _per_step(step, phase == "forward", t_alloc, "min")
+    backward_end = _per_step(step, phase == "optimizer", t_alloc, "min")
+    optimizer_end = _per_step(step, phase == "optimizer", t_alloc, "max")
+    for s, end in _optimizer_ranges(annotations, step, t_alloc).items():
+        optimizer_end[s] = max(optimizer_end.get(s, -np.inf), end)
+    next_start = _per_step(step, timed, t_alloc, "min")
+
+    def lookup(table: dict[int, float], default: float, shift: int = 0) -> np.ndarray:
+        return np.asarray([table.get(int(s) + shift, default) for s in step], dtype=np.float64)
+
+    f_end, f_start = lookup(forward_end, np.inf), lookup(forward_start, np.inf)
+    b_end = np.minimum(lookup(backward_end, np.inf), lookup(next_start, np.inf, shift=1))
+    o_end = lookup(optimizer_end, np.inf)
+    first_forward = min(forward_start.values(), default=np.inf)
+    long_lived = np.asarray([_LONG_LIVED.get(p) for p in phase], dtype=object)
+    rules = [
+        # allocated before the recording: only the phase is known, and the allocation outlived it
+        (~timed & (long_lived != None), long_lived, "lifetime:allocated-before-recording"),  # noqa: E711
+        (phase == "load", np.where(t_free > first_forward, "parameter", "temporary"), "lifetime:load"),
+        (phase == "forward", np.where(t_free > f_end, "activation", "temporary"), "lifetime:forward"),
+        (phase == "backward", np.where(t_free > b_end, "gradient", "temporary"), "lifetime:backward"),
+        (phase == "optimizer", np.where(t_free > o_end, "optimizer_state", "temporary"), "lifetime:optimizer"),
+        (np.isin(phase, [None, "other"]) & timed & (t_alloc < f_start) & (t_free > f_start), "input",
+         "lifetime:input"),
+        (np.isin(phase, ["checkpoint_save", "compile", "other"]), "other", "phase"),
+    ]
+    category = np.full(len(a), None, dtype=object)
+    source = np.full(len(a), None, dtype=object)
+    for mask, value, signal in rules:
+        free = mask & np.asarray([c is None for c in category], dtype=bool)
+        category[free] = value[free] if isinstance(value, np.ndarray) else value
+        source[free] = signal
+    return category, source
+
+
+def _optimizer_ranges(annotations: pd.DataFrame, step: np.ndarray, t_alloc: np.ndarray) -> dict[int, float]:
+    """End of the Optimizer.step range of each step (the step whose allocations fall inside it)."""
+    ranges = annotations[annotations["name"].str.startswith("Optimizer.step#")]
+    out: dict[int, float] = {}
+    for start, end in zip(ranges["start_us"], ranges["end_us"]):
+        if pd.isna(start) or pd.isna(end):
+            continue
+        inside = (t_alloc >= float(start)) & (t_alloc <= float(end))
+        if inside.any():
+            out[int(np.max(step[inside]))] = float(end)
+    return out

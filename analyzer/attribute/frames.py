@@ -1,0 +1,83 @@
+"""What a stack says about an allocation: the phase its torch frames reveal and the module whose forward
+made it. Evaluated once per distinct stack, never per allocation."""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from analyzer.stacks import Frame, format_frame, is_user_frame
+
+# (pattern on "file function", phase, signal name), checked innermost frame first; the first match wins
+_PHASE_RULES: list[tuple[re.Pattern[str], str, str]] = [
+    (re.compile(r"torch[\\/]utils[\\/]checkpoint\.py "), "backward", "frames:activation-checkpoint-recompute"),
+    (re.compile(r"torch[\\/](_tensor\.py backward|autograd[\\/])"), "backward", "frames:torch.autograd"),
+    (re.compile(r"torch[\\/]optim[\\/]"), "optimizer", "frames:torch.optim"),
+    (re.compile(r"torch[\\/](serialization\.py (save|_save)|distributed[\\/]checkpoint[\\/])"), "checkpoint_save",
+     "frames:torch.save"),
+    (re.compile(r" (state_dict|_save_to_state_dict|full_state_dict|get_state_dict|consolidate_state_dict)$"),
+     "checkpoint_save", "frames:state_dict"),
+    (re.compile(r"torch[\\/]serialization\.py (load|_load)|load_state_dict$|_load_from_state_dict$"), "load",
+     "frames:load_state_dict"),
+    (re.compile(r"torch[\\/]nn[\\/]modules[\\/]module\.py (_apply|to|cuda|convert)$"), "load", "frames:module.to"),
+    (re.compile(r"torch[\\/]nn[\\/](modules[\\/]\w+\.py (__init__|reset_parameters)|init\.py \w+)$"), "load",
+     "frames:module-init"),
+    (re.compile(r"torch[\\/]_dynamo[\\/]|torch[\\/]_inductor[\\/]"), "compile", "frames:torch.compile"),
+    (re.compile(r"torch[\\/]nn[\\/]modules[\\/]module\.py (_call_impl|_wrapped_call_impl)$"), "forward",
+     "frames:module.forward"),
+    (re.compile(r" \w*(save|state_dict|consolidate)\w*$", re.IGNORECASE), "checkpoint_save",
+     "frames:user-function-name"),
+    (re.compile(r" (__init__|\w*(init_weight|init_all_weights|load_model|load_weights|load_checkpoint|from_pretrained)\w*)$"),
+     "load", "frames:model-construction"),
+]
+
+
+@dataclass(frozen=True)
+class StackFacts:
+    has_python: bool
+    phase: str | None          # what torch frames say, or None
+    phase_signal: str | None
+    module: str | None         # "Class.forward" (or "file:line forward") of the innermost user forward frame
+    user_frame: str | None
+
+
+def stack_facts(frames: tuple[Frame, ...]) -> StackFacts:
+    has_python = any(f[0].endswith(".py") for f in frames)
+    phase = signal = None
+    for filename, _, function in frames:
+        text = f"{filename} {function}"
+        for pattern, rule_phase, rule_signal in _PHASE_RULES:
+            if pattern.search(text):
+                phase, signal = rule_phase, rule_signal
+                break
+        if phase:
+            break
+    module = next((resolve_method(f) for f in frames if is_user_frame(f) and f[2] == "forward"), None)
+    if phase is None and module is not None:
+        phase, signal = "forward", "frames:user-forward"
+    user = next((format_frame(f) for f in frames if is_user_frame(f)), None)
+    return StackFacts(has_python, phase, signal, module, user)
+
+
+@lru_cache(maxsize=4096)
+def _classes_by_line(filename: str) -> tuple[tuple[int, int, str], ...]:
+    """(first line, last line, class name) of every class in a readable source file; empty otherwise."""
+    try:
+        source = Path(filename).read_text(encoding="utf-8", errors="replace")
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    return tuple((node.lineno, node.end_lineno or node.lineno, node.name)
+                 for node in ast.walk(tree) if isinstance(node, ast.ClassDef))
+
+
+def resolve_method(frame: Frame) -> str:
+    """'Class.method' when the source file is readable here, else 'file:line function'."""
+    filename, line, function = frame
+    enclosing = [c for c in _classes_by_line(filename) if c[0] <= line <= c[1]]
+    if enclosing:
+        innermost = max(enclosing, key=lambda c: c[0])
+        return f"{innermost[2]}.{function}"
+    return format_frame(frame)

@@ -1,0 +1,36 @@
+"""Which module an allocation belongs to: an explicit tag, the user forward frame, or, for gradients and
+optimizer state, the module of the parameter of the same size (when that parameter's module is known and
+no other parameter has that size)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analyzer.attribute.annotations import annotation_labels
+
+
+def assign_modules(a: pd.DataFrame, annotations: pd.DataFrame, times: np.ndarray, frame_module: np.ndarray,
+                   category: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    module, source = annotation_labels(annotations, times, "tag", "module")
+    unset = np.asarray([m is None for m in module], dtype=bool)
+    from_frames = unset & np.asarray([m is not None for m in frame_module], dtype=bool)
+    module[from_frames] = frame_module[from_frames]
+    source[from_frames] = "frames:user-frame"
+    _match_parameters(a, module, source, category)
+    return module, source
+
+
+def _match_parameters(a: pd.DataFrame, module: np.ndarray, source: np.ndarray, category: np.ndarray) -> None:
+    """Gradients and optimizer states have their parameter's size: borrow its module when unambiguous."""
+    sizes = a["requested_bytes"].to_numpy()
+    is_param = (category == "parameter") & np.asarray([m is not None for m in module], dtype=bool)
+    if not is_param.any():
+        return
+    params = pd.DataFrame({"size": sizes[is_param], "module": module[is_param]})
+    owners = params.groupby("size")["module"].agg(lambda m: m.iloc[0] if m.nunique() == 1 else None).dropna()
+    wanted = np.isin(category, ["gradient", "optimizer_state"]) & np.asarray([m is None for m in module], dtype=bool)
+    for i in np.flatnonzero(wanted):
+        owner = owners.get(sizes[i])
+        if owner is not None:
+            module[i] = owner
+            source[i] = "size-match:parameter"

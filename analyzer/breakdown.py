@@ -1,0 +1,65 @@
+"""Splits of the memory live at a moment (by category, phase, module) and per-step peaks.
+
+Every split is over the same rows as the total it splits, so its parts sum to that total exactly; a long
+tail is folded into one "other (N)" row rather than dropped.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer.trace import MemoryTrace
+
+TOP_MODULES = 20
+
+
+def split(live: pd.DataFrame, column: str, top: int | None = None) -> list[dict[str, Any]]:
+    """[{name, bytes, share}] largest first; with `top`, the rest folded into one row."""
+    total = int(live["allocated_bytes"].sum())
+    sums = live.groupby(live[column].astype(str), observed=True)["allocated_bytes"].sum().sort_values(ascending=False)
+    rows = [{"name": str(name), "bytes": int(b)} for name, b in sums.items() if b]
+    if top is not None and len(rows) > top:
+        rest = rows[top - 1:]
+        rows = rows[: top - 1] + [{"name": f"other ({len(rest)} {column}s)", "bytes": sum(r["bytes"] for r in rest)}]
+    for r in rows:
+        r["share"] = r["bytes"] / total if total else 0.0
+    return rows
+
+
+def event_labels(trace: MemoryTrace, device: int) -> pd.DataFrame:
+    """Step and phase in force after each event of a device: those of the latest allocation made so far."""
+    a = trace.allocations[(trace.allocations["device"] == device) & trace.allocations["seq_alloc"].notna()]
+    n = int(trace.devices[device].trace_entries)
+    step = np.full(n, np.nan)
+    phase = np.full(n, None, dtype=object)
+    seq = a["seq_alloc"].to_numpy(dtype=np.int64)
+    step[seq] = a["step"].to_numpy(dtype=np.float64, na_value=np.nan)
+    phase[seq] = a["phase"].astype(str).to_numpy(dtype=object)
+    labels = pd.DataFrame({"step": step, "phase": phase}).ffill()
+    return labels
+
+
+def step_peaks(labels: pd.DataFrame, timeline: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per step: its highest allocated bytes, when, and the phase running then (`labels` from event_labels)."""
+    events = timeline[timeline["seq"] >= 0].reset_index(drop=True)
+    if events.empty or labels.empty:
+        return []
+    frame = events.assign(step=labels["step"].to_numpy()[: len(events)], phase=labels["phase"].to_numpy()[: len(events)])
+    frame = frame[frame["step"].notna() & (frame["step"] >= 0)]
+    out = []
+    for step, rows in frame.groupby("step"):
+        top = rows.loc[rows["allocated_bytes"].idxmax()]
+        out.append({"step": int(step), "peak_allocated_bytes": int(top["allocated_bytes"]),
+                    "phase": top["phase"], "event_index": int(top["seq"]),
+                    "time_us": None if pd.isna(top["t_us"]) else int(top["t_us"])})
+    return out
+
+
+def labels_at(labels: pd.DataFrame, seq: int) -> tuple[int | None, str | None]:
+    """(step, phase) in force just after event `seq` (`labels` from event_labels)."""
+    if seq < 0 or seq >= len(labels):
+        return None, None
+    row = labels.iloc[seq]
+    return (None if pd.isna(row["step"]) or row["step"] < 0 else int(row["step"])), row["phase"]
