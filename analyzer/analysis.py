@@ -14,10 +14,13 @@ import pandas as pd
 
 from analyzer.attribute import attribute
 from analyzer.breakdown import TOP_MODULES, event_labels, labels_at, split, step_peaks
+from analyzer.stacks import short_frame
 from analyzer.timeline import Peak, find_peak
 from analyzer.trace import MemoryTrace
 
 SCHEMA = "analyzer/1"
+PHASE_WORDS = {"forward": "forward", "backward": "backward", "optimizer": "optimizer step", "load": "model loading",
+               "checkpoint_save": "checkpoint save", "compile": "torch.compile", "other": "between steps"}
 TOP_ALLOCATIONS = 10
 
 
@@ -52,6 +55,10 @@ class DeviceAnalysis:
     steps: list[dict[str, Any]] = field(default_factory=list)
     findings: list[dict[str, Any]] = field(default_factory=list)
     remedies: list[dict[str, Any]] = field(default_factory=list)
+    verdict: str | None = None          # one sentence: what ran out, where, why, what to try first
+    theory: dict[str, Any] = field(default_factory=dict)          # measured model states vs 16Ψ
+    fragmentation: dict[str, Any] | None = None                   # at the OOM, else at the reserved peak
+    demand_bytes: int | None = None     # what the run needed: peak, or allocated + request at the OOM
 
     def headline(self) -> str:
         """'62% activations, forward of layers.11.mlp, step 1': what the peak is made of and where it is."""
@@ -59,8 +66,8 @@ class DeviceAnalysis:
         if self.by_category and self.by_category[0]["name"] != "unattributed":
             top = self.by_category[0]
             parts.append(f"{top['share']:.0%} {top['name'].replace('_', ' ')}")
-        where = self.peak_phase if self.peak_phase not in (None, "unattributed") else None
-        module = self.peak_module if self.peak_module not in (None, "unattributed") else None
+        where = PHASE_WORDS.get(self.peak_phase) if self.peak_phase not in (None, "unattributed") else None
+        module = short_frame(self.peak_module) if self.peak_module not in (None, "unattributed") else None
         if where and module:
             parts.append(f"{where} of {module}")
         elif where or module:
@@ -129,6 +136,10 @@ class Analysis:
                 "time_us": d.oom.time_us, "event_index": d.oom.event_index, "count": d.oom.count,
                 "top_user_frame": d.oom.top_user_frame,
             },
+            "verdict": d.verdict,
+            "demand_bytes": d.demand_bytes,
+            "fragmentation": d.fragmentation,
+            "theory": d.theory,
             "findings": d.findings,
             "remedies": d.remedies,
         }
@@ -181,8 +192,10 @@ def _start_bytes(timeline: pd.DataFrame) -> int:
     return int(timeline["allocated_bytes"].iloc[0]) if len(timeline) else 0
 
 
-def analyze(source: str | Path | MemoryTrace) -> Analysis:
-    """Analyse a file (any supported format) or an already loaded MemoryTrace."""
+def analyze(source: str | Path | MemoryTrace, gpu_memory: int | None = None,
+            world_size: int | None = None) -> Analysis:
+    """Analyse a file (any supported format) or an already loaded MemoryTrace: attribution, peaks, findings,
+    remedies. `gpu_memory` (bytes) and `world_size` sharpen the remedies' estimates."""
     if isinstance(source, MemoryTrace):
         trace = source
     else:
@@ -217,4 +230,6 @@ def analyze(source: str | Path | MemoryTrace) -> Analysis:
         warnings.append("no allocation history was recorded, so only the end state is known; record it with "
                         "torch.cuda.memory._record_memory_history(max_entries=100000) before the step, "
                         "then call torch.cuda.memory._dump_snapshot(path)")
-    return Analysis(trace=trace, devices=devices, warnings=warnings)
+    from analyzer.diagnose import diagnose
+
+    return diagnose(Analysis(trace=trace, devices=devices, warnings=warnings), gpu_memory, world_size)

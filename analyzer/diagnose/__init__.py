@@ -1,0 +1,103 @@
+"""Findings (one detector a module), the theory check, ranked remedies and the one-sentence verdict.
+
+Detectors read a DeviceContext and return finding dicts: kind, severity, bytes, summary, evidence (time
+window, event window, allocations with their stacks, details). Order matters only for presentation: the OOM
+first, then what explains the peak.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from analyzer.analysis import Analysis
+from analyzer.diagnose import activation_peak, checkpoint_gather, fragmentation, oom, optimizer_spike
+from analyzer.diagnose.context import DeviceContext, make_context
+from analyzer.diagnose.evidence import gib, oom_where
+from analyzer.remedies import Demand, count_layers, describe, rank_remedies
+from analyzer.theory import explain_model_states
+from analyzer.timeline import live_at
+
+DETECTORS = [oom, activation_peak, optimizer_spike, checkpoint_gather, fragmentation]
+_REQUEST_CATEGORY = {"forward": "activation", "backward": "temporary", "optimizer": "optimizer_state",
+                     "load": "parameter", "checkpoint_save": "other"}
+
+
+def diagnose(analysis: Analysis, gpu_memory: int | None = None, world_size: int | None = None) -> Analysis:
+    """Fill findings, theory, fragmentation, remedies and verdict of every device (in place)."""
+    for d in analysis.devices:
+        ctx = make_context(analysis.trace, d, gpu_memory, world_size)
+        d.findings = [f for detector in DETECTORS for f in detector.detect(ctx)]
+        d.fragmentation = ctx.extras.get("fragmentation_at_oom") or ctx.extras.get("fragmentation_at_peak")
+        d.theory = theory_check(ctx)
+        d.capacity_bytes = d.capacity_bytes or ctx.capacity_bytes
+        demand = _demand(ctx, d.findings, d.theory)
+        d.demand_bytes = demand.total
+        d.remedies = rank_remedies(demand)
+        d.verdict = verdict(ctx, d.findings, d.remedies, demand)
+    return analysis
+
+
+def theory_check(ctx: DeviceContext) -> dict[str, Any]:
+    """Measured model states against 16Ψ, under each precision assumption, at their largest over the run."""
+    most = {c: int(ctx.timeline[f"{c}_bytes"].max()) if f"{c}_bytes" in ctx.timeline else 0
+            for c in ("parameter", "gradient", "optimizer_state", "activation")}
+    out: dict[str, Any] = {f"{c}_bytes": b for c, b in most.items()}
+    out["notes"] = []
+    if not most["parameter"]:
+        out["notes"].append("no parameters were identified, so model states cannot be checked against 16Ψ")
+        return out
+    regimes = explain_model_states(most["parameter"], most["gradient"], most["optimizer_state"])
+    out["regimes"] = [{"name": r.name, "parameters": r.parameters, "expected_model_states_bytes": r.expected_states_bytes,
+                       "measured_model_states_bytes": r.measured_states_bytes, "agrees": r.agrees} for r in regimes]
+    agreeing = [r for r in regimes if r.agrees]
+    out["regime"] = agreeing[0].name if agreeing else None
+    if not most["optimizer_state"]:
+        out["notes"].append("no optimizer state was seen (inference, SGD without momentum, or the recording ended "
+                            "before the first optimizer step)")
+    elif not agreeing:
+        out["notes"].append(
+            f"model states ({gib(regimes[0].measured_states_bytes)}) match neither 16Ψ for fp32 Adam "
+            f"({gib(regimes[0].expected_states_bytes)}) nor for mixed-precision Adam ({gib(regimes[1].expected_states_bytes)}) "
+            "within 10%: another optimizer, frozen parameters, or states not alive at once")
+    return out
+
+
+def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str, Any]) -> Demand:
+    """What the run needed: at an OOM, what was allocated plus the failed request; else the peak."""
+    d = ctx.d
+    oom_finding = next((f for f in findings if f["kind"] == "oom"), None)
+    if oom_finding is not None:
+        live = live_at(ctx.trace, ctx.device, d.oom.event_index)
+        by_category = live.groupby(live["category"].astype(str), observed=True)["allocated_bytes"].sum().to_dict()
+        extra = _REQUEST_CATEGORY.get(oom_finding.get("phase") or "", "other")
+        by_category[extra] = by_category.get(extra, 0) + d.oom.requested_bytes
+        total = int(live["allocated_bytes"].sum()) + d.oom.requested_bytes
+    else:
+        by_category = {r["name"]: r["bytes"] for r in d.by_category}
+        total = d.peak.allocated_bytes
+    picture = d.fragmentation or {}
+    regime = theory.get("regime")
+    return Demand(
+        total=total, by_category={k: int(v) for k, v in by_category.items()}, capacity=ctx.capacity_bytes,
+        world_size=ctx.world_size, layers=count_layers([r["name"] for r in d.by_module] +
+                                                       list(ctx.allocations["module"].astype(str).unique())),
+        findings={f["kind"] for f in findings}, oom_verdict=oom_finding["verdict"] if oom_finding else None,
+        mixed_precision=None if regime is None else regime.startswith("mixed"),
+        expandable_segments=ctx.expandable_segments(),
+        recoverable_fragmentation=int(picture.get("inactive_bytes") or 0),
+    )
+
+
+def verdict(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[dict[str, Any]], demand: Demand) -> str:
+    """One sentence: what ran out, where, why, what to try first."""
+    d = ctx.d
+    first = next((r for r in remedies if r["try_first"]), None)
+    advice = f" Try first: {describe(first, demand.capacity)}." if first else ""
+    oom_finding = next((f for f in findings if f["kind"] == "oom"), None)
+    headline = d.headline()
+    if oom_finding is not None:
+        reason = {"fragmentation": "fragmentation, not capacity", "outside_pytorch": "memory outside PyTorch",
+                  "capacity": "the work does not fit"}[oom_finding["verdict"]]
+        where = oom_where(oom_finding.get("phase"), oom_finding.get("module"), oom_finding.get("step"))
+        return (f"Out of memory on cuda:{d.device}{' ' + where if where else ''}: {reason}"
+                f"{'; ' + headline if headline else ''}.{advice}")
+    return f"Peak {gib(d.peak.allocated_bytes)} allocated on cuda:{d.device}{': ' + headline if headline else ''}.{advice}"

@@ -1,0 +1,29 @@
+"""Activation-dominated peak: activations are the largest category at the peak."""
+from __future__ import annotations
+
+from typing import Any
+
+from analyzer.breakdown import split
+from analyzer.diagnose.context import DeviceContext
+from analyzer.diagnose.evidence import gib, top_allocations
+from analyzer.stacks import short_frame
+
+
+def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
+    d = ctx.d
+    if not d.by_category or d.by_category[0]["name"] != "activation":
+        return []
+    top = d.by_category[0]
+    live = d.peak.live
+    activations = live[live["category"].astype(str) == "activation"]
+    modules = [m for m in split(activations, "module", 5) if m["name"] != "unattributed"]
+    steps = [s["step"] for s in d.steps if s.get("phase") in ("forward", "backward")]
+    where = ", ".join(f"{short_frame(m['name'])} {gib(m['bytes'])}" for m in modules[:3])
+    return [{
+        "kind": "activation_peak", "severity": "warning", "bytes": top["bytes"],
+        "summary": (f"Activations are {top['share']:.0%} of the peak ({gib(top['bytes'])} of "
+                    f"{gib(d.peak.allocated_bytes)}){': largest in ' + where if where else ''}"),
+        "evidence": {"time_us": [d.peak.time_us, d.peak.time_us], "event_index": [d.peak.event_index] * 2,
+                     "allocations": top_allocations(ctx.trace, activations),
+                     "details": {"share": top["share"], "modules": modules, "steps": steps}},
+    }]

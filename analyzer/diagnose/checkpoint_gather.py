@@ -1,0 +1,28 @@
+"""Checkpoint gather spike: saving (state_dict, torch.save, a gathered full state dict) pushes memory above
+the training peak."""
+from __future__ import annotations
+
+from typing import Any
+
+from analyzer.diagnose.context import DeviceContext
+from analyzer.diagnose.evidence import gib, top_allocations
+from analyzer.diagnose.phase_peaks import phase_peak
+from analyzer.timeline import live_at
+
+
+def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
+    peak = phase_peak(ctx, "checkpoint_save")
+    if peak is None or peak.bytes <= peak.elsewhere:
+        return []
+    live = live_at(ctx.trace, ctx.device, peak.seq)
+    saving = live[live["phase"].astype(str) == "checkpoint_save"]
+    gathered = int(saving["allocated_bytes"].sum())
+    return [{
+        "kind": "checkpoint_gather", "severity": "warning", "bytes": peak.bytes - peak.elsewhere,
+        "gathered_bytes": gathered,
+        "summary": (f"Saving the checkpoint peaks at {gib(peak.bytes)}, {gib(peak.bytes - peak.elsewhere)} above the "
+                    f"training peak: {gib(gathered)} of state gathered onto the GPU"),
+        "evidence": {"event_index": [peak.seq, peak.seq], "allocations": top_allocations(ctx.trace, saving),
+                     "details": {"save_peak_bytes": peak.bytes, "training_peak_bytes": peak.elsewhere,
+                                 "gathered_bytes": gathered}},
+    }]

@@ -1,0 +1,40 @@
+"""Evidence shared by detectors: the allocations behind a number, with where they came from."""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from analyzer.stacks import short_frame
+from analyzer.trace import MemoryTrace
+
+
+def top_allocations(trace: MemoryTrace, rows: pd.DataFrame, n: int = 5) -> list[dict[str, Any]]:
+    frames = trace.stacks["top_user_frame"]
+    out = []
+    for r in rows.sort_values("allocated_bytes", ascending=False).head(n).itertuples(index=False):
+        out.append({"bytes": int(r.allocated_bytes), "module": str(r.module), "category": str(r.category),
+                    "phase": str(r.phase),
+                    "top_user_frame": None if pd.isna(r.stack_id) else frames.iat[int(r.stack_id)]})
+    return out
+
+
+def gib(n: int | float | None) -> str:
+    return "unknown" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+PHASE_WORDS = {"forward": "the forward pass", "backward": "the backward pass", "optimizer": "the optimizer step",
+               "load": "model loading", "checkpoint_save": "the checkpoint save", "compile": "torch.compile",
+               "other": "between steps"}
+
+
+def oom_where(phase: str | None, module: str | None, step: int | None) -> str:
+    """'in the forward pass of step 1 (…/model.py:54 forward)'."""
+    parts = []
+    if phase and phase != "unattributed":
+        parts.append(f"in {PHASE_WORDS.get(phase, phase)}")
+    if step is not None:
+        parts.append(f"of step {step}")
+    if module:
+        parts.append(module if module.startswith("(") else f"({short_frame(module)})")
+    return " ".join(parts)

@@ -1,0 +1,95 @@
+"""Fragmentation: reserved memory that holds no tensor, and whether a request could have found a block.
+
+- internal: allocated − requested (the allocator's rounding inside blocks);
+- external: free bytes inside segments that also hold live blocks (unusable for a larger request);
+- cached: whole free segments the allocator keeps (released before an OOM is declared);
+- largest free block: the biggest gap between live blocks of any segment, what a request can get without
+  new cudaMalloc memory.
+Expandable segments map and unmap pages on demand, so their free space is not split into fixed blocks.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer.diagnose.context import DeviceContext
+from analyzer.diagnose.evidence import gib
+from analyzer.timeline import live_at
+
+RECOVERY_THRESHOLD = 0.05  # free cached memory worth reporting: at least this share of what is reserved
+
+
+def segments_at(ctx: DeviceContext, seq: int) -> pd.DataFrame:
+    """Segments alive just after event `seq`, each with used bytes, free bytes and its largest free gap."""
+    s = ctx.trace.segments
+    s = s[(s["device"] == ctx.device)]
+    born = s["seq_alloc"].isna() & (s["alive_at_end"] | s["seq_free"].notna()) | (s["seq_alloc"] <= seq)
+    alive = s["seq_free"].isna() & s["alive_at_end"] | (s["seq_free"] > seq)
+    segments = s[(born & alive).fillna(False).astype(bool)].sort_values("addr").reset_index(drop=True)
+    live = live_at(ctx.trace, ctx.device, seq)[["addr", "allocated_bytes"]].sort_values("addr")
+    segments["end"] = segments["addr"] + segments["bytes"]
+    if segments.empty:
+        return segments.assign(used_bytes=0, free_bytes=0, largest_free_bytes=0)
+    owner = np.searchsorted(segments["addr"].to_numpy(), live["addr"].to_numpy(), side="right") - 1
+    inside = (owner >= 0) & (live["addr"].to_numpy() < segments["end"].to_numpy()[np.maximum(owner, 0)])
+    blocks = live[inside].assign(segment=owner[inside])
+    used = blocks.groupby("segment")["allocated_bytes"].sum()
+    segments["used_bytes"] = segments.index.map(used).fillna(0).astype(np.int64)
+    segments["free_bytes"] = (segments["bytes"] - segments["used_bytes"]).clip(lower=0)
+    segments["largest_free_bytes"] = [_largest_gap(row, blocks[blocks["segment"] == i])
+                                      for i, row in segments.iterrows()]
+    return segments
+
+
+def _largest_gap(segment: pd.Series, blocks: pd.DataFrame) -> int:
+    starts = blocks["addr"].to_numpy()
+    ends = starts + blocks["allocated_bytes"].to_numpy()
+    edges_start = np.concatenate([[segment["addr"]], ends])
+    edges_end = np.concatenate([starts, [segment["end"]]])
+    return int(max(0, (edges_end - edges_start).max()))
+
+
+def fragmentation_at(ctx: DeviceContext, seq: int, request: int | None = None) -> dict[str, Any]:
+    """The fragmentation picture just after event `seq` (the peak, or the OOM)."""
+    row = ctx.at(seq)
+    segments = segments_at(ctx, seq)
+    partly_used = segments["used_bytes"] > 0
+    expandable = bool(segments["expandable"].any()) if len(segments) else False
+    live = live_at(ctx.trace, ctx.device, seq)
+    return {
+        "event_index": int(seq),
+        "reserved_bytes": int(row["reserved_bytes"]),
+        "allocated_bytes": int(row["allocated_bytes"]),
+        "inactive_bytes": int(row["reserved_bytes"] - row["allocated_bytes"]),
+        "internal_bytes": int((live["allocated_bytes"] - live["requested_bytes"]).sum()),
+        "external_bytes": int(segments.loc[partly_used, "free_bytes"].sum()),
+        "cached_free_segments_bytes": int(segments.loc[~partly_used, "free_bytes"].sum()),
+        "largest_free_block_bytes": None if expandable else int(segments["largest_free_bytes"].max() if len(segments) else 0),
+        "request_bytes": request,
+        "expandable_segments": ctx.expandable_segments(),
+        "segments": [{"addr": int(r.addr), "bytes": int(r.bytes), "used_bytes": int(r.used_bytes),
+                      "free_bytes": int(r.free_bytes), "largest_free_bytes": int(r.largest_free_bytes)}
+                     for r in segments.sort_values("free_bytes", ascending=False).head(50).itertuples()],
+    }
+
+
+def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
+    """Reserved memory holding no tensor at the reserved peak, when it is a meaningful share."""
+    seq = int(ctx.timeline.loc[ctx.timeline["reserved_bytes"].idxmax(), "seq"])
+    picture = fragmentation_at(ctx, seq)
+    ctx.extras["fragmentation_at_peak"] = picture
+    reserved, unused = picture["reserved_bytes"], picture["inactive_bytes"]
+    if not reserved or unused < RECOVERY_THRESHOLD * reserved:
+        return []
+    recoverable = picture["external_bytes"] + picture["cached_free_segments_bytes"]
+    return [{
+        "kind": "fragmentation", "severity": "warning" if unused > 0.2 * reserved else "info", "bytes": unused,
+        "summary": (f"{unused / reserved:.0%} of the reserved memory holds no tensor at the reserved peak "
+                    f"({gib(unused)} of {gib(reserved)}): {gib(picture['external_bytes'])} free inside partly used "
+                    f"segments, {gib(picture['cached_free_segments_bytes'])} in wholly free cached segments, "
+                    f"{gib(picture['internal_bytes'])} lost to rounding"),
+        "evidence": {"event_index": [seq, seq], "details": {k: v for k, v in picture.items() if k != "segments"}},
+        "recoverable_bytes": recoverable,
+    }]

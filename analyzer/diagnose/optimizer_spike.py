@@ -1,0 +1,62 @@
+"""Optimizer spike: the optimizer step raises the peak. Separates the state the first step creates lazily
+(persistent: Adam keeps two fp32 tensors per parameter) from per-step temporaries (foreach intermediates)."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pandas as pd
+
+from analyzer.breakdown import labels_at
+from analyzer.diagnose.context import DeviceContext
+from analyzer.diagnose.evidence import gib, top_allocations
+from analyzer.diagnose.phase_peaks import phase_peak
+from analyzer.timeline import live_at
+
+_OPTIMIZER_ANNOTATION = re.compile(r"^Optimizer\.step#(\w+)\.step$")
+_OPTIMIZER_FRAME = re.compile(r"torch[\\/]optim[\\/](\w+)\.py$")
+
+
+def optimizer_name(ctx: DeviceContext) -> str | None:
+    """From `Optimizer.step#AdamW.step`, else from a torch/optim/<name>.py frame."""
+    for name in ctx.trace.annotations["name"]:
+        if m := _OPTIMIZER_ANNOTATION.match(name):
+            return m.group(1)
+    for frames in ctx.trace.stacks["frames"]:
+        for filename, _, _ in frames:
+            if (m := _OPTIMIZER_FRAME.search(filename)) and m.group(1) not in ("optimizer", "lr_scheduler"):
+                return m.group(1)
+    return None
+
+
+def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
+    peak = phase_peak(ctx, "optimizer", ignore=("checkpoint_save",))
+    oom_in_optimizer = ctx.d.oom is not None and labels_at(ctx.labels, ctx.d.oom.event_index)[1] == "optimizer"
+    if peak is None or (peak.bytes < peak.elsewhere and not oom_in_optimizer):
+        return []
+    live = live_at(ctx.trace, ctx.device, peak.seq)
+    in_optimizer = live[live["phase"].astype(str) == "optimizer"]
+    first_step = _first_optimizer_step(ctx.allocations)
+    lazy = in_optimizer[(in_optimizer["category"].astype(str) == "optimizer_state") & (in_optimizer["step"] == first_step)]
+    temporaries = in_optimizer[in_optimizer["category"].astype(str) == "temporary"]
+    name = optimizer_name(ctx) or "the optimizer"
+    lazy_bytes, temp_bytes = int(lazy["allocated_bytes"].sum()), int(temporaries["allocated_bytes"].sum())
+    parameters = ctx.category_bytes("parameter")
+    raise_bytes = max(0, peak.bytes - peak.elsewhere)
+    return [{
+        "kind": "optimizer_spike", "severity": "warning", "bytes": raise_bytes, "optimizer": name,
+        "lazy_state_bytes": lazy_bytes, "temporary_bytes": temp_bytes, "first_step": first_step,
+        "summary": (f"{name}.step raises the peak by {gib(raise_bytes)} (to {gib(peak.bytes)}; {gib(peak.elsewhere)} "
+                    f"elsewhere): {gib(lazy_bytes)} of state created lazily at step {first_step} (persistent"
+                    + (f", {lazy_bytes / parameters:.1f}x the parameters" if parameters else "")
+                    + f") and {gib(temp_bytes)} of per-step temporaries"),
+        "evidence": {"event_index": [peak.seq, peak.seq], "allocations": top_allocations(ctx.trace, in_optimizer),
+                     "details": {"optimizer_peak_bytes": peak.bytes, "peak_elsewhere_bytes": peak.elsewhere,
+                                 "lazy_state_bytes": lazy_bytes, "temporary_bytes": temp_bytes,
+                                 "parameter_bytes": parameters}},
+    }]
+
+
+def _first_optimizer_step(allocations: pd.DataFrame) -> int | None:
+    steps = allocations.loc[allocations["phase"].astype(str) == "optimizer", "step"].dropna()
+    return int(steps.min()) if len(steps) else None

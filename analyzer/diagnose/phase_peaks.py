@@ -1,0 +1,31 @@
+"""Peaks inside one phase compared with the peak everywhere else: the shared measure behind the optimizer
+spike and checkpoint gather detectors."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from analyzer.diagnose.context import DeviceContext
+
+
+@dataclass
+class PhasePeak:
+    bytes: int            # highest allocated bytes while the phase runs
+    seq: int              # the event of that peak
+    elsewhere: int        # highest allocated bytes outside the phase (and outside `ignore`)
+
+
+def phase_peak(ctx: DeviceContext, phase: str, ignore: tuple[str, ...] = ()) -> PhasePeak | None:
+    events = ctx.timeline[ctx.timeline["seq"] >= 0]
+    phases = ctx.labels["phase"].to_numpy()[: len(events)]
+    if not len(events):
+        return None
+    inside = phases == phase
+    if not inside.any():
+        return None
+    allocated = events["allocated_bytes"].to_numpy()
+    outside = ~inside & ~np.isin(phases, list(ignore))
+    best = int(np.argmax(np.where(inside, allocated, -1)))
+    return PhasePeak(bytes=int(allocated[best]), seq=int(events["seq"].iloc[best]),
+                     elsewhere=int(allocated[outside].max()) if outside.any() else 0)

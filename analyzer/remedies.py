@@ -1,0 +1,188 @@
+"""Remedies, cheapest first, each with the bytes it would save on THIS run.
+
+The list is data (`REMEDIES`, in the order practitioners try them: USER-STORIES.md "Fix order"); each
+estimate is computed from the breakdown of the run's own peak (or, after an OOM, of the memory it needed:
+what was allocated plus the failed request). The cheapest remedy whose new peak fits the device is marked
+`try_first`. A remedy is listed only when the memory it acts on is a meaningful part of the peak, or when a
+finding calls for it.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from analyzer.diagnose.evidence import gib
+
+RELEVANT_SHARE = 0.05     # a remedy must act on at least this share of the peak to be listed
+FIT_HEADROOM = 0.95       # a new peak "fits" when it uses at most this share of the device
+_LAYER = re.compile(r"^(?:.*\.)?(?:layers|layer|h|blocks|block|encoder\.layer|decoder\.layers)\.(\d+)(?:\.|$)")
+
+
+@dataclass
+class Demand:
+    """What the run needed at its worst moment, split by category (bytes), and facts remedies depend on."""
+
+    total: int
+    by_category: dict[str, int]
+    capacity: int | None
+    world_size: int | None
+    layers: int | None                       # repeated blocks seen in module names
+    findings: set[str] = field(default_factory=set)
+    oom_verdict: str | None = None
+    mixed_precision: bool | None = None      # from the theory check of model states
+    expandable_segments: bool | None = None
+    recoverable_fragmentation: int = 0       # reserved bytes expandable segments would give back
+
+    def bytes(self, *categories: str) -> int:
+        return sum(self.by_category.get(c, 0) for c in categories)
+
+
+@dataclass(frozen=True)
+class Remedy:
+    id: str
+    title: str
+    cost: str
+    how: str
+    estimate: Callable[[Demand], tuple[int | None, str]]   # (bytes saved, confidence)
+    applies: Callable[[Demand], bool]
+    layout_only: bool = False   # frees reserved-but-unused memory: the allocated peak stays, the layout fits it
+
+
+def _batch_scaled(d: Demand) -> int:
+    return d.bytes("activation", "input", "temporary")
+
+
+def _optimizer_moments(d: Demand) -> int:
+    """Adam's two moments: all of the optimizer state in fp32, 8 of 12 bytes a parameter with fp32 master weights."""
+    return int(d.bytes("optimizer_state") * (8 / 12 if d.mixed_precision else 1.0))
+
+
+def _shards(d: Demand) -> int:
+    return d.world_size or 8
+
+
+def _checkpointing(d: Demand) -> tuple[int, str]:
+    activations = d.bytes("activation")
+    if d.layers and d.layers >= 2:
+        return int(activations * (1 - 2 / d.layers)), "medium"
+    return activations // 2, "low"
+
+
+def _relevant(*categories: str) -> Callable[[Demand], bool]:
+    return lambda d: d.bytes(*categories) >= RELEVANT_SHARE * d.total
+
+
+REMEDIES: list[Remedy] = [
+    # the saving-a-checkpoint spike has its own cheap fixes, tried before anything that changes training
+    Remedy("state_dict_offload", "Gather the state dict to CPU while saving", "a slower save",
+           "from torch.distributed.checkpoint.state_dict import get_state_dict, StateDictOptions\n"
+           "sd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))",
+           lambda d: (d.bytes("other"), "medium"), lambda d: "checkpoint_gather" in d.findings),
+    Remedy("sharded_save", "Save a sharded checkpoint (torch.distributed.checkpoint)", "a directory of shards instead of one file",
+           "import torch.distributed.checkpoint as dcp\ndcp.save({'model': model.state_dict()}, checkpoint_id=path)",
+           lambda d: (int(d.bytes("other") * (1 - 1 / _shards(d))), "medium"), lambda d: "checkpoint_gather" in d.findings),
+    Remedy("micro_batch", "Halve the micro-batch", "instant; lower throughput; very small batches can hurt convergence",
+           "batch_size = batch_size // 2   # keep the global batch with gradient accumulation (next remedy)",
+           lambda d: (_batch_scaled(d) // 2, "high"), _relevant("activation", "input")),
+    Remedy("bf16", "Train in bf16 mixed precision", "small; fp16 needs loss scaling, bf16 needs Ampere or newer",
+           "with torch.autocast(device_type='cuda', dtype=torch.bfloat16):\n    loss = model(batch)",
+           lambda d: (d.bytes("activation") // 2, "medium" if d.mixed_precision is False else "low"),
+           lambda d: d.mixed_precision is not True and _relevant("activation")(d)),
+    Remedy("gradient_accumulation", "Gradient accumulation: 2 micro-batches of half the size",
+           "slower steps; the same effective batch (BatchNorm-style layers see smaller batches)",
+           "for i, chunk in enumerate(batch.chunk(2)):\n    (model(chunk).loss / 2).backward()\noptimizer.step(); optimizer.zero_grad()",
+           lambda d: (_batch_scaled(d) // 2, "high"), _relevant("activation", "input")),
+    Remedy("activation_checkpointing", "Activation checkpointing of each block", "about 20-30% more compute",
+           "from torch.utils.checkpoint import checkpoint\nx = checkpoint(block, x, use_reentrant=False)",
+           lambda d: _checkpointing(d), _relevant("activation")),
+    Remedy("optimizer_8bit", "8-bit Adam (bitsandbytes)", "a new dependency; usually no accuracy loss",
+           "import bitsandbytes as bnb\noptimizer = bnb.optim.AdamW8bit(model.parameters(), lr=lr)",
+           lambda d: (int(_optimizer_moments(d) * 0.75), "medium"), _relevant("optimizer_state")),
+    Remedy("adafactor", "Adafactor (factored second moment, no first moment)", "may need tuning of the learning rate",
+           "from transformers.optimization import Adafactor\noptimizer = Adafactor(model.parameters(), lr=lr, relative_step=False)",
+           lambda d: (int(_optimizer_moments(d) * 0.9), "low"), _relevant("optimizer_state")),
+    Remedy("optimizer_offload", "Offload optimizer state to CPU", "slower optimizer steps, bounded by PCIe",
+           "# DeepSpeed: \"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": {\"device\": \"cpu\"}}",
+           lambda d: (d.bytes("optimizer_state"), "medium"), _relevant("optimizer_state")),
+    Remedy("zero1", "ZeRO-1: shard optimizer state over the GPUs", "communication; needs data parallelism",
+           "torch.distributed.optim.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW)",
+           lambda d: (int(d.bytes("optimizer_state") * (1 - 1 / _shards(d))), "high" if d.world_size else "medium"),
+           _relevant("optimizer_state")),
+    Remedy("zero2", "ZeRO-2: shard optimizer state and gradients", "more communication",
+           "# DeepSpeed: \"zero_optimization\": {\"stage\": 2}  |  FSDP: ShardingStrategy.SHARD_GRAD_OP",
+           lambda d: (int(d.bytes("optimizer_state", "gradient") * (1 - 1 / _shards(d))), "high" if d.world_size else "medium"),
+           _relevant("optimizer_state", "gradient")),
+    Remedy("zero3", "ZeRO-3 / FSDP: shard parameters too", "most communication; parameters gathered per layer",
+           "from torch.distributed.fsdp import fully_shard\nfor block in model.layers: fully_shard(block)\nfully_shard(model)",
+           lambda d: (int(d.bytes("optimizer_state", "gradient", "parameter") * (1 - 1 / _shards(d))),
+                      "high" if d.world_size else "medium"),
+           _relevant("optimizer_state", "gradient", "parameter")),
+    Remedy("tensor_parallel", "Tensor parallelism over 2 GPUs (inside a node)", "needs model code changes; fast links",
+           "from torch.distributed.tensor.parallel import parallelize_module  # ColwiseParallel / RowwiseParallel",
+           lambda d: (d.bytes("parameter", "gradient", "optimizer_state", "activation") // 2, "low"),
+           _relevant("parameter", "gradient", "optimizer_state", "activation")),
+    Remedy("model_changes", "Model changes: GQA/MQA, efficient attention (SDPA/FlashAttention), fewer or narrower layers",
+           "changes the model; may need retraining", "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)",
+           lambda d: (None, "low"), _relevant("activation")),
+    Remedy("expandable_segments", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "none measurable",
+           "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+           lambda d: (d.recoverable_fragmentation, "medium"),
+           lambda d: d.expandable_segments is not True and ("fragmentation" in d.findings or d.oom_verdict == "fragmentation"),
+           layout_only=True),
+    Remedy("max_split_size", "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512 (expandable segments already on)",
+           "may raise reserved memory for large blocks", "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,max_split_size_mb:512",
+           lambda d: (d.recoverable_fragmentation // 2, "low"),
+           lambda d: d.expandable_segments is True and d.oom_verdict == "fragmentation", layout_only=True),
+    Remedy("offload", "Offload parameters / activations to CPU", "large slowdown, bounded by PCIe",
+           "# FSDP: CPUOffload(offload_params=True)  |  torch.autograd.graph.save_on_cpu() for activations",
+           lambda d: (d.bytes("parameter") + d.bytes("activation") // 2, "low"), _relevant("parameter", "activation")),
+]
+
+
+LAYOUT_ONLY = {r.id for r in REMEDIES if r.layout_only}
+
+
+def count_layers(modules: list[str]) -> int | None:
+    """Repeated blocks (`layers.N`, `h.N`, `blocks.N` ...) seen in module names."""
+    numbers = {m.group(1) for name in modules if (m := _LAYER.match(name))}
+    return len(numbers) or None
+
+
+def rank_remedies(demand: Demand) -> list[dict[str, Any]]:
+    """The applicable remedies in priority order with their estimates; the first that fits is `try_first`.
+
+    When the OOM is fragmentation, the allocator settings (free to try) come first. Their `saved_bytes` is
+    reserved memory given back; the allocated peak stays, and it fits when it is within the device."""
+    order = sorted(REMEDIES, key=lambda r: not r.layout_only) if demand.oom_verdict == "fragmentation" else REMEDIES
+    out = []
+    for remedy in order:
+        if not remedy.applies(demand):
+            continue
+        saved, confidence = remedy.estimate(demand)
+        new_peak = None if saved is None else demand.total - (0 if remedy.layout_only else saved)
+        limit = 1.0 if remedy.layout_only else FIT_HEADROOM
+        fits = None if new_peak is None or demand.capacity is None else new_peak <= limit * demand.capacity
+        out.append({"id": remedy.id, "rank": len(out) + 1, "title": remedy.title, "saved_bytes": saved,
+                    "new_peak_bytes": new_peak, "fits": fits, "confidence": confidence, "try_first": False,
+                    "how": remedy.how, "cost": remedy.cost})
+    first = next((r for r in out if r["fits"]), None)
+    if first is None and demand.capacity is None:
+        first = next((r for r in out if r["saved_bytes"] and r["saved_bytes"] >= 0.1 * demand.total), None)
+    if first is not None:
+        first["try_first"] = True
+    return out
+
+
+def describe(remedy: dict[str, Any], capacity: int | None) -> str:
+    """'Halve the micro-batch (peak 61.2 → 38.4 GiB, fits in 80 GiB)'."""
+    saved, new_peak = remedy["saved_bytes"], remedy["new_peak_bytes"]
+    if saved is None or new_peak is None:
+        return remedy["title"]
+    fit = ""
+    if capacity is not None:
+        fit = f", fits in {gib(capacity)}" if remedy["fits"] else f", still above {gib(capacity)}"
+    if remedy["id"] in LAYOUT_ONLY:
+        return f"{remedy['title']} (gives back {gib(saved)} of cached memory; needed {gib(new_peak)}{fit})"
+    return f"{remedy['title']} (peak {gib(new_peak + saved)} → {gib(new_peak)}{fit})"
