@@ -26,17 +26,20 @@ def model_states_bytes(params: float, zero: int = 0, gpus: int = 1) -> float:
 
 
 def activation_bytes(layers: int, micro_batch: int, seq: int, hidden: int, heads: int,
-                     bytes_per_value: int = 2, checkpointing: bool = False, tensor_parallel: int = 1) -> float:
-    """Activations kept for backward by a transformer (Korthikanti et al., no sequence parallelism)."""
+                     bytes_per_value: int = 2, checkpointing: bool = False, tensor_parallel: int = 1,
+                     flash_attention: bool = True) -> float:
+    """Activations kept for backward by a transformer (Korthikanti et al., no sequence parallelism). Fused
+    attention (SDPA / FlashAttention) keeps no s×s score matrices: the 5·a·s/h term goes."""
+    one_layer = _layer_activations(micro_batch, seq, hidden, heads, bytes_per_value, tensor_parallel, flash_attention)
     if checkpointing:
         per_layer_inputs = 2 * seq * micro_batch * hidden * (bytes_per_value / 2)
-        one_layer = _layer_activations(micro_batch, seq, hidden, heads, bytes_per_value, tensor_parallel)
         return layers * per_layer_inputs + one_layer
-    return layers * _layer_activations(micro_batch, seq, hidden, heads, bytes_per_value, tensor_parallel)
+    return layers * one_layer
 
 
-def _layer_activations(b: int, s: int, h: int, a: int, bytes_per_value: int, t: int) -> float:
-    return s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * (bytes_per_value / 2)
+def _layer_activations(b: int, s: int, h: int, a: int, bytes_per_value: int, t: int, flash: bool) -> float:
+    scores = 0 if flash else 5 * a * s / (h * t)
+    return s * b * h * (10 + 24 / t + scores) * (bytes_per_value / 2)
 
 
 @dataclass

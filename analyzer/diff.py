@@ -1,0 +1,87 @@
+"""`analyze diff BEFORE AFTER`: did the change help, and did it help as much as the estimate said?
+
+Peaks, breakdowns and findings side by side per device. The remedy being checked is `--remedy ID`, or else
+the one of BEFORE's remedies whose estimate is closest to the measured saving (said so in the output).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from analyzer.analysis import Analysis, DeviceAnalysis, analyze
+from analyzer.diagnose.evidence import gib
+from analyzer.remedies import LAYOUT_ONLY
+from analyzer.sizes import parse_bytes
+
+
+def compare_device(before: DeviceAnalysis, after: DeviceAnalysis, remedy_id: str | None) -> dict[str, Any]:
+    measured = (before.demand_bytes or before.peak.allocated_bytes) - (after.demand_bytes or after.peak.allocated_bytes)
+    b_cat = {r["name"]: r["bytes"] for r in before.by_category}
+    a_cat = {r["name"]: r["bytes"] for r in after.by_category}
+    categories = {name: {"before": b_cat.get(name, 0), "after": a_cat.get(name, 0),
+                         "change": (a_cat.get(name, 0) - b_cat.get(name, 0)) / b_cat[name] if b_cat.get(name) else None}
+                  for name in sorted(set(b_cat) | set(a_cat))}
+    estimated = [r for r in before.remedies if r.get("saved_bytes") is not None]
+    chosen, how = None, None
+    layout = [r for r in before.remedies if r["id"] in LAYOUT_ONLY]
+    if remedy_id:
+        chosen, how = next((r for r in before.remedies if r["id"] == remedy_id), None), "given"
+    elif layout and before.oom is not None and after.oom is None and abs(measured) < 0.01 * before.peak.allocated_bytes:
+        chosen, how = layout[0], "the OOM is gone while the memory needed did not change: an allocator setting"
+    elif estimated:
+        chosen, how = min(estimated, key=lambda r: abs(r["saved_bytes"] - measured)), "closest estimate"
+    check = None
+    if chosen is not None and chosen.get("saved_bytes") is not None:
+        check = {"remedy": chosen["id"], "chosen": how, "estimated_saving_bytes": chosen["saved_bytes"],
+                 "measured_saving_bytes": measured,
+                 "error": (measured - chosen["saved_bytes"]) / chosen["saved_bytes"] if chosen["saved_bytes"] else None}
+    return {
+        "device": before.device,
+        "peak_before_bytes": before.peak.allocated_bytes, "peak_after_bytes": after.peak.allocated_bytes,
+        "needed_before_bytes": before.demand_bytes, "needed_after_bytes": after.demand_bytes,
+        "saving_bytes": measured, "by_category": categories,
+        "findings_before": sorted({f["kind"] for f in before.findings}),
+        "findings_after": sorted({f["kind"] for f in after.findings}),
+        "oom_before": before.oom is not None, "oom_after": after.oom is not None, "remedy_check": check,
+    }
+
+
+def compare(before: Analysis, after: Analysis, remedy_id: str | None = None) -> dict[str, Any]:
+    pairs = [(b, next(a for a in after.devices if a.device == b.device)) for b in before.devices
+             if any(a.device == b.device for a in after.devices)]
+    return {"before": before.trace.source_path, "after": after.trace.source_path,
+            "devices": [compare_device(b, a, remedy_id) for b, a in pairs]}
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [f"before: {result['before']}", f"after:  {result['after']}"]
+    for d in result["devices"]:
+        sign = "-" if d["saving_bytes"] >= 0 else "+"
+        lines.append(f"\ncuda:{d['device']}: peak {sign}{gib(abs(d['saving_bytes']))} "
+                     f"({gib(d['needed_before_bytes'])} -> {gib(d['needed_after_bytes'])})"
+                     + (" ; the OOM is gone" if d["oom_before"] and not d["oom_after"] else ""))
+        for name, c in d["by_category"].items():
+            change = "" if c["change"] is None else f" ({c['change']:+.0%})"
+            lines.append(f"  {name:<16} {gib(c['before']):>12} -> {gib(c['after']):>12}{change}")
+        lines.append(f"  findings: {', '.join(d['findings_before']) or 'none'} -> {', '.join(d['findings_after']) or 'none'}")
+        check = d["remedy_check"]
+        if check:
+            error = "" if check["error"] is None else f" (measured is {check['error']:+.0%} of the estimate)"
+            lines.append(f"  estimate for {check['remedy']} ({check['chosen']}): -{gib(check['estimated_saving_bytes'])}; "
+                         f"measured: -{gib(check['measured_saving_bytes'])}{error}")
+    return "\n".join(lines)
+
+
+def diff_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="analyze diff", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("before")
+    parser.add_argument("after")
+    parser.add_argument("--remedy", help="the remedy id applied between the runs (see `analyze FILE --format json`)")
+    parser.add_argument("--gpu-memory", type=parse_bytes)
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    args = parser.parse_args(argv)
+    result = compare(analyze(args.before, args.gpu_memory), analyze(args.after, args.gpu_memory), args.remedy)
+    print(json.dumps(result, indent=2) if args.format == "json" else render(result))
+    return 0

@@ -1,0 +1,135 @@
+"""`analyze estimate`: will this training configuration fit, before renting the GPUs?
+
+    analyze estimate --params 7e9 --gpus 8 --zero 2 --micro-batch 32 --seq 2048 --layers 32 --hidden 4096 \\
+        --heads 32 --gpu-memory 80GiB [--checkpointing] [--format json]
+
+Model states follow the ZeRO paper (16Ψ for mixed-precision Adam), activations Korthikanti et al. When the
+configuration does not fit, it lists what does, with per-GPU numbers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from analyzer.diagnose.evidence import gib
+from analyzer.sizes import parse_bytes, parse_count
+from analyzer.theory import activation_bytes, model_states_bytes
+
+OVERHEAD = 0.10   # CUDA context, workspaces and fragmentation: keep this share of the device free
+
+
+@dataclass
+class Shape:
+    """The transformer's shape, when given: what the activation term needs."""
+
+    micro_batch: int
+    seq: int
+    layers: int
+    hidden: int
+    heads: int
+    flash_attention: bool = True
+
+    def activations(self, checkpointing: bool, micro_batch: int | None = None) -> float:
+        return activation_bytes(self.layers, micro_batch or self.micro_batch, self.seq, self.hidden, self.heads,
+                                checkpointing=checkpointing, flash_attention=self.flash_attention)
+
+
+def estimate(params: float, gpus: int, zero: int, gpu_memory: int | None, shape: Shape | None,
+             checkpointing: bool) -> dict[str, Any]:
+    states_total = model_states_bytes(params)
+    per_gpu_states = model_states_bytes(params, zero, gpus)
+    shape_known = shape is not None
+    acts = shape.activations(checkpointing) if shape else 0.0
+    usable = None if gpu_memory is None else gpu_memory * (1 - OVERHEAD)
+    per_gpu = per_gpu_states + acts
+    result: dict[str, Any] = {
+        "params": params, "gpus": gpus, "zero": zero, "model_states_bytes": int(states_total),
+        "model_states_per_gpu_bytes": int(per_gpu_states), "activation_bytes": int(acts),
+        "activations_known": shape_known, "per_gpu_bytes": int(per_gpu), "gpu_memory_bytes": gpu_memory,
+        "usable_bytes": None if usable is None else int(usable),
+        "fits": None if usable is None else per_gpu <= usable,
+    }
+    if usable is not None:
+        result["options"] = options(params, gpus, zero, acts, usable, shape, checkpointing)
+    return result
+
+
+def options(params: float, gpus: int, zero: int, acts: float, usable: float, shape: Shape | None,
+            checkpointing: bool) -> list[dict[str, Any]]:
+    """What would fit: ZeRO stages at this GPU count, then states that shrink, then more GPUs, then the
+    activation term (checkpointing, a smaller micro-batch) at the cheapest sharding that leaves room."""
+    rows = []
+    for stage in (0, 1, 2, 3):
+        states = model_states_bytes(params, stage, gpus)
+        rows.append(_option(f"ZeRO-{stage} on {gpus} GPU(s)" if stage else f"no sharding ({gpus} GPU(s), data parallel)",
+                            states, acts, usable))
+    states_8bit = 2 * params + 2 * params + 4 * params + 2 * params  # fp16 params, grads, fp32 master, int8 moments
+    rows.append(_option(f"8-bit optimizer states, ZeRO-3 on {gpus} GPU(s)", states_8bit / gpus, acts, usable))
+    rows.append(_option(f"optimizer state offloaded to CPU, ZeRO-3 on {gpus} GPU(s)", 4 * params / gpus, acts, usable))
+    rows.append(_option("parameter-efficient fine-tuning (LoRA: frozen 16-bit weights, ~1% trainable)",
+                        (2 * params + 16 * 0.01 * params) / gpus, acts, usable))
+    room = usable - acts
+    if room > 0:
+        needed = math.ceil(16 * params / room)
+        rows.append({"option": f"ZeRO-3 on {needed} GPUs", "per_gpu_bytes": int(16 * params / needed + acts),
+                     "fits": True, "gpus_needed": needed})
+    if shape is not None:
+        states = model_states_bytes(params, zero, gpus)
+        if not checkpointing:
+            rows.append(_option(f"activation checkpointing, ZeRO-{zero} on {gpus} GPU(s)", states,
+                                shape.activations(True), usable))
+        if shape.micro_batch > 1:
+            rows.append(_option(f"micro-batch 1 with gradient accumulation x{shape.micro_batch} and activation "
+                                f"checkpointing, ZeRO-{zero} on {gpus} GPU(s)", states, shape.activations(True, 1), usable))
+    return rows
+
+
+def _option(name: str, states: float, acts: float, usable: float) -> dict[str, Any]:
+    return {"option": name, "per_gpu_bytes": int(states + acts), "fits": states + acts <= usable}
+
+
+def render(result: dict[str, Any]) -> str:
+    psi = result["params"]
+    lines = [f"Model states (mixed-precision Adam, 16Ψ): 16 × {psi / 1e9:g}B = {result['model_states_bytes'] / 1e9:.1f} GB "
+             f"({gib(result['model_states_bytes'])})",
+             f"Per GPU at ZeRO-{result['zero']} on {result['gpus']} GPU(s): model states "
+             f"{gib(result['model_states_per_gpu_bytes'])}"
+             + (f" + activations {gib(result['activation_bytes'])}" if result["activations_known"] else
+                " (activations not estimated: give --micro-batch --seq --layers --hidden --heads)")
+             + f" = {gib(result['per_gpu_bytes'])}"]
+    if result["fits"] is not None:
+        lines.append(f"{'Fits' if result['fits'] else 'Does NOT fit'} in {gib(result['usable_bytes'])} usable of "
+                     f"{gib(result['gpu_memory_bytes'])} ({OVERHEAD:.0%} kept for the CUDA context and fragmentation).")
+        for o in result.get("options", []):
+            per_gpu = "" if o["per_gpu_bytes"] is None else f"{gib(o['per_gpu_bytes'])} per GPU, "
+            verdict = "" if o["fits"] is None else ("fits" if o["fits"] else "does not fit")
+            lines.append(f"  - {o['option']}: {per_gpu}{verdict}".rstrip(", "))
+    return "\n".join(lines)
+
+
+def estimate_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="analyze estimate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--params", type=parse_count, required=True, help="parameter count, e.g. 7e9 or 7B")
+    parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0)
+    parser.add_argument("--gpu-memory", type=parse_bytes, help="memory per GPU, e.g. 80GiB")
+    parser.add_argument("--micro-batch", type=int)
+    parser.add_argument("--seq", type=int)
+    parser.add_argument("--layers", type=int)
+    parser.add_argument("--hidden", type=int)
+    parser.add_argument("--heads", type=int)
+    parser.add_argument("--checkpointing", action="store_true", help="full activation checkpointing")
+    parser.add_argument("--attention", choices=("flash", "eager"), default="flash",
+                        help="fused attention keeps no s×s scores (default); eager does")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    args = parser.parse_args(argv)
+    heads = args.heads or (args.hidden // 128 if args.hidden else None)
+    given = (args.micro_batch, args.seq, args.layers, args.hidden, heads)
+    shape = Shape(*given, flash_attention=args.attention == "flash") if all(given) else None
+    result = estimate(args.params, args.gpus, args.zero, args.gpu_memory, shape, args.checkpointing)
+    print(json.dumps(result, indent=2) if args.format == "json" else render(result))
+    return 0
