@@ -20,11 +20,15 @@ from rich.console import Console
 from analyzer import __version__
 from analyzer.errors import EXIT_BAD_INPUT, AnalyzerError
 from analyzer.report import REPORTERS, SUFFIXES, reporter
+from analyzer.sizes import parse_bytes
 
 EXIT_INTERNAL = 1
 
 #: subcommand -> "module:function(argv: list[str]) -> int"; `analyze NAME ...` runs it
 SUBCOMMANDS: dict[str, str] = {
+    "diff": "analyzer.diff:diff_command",
+    "estimate": "analyzer.estimate:estimate_command",
+    "simulate": "analyzer.simulate.cli:simulate_command",
     "run": "analyzer.capture_run:run_command",
 }
 
@@ -52,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
                                                           "for json, standard output)")
     parser.add_argument("--format", choices=sorted(REPORTERS), default="html", help="report format (default: html)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    parser.add_argument("--gpu-memory", type=parse_bytes, help="device memory, e.g. 80GiB (default: what the input "
+                                                                "records, or what the OOM shows)")
+    parser.add_argument("--gpus", type=int, help="GPUs the job can shard over (for ZeRO / parallelism estimates)")
     parser.add_argument("--version", action="version", version=f"analyze {__version__}")
     return parser
 
@@ -68,7 +75,7 @@ def analyze_command(argv: list[str]) -> int:
     with reading_progress(Console(stderr=True), enabled=sys.stderr.isatty() and not args.quiet):
         trace = load(args.file)
     with console.status("analysing"):
-        analysis = analyze(trace)
+        analysis = analyze(trace, args.gpu_memory, args.gpus)
     print_summary(analysis, console)
     out = args.output if args.output or json_to_stdout else default_output(args.file, args.format)
     for path in reporter(args.format)(analysis, out):
