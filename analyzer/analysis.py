@@ -148,6 +148,17 @@ class Analysis:
         return json.dumps(self.to_json(), indent=2)
 
 
+def combine_json(source_path: str, analyses: list[Analysis]) -> dict[str, Any]:
+    """One analyzer/1 document for a set of ranks: every device carries its `rank`."""
+    devices, warnings = [], []
+    for a in analyses:
+        doc = a.to_json()
+        devices += [{**d, "rank": a.trace.rank} for d in doc["devices"]]
+        warnings += [f"rank {a.trace.rank}: {w}" for w in doc["warnings"]]
+    return {"schema": SCHEMA, "source": {"path": source_path, "kind": "ranks", "ranks": [a.trace.rank for a in analyses]},
+            "allocator_settings": {}, "warnings": warnings, "devices": devices}
+
+
 def _jsonable(value: Any) -> Any:
     """Allocator settings hold only plain values, but keys may be ints or tuples: make them JSON-safe."""
     return json.loads(json.dumps(value, default=str))

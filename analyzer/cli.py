@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
 import traceback
@@ -64,8 +65,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def analyze_command(argv: list[str]) -> int:
-    from analyzer.analysis import analyze
+    from analyzer.analysis import analyze, combine_json
     from analyzer.ingest import load
+    from analyzer.trace import MultiRankTrace
     from analyzer.progress import reading_progress
     from analyzer.report.text import print_summary
 
@@ -74,12 +76,27 @@ def analyze_command(argv: list[str]) -> int:
     console = Console(stderr=json_to_stdout, quiet=args.quiet or json_to_stdout, highlight=False)
     with reading_progress(Console(stderr=True), enabled=sys.stderr.isatty() and not args.quiet):
         trace = load(args.file)
+    traces = trace.traces if isinstance(trace, MultiRankTrace) else [trace]
     with console.status("analysing"):
-        analysis = analyze(trace, args.gpu_memory, args.gpus)
-    print_summary(analysis, console)
+        analyses = [analyze(t, args.gpu_memory, args.gpus) for t in traces]
     out = args.output if args.output or json_to_stdout else default_output(args.file, args.format)
-    for path in reporter(args.format)(analysis, out):
-        console.print(f"\nreport written to [bold]{path}[/bold]")
+    if len(analyses) > 1 and args.format == "json":  # one document for the job, each device tagged with its rank
+        for a in analyses:
+            print_summary(a, console)
+        text = json.dumps(combine_json(str(args.file), analyses), indent=2)
+        if out is None:
+            sys.stdout.write(text + "\n")
+        else:
+            out.write_text(text + "\n", encoding="utf-8")
+            console.print(f"\nreport written to [bold]{out}[/bold]")
+        return 0
+    for a in analyses:
+        if len(analyses) > 1:
+            console.rule(f"rank {a.trace.rank}")
+        print_summary(a, console)
+        target = out if len(analyses) == 1 else out.with_name(f"{out.stem}.rank{a.trace.rank}{out.suffix}")
+        for path in reporter(args.format)(a, target):
+            console.print(f"\nreport written to [bold]{path}[/bold]")
     return 0
 
 

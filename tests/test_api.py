@@ -1,0 +1,78 @@
+"""The pandas API and the JSON contract: documented columns, and the same numbers as the reports."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+import analyzer
+from analyzer.timeline import live_at
+from analyzer.trace import TABLES
+from conftest import FIXTURES
+
+SIM = FIXTURES / "sim"
+CONTRACT_DEVICE_KEYS = {"device", "peak", "reserved_peak_bytes", "end", "trace_entries", "history_truncated", "oom",
+                        "findings", "remedies"}
+CONTRACT_PEAK_KEYS = {"allocated_bytes", "requested_bytes", "reserved_bytes", "time_us", "event_index",
+                      "by_category", "by_phase", "by_module", "step", "phase"}
+
+
+def test_tables_have_documented_columns() -> None:
+    trace = analyzer.load(SIM / "gpt_activation_peak.pickle")
+    for name, columns in TABLES.items():
+        assert list(getattr(trace, name).columns) == list(columns), name
+    assert {"device", "t_us", "seq", "allocated_bytes", "requested_bytes", "reserved_bytes"} <= set(trace.timeline.columns)
+
+
+def test_notebook_groupby_matches_the_report() -> None:
+    """Story 10: pandas on t.allocations gives the numbers the report shows."""
+    result = analyzer.analyze(SIM / "gpt_activation_peak.pickle")
+    d = result.devices[0]
+    live = live_at(result.trace, 0, d.peak.event_index)
+    by_category = live.groupby("category", observed=True)["allocated_bytes"].sum()
+    assert {r["name"]: r["bytes"] for r in d.by_category} == {k: int(v) for k, v in by_category.items() if v}
+    assert sum(r["bytes"] for r in d.by_category) == d.peak.allocated_bytes
+    assert sum(r["bytes"] for r in d.by_phase) == d.peak.allocated_bytes
+    assert sum(r["bytes"] for r in d.by_module) == d.peak.allocated_bytes
+    categories = [c for c in result.trace.timeline.columns if c.endswith("_bytes") and c not in
+                  ("allocated_bytes", "requested_bytes", "reserved_bytes")]
+    timeline = result.trace.timeline
+    assert (timeline[categories].sum(axis=1) == timeline["allocated_bytes"]).all()
+
+
+def test_json_contract(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    run = subprocess.run([sys.executable, "-m", "analyzer.cli", str(SIM / "capacity_oom.pickle"), "--format", "json",
+                          "-o", str(out), "-q"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "analyzer/1" and doc["source"]["kind"] == "snapshot"
+    d = doc["devices"][0]
+    assert CONTRACT_DEVICE_KEYS <= set(d)
+    assert CONTRACT_PEAK_KEYS <= set(d["peak"])
+    assert set(d["end"]) >= {"allocated_bytes", "reserved_bytes"}
+    assert set(d["oom"]) >= {"requested_bytes", "device_free_bytes", "time_us", "event_index"}
+    for finding in d["findings"]:
+        assert {"kind", "severity", "bytes", "summary", "evidence"} <= set(finding)
+    for remedy in d["remedies"]:
+        assert {"id", "rank", "saved_bytes", "new_peak_bytes", "confidence", "try_first", "how"} <= set(remedy)
+    assert sum(r["try_first"] for r in d["remedies"]) == 1
+
+
+def test_analysis_of_a_loaded_trace_equals_analysis_of_the_path() -> None:
+    path = SIM / "fragmentation.pickle"
+    by_path = analyzer.analyze(path).to_json()
+    by_trace = analyzer.analyze(analyzer.load(path)).to_json()
+    assert by_path["devices"] == by_trace["devices"]
+
+
+def test_every_allocation_is_labelled() -> None:
+    trace = analyzer.analyze(SIM / "adam_first_step.pickle").trace
+    a = trace.allocations
+    for column in ("module", "phase", "category", "label_source"):
+        assert a[column].notna().all()
+    assert isinstance(a["step"].dtype, pd.Int64Dtype)
+    assert a["label_source"].astype(str).str.startswith("phase=").all()
