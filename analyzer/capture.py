@@ -32,14 +32,16 @@ Annotation naming convention (the attribution code parses these names; split wit
     module::backward::<fqn>          `tag_modules`: its backward, on autograd's thread; it opens when the first
                                      gradient reaches one of the call's outputs and closes when the gradients of
                                      all its inputs exist (or when the backward pass ends), so backward ranges
-                                     may overlap their neighbours instead of nesting strictly
+                                     may overlap their neighbours instead of nesting strictly (a block's range
+                                     can open just after its last child's): where module ranges overlap, the
+                                     innermost is the one with the deepest fqn
 
 Each range is a `torch.profiler.record_function` (snapshots: `external_annotations` with START/END stages,
 recorded from all threads where `_record_memory_history` has `global_record_annotations`; profiler traces:
 `user_annotation` spans) and an NVTX range (the `nvtx` package, shown by Nsight Systems). On torch >= 2.10 with
 CUDA, `tag_modules` also sets the allocator's `user_metadata` (thread-local in the allocator) on the thread
-that runs each range to the label of its innermost open module range, and to "" outside any module, so
-every trace entry names its module even when annotations fell out of the ring buffer.
+that runs each range to the label of the innermost module range open on that thread (as above), and to ""
+outside any module, so every trace entry names its module even when annotations fell out of the ring buffer.
 
 Nothing here imports torch until it is used, so analysing a file never imports torch.
 """
@@ -111,7 +113,7 @@ def _nvtx() -> types.ModuleType | None:
         import nvtx
     except ImportError:
         warnings.warn("the nvtx package is not installed: phases and modules are not shown in Nsight Systems "
-                      "(pip install nvtx); profiler traces and snapshots still get them", CaptureWarning, stacklevel=4)
+                      "(pip install nvtx); profiler traces and snapshots still get them", CaptureWarning)
         return None
     return nvtx
 
@@ -169,11 +171,19 @@ def _metadata_setter() -> Callable[[str], None] | None:
     return memory._set_memory_metadata
 
 
+def _depth(label: str) -> int:
+    """How deep the labelled module sits in the model: 0 for the root, 1 for `embed`, 3 for `layers.0.mlp`."""
+    fqn = label.rsplit("::", 1)[1]
+    return fqn.count(".") + 1 if fqn else 0
+
+
 class _ModuleRanges:
     """Open module ranges per thread, with the innermost one mirrored into the allocator's user_metadata.
 
     The allocator's metadata is per thread and backward hooks run on autograd's thread, so each thread keeps
-    its own list; a range may close out of order, and the label is the newest range still open."""
+    its own list. Backward ranges do not open in nesting order (the gradient of a block's output reaches its
+    last child's hook before the block's own), so the innermost open range is the deepest module, the newest
+    of equally deep ones."""
 
     def __init__(self, set_metadata: Callable[[str], None] | None) -> None:
         self._set_metadata = set_metadata
@@ -201,7 +211,7 @@ class _ModuleRanges:
             return
         with self._lock:
             ranges = self._open.get(thread)
-            label = ranges[-1].label if ranges else ""
+            label = max(reversed(ranges), key=lambda r: _depth(r.label)).label if ranges else ""
         self._set_metadata(label)
 
 
@@ -301,7 +311,7 @@ _ACTIVE: Capture | None = None      # the capture recording in this process (the
 _OBSERVER_ATTACHED = False          # the allocator keeps observers forever: attach ours once per process
 
 
-def _on_allocator_oom(device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+def _on_allocator_oom(device: int, allocated: int, device_total: int, device_free: int) -> None:
     """Called by the caching allocator just before it raises OutOfMemoryError, history still on: the one
     moment that sees the OOM even when a framework catches the error afterwards."""
     active = _ACTIVE
@@ -393,20 +403,23 @@ class Capture(contextlib.ContextDecorator):
     # -- lifecycle --
     def start(self) -> None:
         global _ACTIVE
+        if _ACTIVE is self:
+            raise RuntimeError("this capture is already recording (a decorated function called itself?)")
         if _ACTIVE is not None:
             self._joined = _ACTIVE
             _ACTIVE.stop_counting_optimizer_steps()  # steps now come from our step()
             return
         import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.steps, self._oom_dumps, self.unavailable = 0, 0, []
+        if self.count_optimizer_steps:
+            self._optimizer_hook = register_optimizer_step_post_hook(lambda *_: self.step())
         if torch.cuda.is_available():
             self._start_cuda()
         else:
             self._start_profiler()
-        if self.count_optimizer_steps:
-            self._optimizer_hook = torch.optim.optimizer.register_optimizer_step_post_hook(lambda *_: self.step())
         _ACTIVE = self
         for note in self.unavailable:
             warnings.warn(note, CaptureWarning, stacklevel=3)
@@ -457,7 +470,6 @@ class Capture(contextlib.ContextDecorator):
                                    self.unavailable)
         if options is None:
             return
-        torch.cuda.init()  # the allocator applies history and observers to the devices it has initialised
         _attach_oom_observer(self.unavailable)
         memory._record_memory_history(**options)
         self._mode = "cuda"
@@ -508,13 +520,14 @@ class Capture(contextlib.ContextDecorator):
 
     # -- without CUDA --
     def _start_profiler(self) -> None:
-        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
         self.unavailable.append(f"CUDA is not available: recording host (CPU) memory with the PyTorch profiler into "
                                 f"{self._trace_path()} instead of a CUDA memory snapshot (no allocator segments, "
                                 f"no snapshot on out-of-memory)")
+        # a schedule that always records: only with a schedule does profiler.step() mark ProfilerStep#N ranges
         self._profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
-                                 with_stack=True)
+                                 with_stack=True, schedule=lambda _step: ProfilerAction.RECORD)
         self._profiler.start()
         self._mode = "cpu"
 
