@@ -36,6 +36,11 @@ Annotation naming convention (the attribution code parses these names; split wit
                                      can open just after its last child's): where module ranges overlap, the
                                      innermost is the one with the deepest fqn
 
+    tensor::<role>::<fqn>::<0xaddr>  `tag_modules`: the storage at that address is a <role> (parameter, buffer,
+                                     gradient, optimizer_state) of the module <fqn>; an instant range, written
+                                     when the model is tagged, at the first forward after the model moved,
+                                     after each gradient accumulation and when an optimizer makes new state
+
 Each range is a `torch.profiler.record_function` (snapshots: `external_annotations` with START/END stages,
 recorded from all threads where `_record_memory_history` has `global_record_annotations`; profiler traces:
 `user_annotation` spans) and an NVTX range (the `nvtx` package, shown by Nsight Systems). On torch >= 2.10 with
@@ -66,6 +71,7 @@ if TYPE_CHECKING:
 PHASE_PREFIX = "phase::"
 MODULE_FORWARD_PREFIX = "module::forward::"
 MODULE_BACKWARD_PREFIX = "module::backward::"
+TENSOR_PREFIX = "tensor::"
 PICKLE_PROTOCOL = 4                 # what PyTorch's web viewer and every supported Python read
 DEFAULT_MAX_ENTRIES = 100_000       # alloc/free events kept: a few steps of a large model, a few KB each
 MAX_OOM_DUMPS = 3                   # cuDNN and friends may OOM, retry smaller and succeed, many times a step
@@ -279,8 +285,9 @@ class ModuleTags:
 
 
 def tag_modules(model: torch.nn.Module) -> ModuleTags:
-    """Label what every module allocates: `module::forward::<fqn>` and `module::backward::<fqn>` ranges, and
-    the allocator's user_metadata where torch has it (see the module docstring for the convention)."""
+    """Label what every module allocates: `module::forward::<fqn>` and `module::backward::<fqn>` ranges, the
+    allocator's user_metadata where torch has it, and `tensor::` marks naming the module that owns each
+    parameter, buffer, gradient and optimizer state (see the module docstring for the convention)."""
     ranges = _ModuleRanges(_metadata_setter())
     forward_hook_options = ({"always_call": True}  # close the range even when forward raises (an OOM)
                             if "always_call" in inspect.signature(model.register_forward_hook).parameters else {})
@@ -289,7 +296,63 @@ def tag_modules(model: torch.nn.Module) -> ModuleTags:
         calls: list[_Range] = []
         handles.append(module.register_forward_pre_hook(_before_forward(ranges, fqn, calls)))
         handles.append(module.register_forward_hook(_after_forward(ranges, fqn, calls), **forward_hook_options))
+    handles += _TensorMarks(model).install(model)
     return ModuleTags(handles)
+
+
+class _TensorMarks:
+    """Writes `tensor::<role>::<fqn>::<address>` marks, each address once: the attribution then knows which
+    module owns a parameter, its gradient and its optimizer state, which no stack can tell."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._owners = {id(t): (role, fqn) for fqn, module in model.named_modules()
+                        for role, tensors in (("parameter", module.parameters(recurse=False)),
+                                              ("buffer", module.buffers(recurse=False))) for t in tensors}
+        self._model = model
+        self._marked: set[tuple[str, int]] = set()
+
+    def install(self, model: torch.nn.Module) -> list[Any]:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self.mark_model()
+        handles = [model.register_forward_pre_hook(lambda *_: self.mark_model()),  # the model may have moved
+                   register_optimizer_step_post_hook(self._mark_optimizer)]
+        for parameter in model.parameters():
+            if parameter.requires_grad and hasattr(parameter, "register_post_accumulate_grad_hook"):
+                handles.append(parameter.register_post_accumulate_grad_hook(self._mark_gradient))
+        return handles
+
+    def mark(self, role: str, fqn: str, tensor: Any, once: bool = True) -> None:
+        """Mark the storage under `tensor`; with `once`, an address already marked for this role is skipped
+        (parameters and optimizer states persist; gradients are new storage every step)."""
+        import torch
+
+        if not isinstance(tensor, torch.Tensor) or tensor.numel() == 0:
+            return
+        address = tensor.untyped_storage().data_ptr()
+        if not once or (role, address) not in self._marked:
+            self._marked.add((role, address))
+            _Range(f"{TENSOR_PREFIX}{role}::{fqn}::{address:#x}").close()
+
+    def mark_model(self) -> None:
+        for fqn, module in self._model.named_modules():
+            for tensor in module.parameters(recurse=False):
+                self.mark("parameter", fqn, tensor)
+            for tensor in module.buffers(recurse=False):
+                self.mark("buffer", fqn, tensor)
+
+    def _mark_gradient(self, parameter: torch.Tensor) -> None:
+        owner = self._owners.get(id(parameter))
+        if owner is not None:
+            self.mark("gradient", owner[1], parameter.grad, once=False)
+
+    def _mark_optimizer(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        for parameter, state in optimizer.state.items():
+            owner = self._owners.get(id(parameter))
+            if owner is not None:
+                for value in state.values():
+                    if getattr(value, "dim", lambda: 0)() > 0:  # not the scalar step counter
+                        self.mark("optimizer_state", owner[1], value)
 
 
 def _before_forward(ranges: _ModuleRanges, fqn: str, calls: list[_Range]) -> Callable[..., None]:

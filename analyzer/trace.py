@@ -35,6 +35,7 @@ ALLOCATION_COLUMNS: dict[str, str] = {
     "step": "Int64",
     "label_source": "category",        # which signal decided the labels
     "confidence": "float64",
+    "user_metadata": "category",       # the allocator's user_metadata at the alloc (torch >= 2.10), "" when none
 }
 
 #: one row per reserved memory range (a cudaMalloc'd segment, or a mapped range of an expandable segment).
@@ -129,9 +130,15 @@ def _column(values: Any, dtype: str) -> Any:
     return column
 
 
+#: columns a reader may leave out: they are filled with this value (formats that cannot carry them)
+OPTIONAL_COLUMNS: dict[tuple[str, str], Any] = {("allocations", "user_metadata"): ""}
+
+
 def make_table(name: str, columns: dict[str, Any]) -> pd.DataFrame:
     """Build a table from column arrays, casting each to its documented dtype (MISSING becomes NA)."""
     spec = TABLES[name]
+    rows = len(next(iter(columns.values()))) if columns else 0
+    columns = {**{c: [v] * rows for (t, c), v in OPTIONAL_COLUMNS.items() if t == name and c not in columns}, **columns}
     missing = set(spec) - set(columns)
     extra = set(columns) - set(spec)
     if missing or extra:

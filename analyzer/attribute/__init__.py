@@ -1,8 +1,11 @@
 """Attribute every allocation to a phase, a category, a module and a step, saying which signal decided.
 
 Signals, strongest first (the first one that speaks decides; `label_source` names it):
-1. explicit tags: `phase::NAME` and `module::forward|backward::FQN` ranges written by analyzer's capture
-   helpers, FSDP ranges carrying FQNs (`FSDP::pre_forward (layers.3)`);
+1. explicit tags: `tensor::ROLE::FQN::ADDR` marks naming the module and role of a parameter, buffer,
+   gradient or optimizer state at an address, the allocator's `user_metadata` (torch >= 2.10), then
+   `phase::NAME` and
+   `module::forward|backward::FQN` ranges written by analyzer's capture helpers (where module ranges
+   overlap, the deepest module wins), FSDP ranges carrying FQNs (`FSDP::pre_forward (layers.3)`);
 2. annotations: `Optimizer.step#…`, `Optimizer.zero_grad#…`, `enumerate(DataLoader)#…`, torch.compile
    `(dynamo_timed)` ranges (phase `compile`: compile-time memory is not training memory), `ProfilerStep#N`
    (steps), user `record_function` ranges named like a phase (`forward`, `backward`, `optimizer` ...);
@@ -19,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analyzer.attribute.annotations import annotation_labels
+from analyzer.attribute.annotations import annotation_labels, metadata_labels, tensor_marks
 from analyzer.attribute.category import categorise
 from analyzer.attribute.frames import stack_facts
 from analyzer.attribute.modules import assign_modules
@@ -62,6 +65,8 @@ def _attribute_device(trace: MemoryTrace, device: int) -> pd.DataFrame:
 
     phase = np.full(len(a), None, dtype=object)
     source = np.full(len(a), None, dtype=object)
+    metadata = a["user_metadata"].astype(str).to_numpy()
+    _fill(phase, source, *metadata_labels(metadata, "phase"))
     for kind in ("tag", "annotation"):
         values, signals = annotation_labels(ann, times, kind, "phase")
         _fill(phase, source, values, signals)
@@ -72,13 +77,35 @@ def _attribute_device(trace: MemoryTrace, device: int) -> pd.DataFrame:
     _fill(phase, source, *_between_neighbours(phase, t_alloc))
 
     step = number_steps(ann, t_alloc, phase)
+    marked_role, marked_module = _marked_tensors(a, tensor_marks(ann))
     category, category_source = categorise(a, phase, step, ann)
-    module, module_source = assign_modules(a, ann, times, frame_module, category)
+    has_mark = np.asarray([r is not None for r in marked_role], dtype=bool)
+    category[has_mark] = np.where(marked_role[has_mark] == "buffer", "parameter", marked_role[has_mark])
+    category_source[has_mark] = "tag:tensor"
+    module, module_source = assign_modules(a, ann, times, frame_module, category, metadata_labels(metadata, "module"))
+    module[has_mark], module_source[has_mark] = marked_module[has_mark], "tag:tensor"
     label_source = [f"phase={p or 'none'};category={c or 'none'};module={m or 'none'}"
                     for p, c, m in zip(source, category_source, module_source)]
     confidence = [min(_confidence(p), _confidence(c)) for p, c in zip(source, category_source)]
     return pd.DataFrame({"module": module, "phase": phase, "category": category, "step": step,
                          "label_source": label_source, "confidence": confidence}, index=a.index)
+
+
+def _marked_tensors(a: pd.DataFrame, marks: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Role and module of each allocation that a `tensor::` mark names: same address, alive at the mark."""
+    role = np.full(len(a), None, dtype=object)
+    module = np.full(len(a), None, dtype=object)
+    if marks.empty:
+        return role, module
+    rows = pd.DataFrame({"row": np.arange(len(a)), "addr": a["addr"].to_numpy(),
+                         "t_alloc": a["t_alloc_us"].to_numpy(dtype=np.float64, na_value=-np.inf),
+                         "t_free": a["t_free_us"].to_numpy(dtype=np.float64, na_value=np.inf)})
+    joined = rows.merge(marks, on="addr")
+    joined = joined[(joined["t_alloc"] <= joined["t_us"]) & (joined["t_us"] < joined["t_free"])]
+    joined = joined.sort_values("t_us").drop_duplicates("row", keep="last")
+    role[joined["row"].to_numpy()] = joined["role"].to_numpy()
+    module[joined["row"].to_numpy()] = joined["module"].to_numpy()
+    return role, module
 
 
 _NEIGHBOUR_RULES = {("forward", "forward"): "forward", ("forward", "backward"): "forward",

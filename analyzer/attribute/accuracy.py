@@ -23,7 +23,7 @@ _EITHER = {("", "unattributed")}
 def without_tags(trace: MemoryTrace) -> MemoryTrace:
     """The same recording as if it had been made without analyzer's capture helpers (no phase/module tags)."""
     kinds = [classify(n)[3] for n in trace.annotations["name"]]
-    keep = [k not in ("tag:phase", "tag:module") for k in kinds]
+    keep = [k not in ("tag:phase", "tag:module", "tag:tensor") for k in kinds]
     return replace(trace, annotations=trace.annotations[keep].reset_index(drop=True),
                    allocations=trace.allocations.copy(), _timeline=None)
 

@@ -27,6 +27,8 @@ def classify(name: str) -> tuple[str, str | None, str | None, str]:
         return "tag", m.group(1), m.group(2) or ROOT_MODULE, "tag:module"
     if m := _FSDP.match(name):
         return "tag", "forward" if "forward" in m.group(1) else "backward", m.group(2) or None, "tag:FSDP"
+    if name.startswith("tensor::"):
+        return "tag", None, None, "tag:tensor"
     if name.startswith("Optimizer.step#") or name.startswith("Optimizer.zero_grad#"):
         return "annotation", "optimizer", None, "annotation:" + name.split("#")[0]
     if name.startswith("enumerate(DataLoader)#"):
@@ -52,7 +54,10 @@ def annotation_labels(annotations: pd.DataFrame, times: np.ndarray, kind: str,
         return values, signals
     chosen = annotations.iloc[keep].reset_index(drop=True)
     facts = [rows[i][1] for i in keep]
-    hit = innermost(chosen, times)
+    # module ranges of autograd's thread overlap without nesting: the deepest module is the one computing
+    depth = np.asarray([0 if f[2] in (None, ROOT_MODULE) else f[2].count(".") + 1 for f in facts]) \
+        if field == "module" else None
+    hit = innermost(chosen, times, depth)
     inside = hit >= 0
     field_index = 1 if field == "phase" else 2
     lookup = np.asarray([f[field_index] for f in facts], dtype=object)
@@ -60,6 +65,29 @@ def annotation_labels(annotations: pd.DataFrame, times: np.ndarray, kind: str,
     values[inside] = lookup[hit[inside]]
     signals[inside] = sources[hit[inside]]
     return values, signals
+
+
+def metadata_labels(metadata: np.ndarray, field: str) -> tuple[np.ndarray, np.ndarray]:
+    """Phase or module from the allocator's per-allocation user_metadata (torch >= 2.10; analyzer.tag_modules
+    writes the same names there as in its annotations): the strongest signal, it cannot fall out of a ring
+    buffer of annotations."""
+    index = 1 if field == "phase" else 2
+    meanings = {m: classify(m) for m in set(metadata) if m}
+    values = np.asarray([meanings[m][index] if m and meanings[m][0] == "tag" else None for m in metadata], dtype=object)
+    signals = np.asarray(["tag:user_metadata" if v is not None else None for v in values], dtype=object)
+    return values, signals
+
+
+_TENSOR_MARK = re.compile(r"^tensor::(parameter|buffer|gradient|optimizer_state)::(.*)::(0x[0-9a-fA-F]+)$")
+
+
+def tensor_marks(annotations: pd.DataFrame) -> pd.DataFrame:
+    """`tensor::<role>::<fqn>::<0xaddr>` marks (analyzer.tag_modules): columns addr, t_us, role, module."""
+    rows = []
+    for name, start in zip(annotations["name"], annotations["start_us"]):
+        if name.startswith("tensor::") and (m := _TENSOR_MARK.match(name)) and not pd.isna(start):
+            rows.append((int(m.group(3), 16), float(start), m.group(1), m.group(2) or ROOT_MODULE))
+    return pd.DataFrame(rows, columns=["addr", "t_us", "role", "module"])
 
 
 def profiler_steps(annotations: pd.DataFrame, times: np.ndarray) -> np.ndarray:

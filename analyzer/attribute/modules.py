@@ -1,4 +1,5 @@
-"""Which module an allocation belongs to: an explicit tag, the user forward frame, or, for gradients and
+"""Which module an allocation belongs to: an explicit tag (user_metadata, then module ranges), the user
+forward frame, or, for gradients and
 optimizer state, the module of the parameter of the same size (when that parameter's module is known and
 no other parameter has that size)."""
 from __future__ import annotations
@@ -10,8 +11,12 @@ from analyzer.attribute.annotations import annotation_labels
 
 
 def assign_modules(a: pd.DataFrame, annotations: pd.DataFrame, times: np.ndarray, frame_module: np.ndarray,
-                   category: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    module, source = annotation_labels(annotations, times, "tag", "module")
+                   category: np.ndarray, from_metadata: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    module, source = from_metadata
+    module, source = module.copy(), source.copy()
+    tagged, tag_source = annotation_labels(annotations, times, "tag", "module")
+    unset = np.asarray([m is None for m in module], dtype=bool)
+    module[unset], source[unset] = tagged[unset], tag_source[unset]
     unset = np.asarray([m is None for m in module], dtype=bool)
     from_frames = unset & np.asarray([m is not None for m in frame_module], dtype=bool)
     module[from_frames] = frame_module[from_frames]

@@ -5,12 +5,13 @@ import numpy as np
 import pandas as pd
 
 
-def innermost(ranges: pd.DataFrame, times: np.ndarray) -> np.ndarray:
+def innermost(ranges: pd.DataFrame, times: np.ndarray, priority: np.ndarray | None = None) -> np.ndarray:
     """For each time, the row position in `ranges` (columns start_us, end_us) of the innermost range that
-    contains it, or -1. Ranges nest (record_function ranges do); a range still open at the end of the
-    recording (end NA) runs to the end.
+    contains it, or -1. Innermost is the latest opened of the open ranges, or with `priority`, the open
+    range of highest priority (e.g. the deepest module name, for ranges that overlap without nesting). A
+    range still open at the end of the recording (end NA) runs to the end.
 
-    A sweep over starts and ends turns the nesting into a step function "innermost open range after time
+    A sweep over starts and ends turns the ranges into a step function "innermost open range after time
     t", which searchsorted then evaluates for all times at once."""
     if ranges.empty or len(times) == 0:
         return np.full(len(times), -1, dtype=np.int64)
@@ -34,7 +35,10 @@ def innermost(ranges: pd.DataFrame, times: np.ndarray) -> np.ndarray:
             while stack and stack[-1] not in open_set:  # ranges closed out of order are dropped lazily
                 stack.pop()
         change_times.append(points[i])
-        change_values.append(stack[-1] if stack else -1)
+        if priority is None or not stack:
+            change_values.append(stack[-1] if stack else -1)
+        else:  # highest priority among the open ranges, the latest opened on ties
+            change_values.append(max(reversed([s for s in stack if s in open_set]), key=lambda s: priority[s]))
     change_times = np.asarray(change_times)
     change_values = np.asarray(change_values, dtype=np.int64)
     position = np.searchsorted(change_times, times.astype(np.float64), side="right") - 1

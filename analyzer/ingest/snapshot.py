@@ -126,14 +126,15 @@ class _Builder:
         if not isinstance(traces, list):
             raise TypeError("'device_traces' is not a list")
         histories: list[DeviceHistory] = []
+        metadata: dict[str, int] = {"": 0}  # user_metadata strings, interned: code -> string by position
         for device, trace in enumerate(traces):
             if not isinstance(trace, list):
                 raise TypeError(f"device_traces[{device}] is not a list")
             self.devices.setdefault(device, DeviceInfo(device)).trace_entries = len(trace)
-            histories.append(read_device_history(device, trace, self.stacks, self.consume))
+            histories.append(read_device_history(device, trace, self.stacks, metadata, self.consume))
         self._history_warnings(histories)
         has_history = any(h.has_history for h in histories)
-        allocations = self._allocations_table(_concat([h.allocs for h in histories], ALLOC_COLUMNS), blk)
+        allocations = self._allocations_table(_concat([h.allocs for h in histories], ALLOC_COLUMNS), blk, list(metadata))
         segments = self._segments_table(seg, [e for h in histories for e in h.segment_events])
         for device, info in self.devices.items():
             origin = allocations.loc[allocations["device"] == device, "origin"]
@@ -160,7 +161,7 @@ class _Builder:
                 self.warnings.append(f"device {h.device}: trace entries with unknown actions were kept as 'other': "
                                      f"{h.unknown_actions}")
 
-    def _allocations_table(self, al: dict[str, np.ndarray], blk: dict[str, Any]) -> pd.DataFrame:
+    def _allocations_table(self, al: dict[str, np.ndarray], blk: dict[str, Any], metadata: list[str]) -> pd.DataFrame:
         """Allocated bytes by the allocator's rounding, replaced by the final block size for allocations still
         alive at the end; then the blocks alive at the end whose alloc was never recorded."""
         requested = al["requested_bytes"]
@@ -182,10 +183,12 @@ class _Builder:
             "requested_bytes": [blk["requested_bytes"][i] for i in seeded], "stream": [0] * n,
             "t_alloc_us": [MISSING] * n, "t_free_us": [MISSING] * n, "seq_alloc": [MISSING] * n,
             "seq_free": [MISSING] * n, "stack_id": [int(block_stacks[i]) for i in seeded], "origin": [ORIGIN_END] * n,
+            "user_metadata": [0] * n,
         }
         out: dict[str, Any] = {k: np.concatenate([al[k], np.asarray(extra[k], dtype=np.int64)]) for k in ALLOC_COLUMNS}
         rows = len(out["addr"])
         out["origin"] = pd.Categorical.from_codes(out["origin"], categories=ORIGINS)
+        out["user_metadata"] = pd.Categorical.from_codes(out["user_metadata"], categories=metadata)
         out["alloc_id"] = np.arange(rows, dtype=np.int64)
         out["allocated_bytes"] = np.concatenate([allocated, np.asarray([blk["bytes"][i] for i in seeded], dtype=np.int64)])
         unlabelled = pd.Categorical.from_codes(np.zeros(rows, dtype=np.int8), categories=[UNATTRIBUTED])

@@ -33,7 +33,7 @@ ORIGINS = ["trace", "before_trace", "end_state"]
 ORIGIN_TRACE, ORIGIN_BEFORE, ORIGIN_END = range(3)
 
 ALLOC_COLUMNS = ("device", "addr", "requested_bytes", "stream", "t_alloc_us", "t_free_us", "seq_alloc", "seq_free",
-                 "stack_id", "origin")
+                 "stack_id", "origin", "user_metadata")
 
 
 class StackInterner:
@@ -107,7 +107,7 @@ class DeviceHistory:
 CHUNK = 1 << 16  # entries read at a time: with `consume`, each chunk is released once its columns are out
 
 
-def _columns(chunk: list, stacks: StackInterner, out: dict[str, array]) -> None:
+def _columns(chunk: list, stacks: StackInterner, out: dict[str, array], metadata: dict[str, int]) -> None:
     """Append one chunk's fields to the int64 columns in `out`. The loops run in C (map over dict.get);
     array('q') rejects anything that is not an integer, and a non-dict entry fails dict.get: both surface
     as a corrupt file."""
@@ -118,18 +118,24 @@ def _columns(chunk: list, stacks: StackInterner, out: dict[str, array]) -> None:
     out["bytes"].extend(map(itemgetter("size"), chunk))
     out["stream"].extend(map(get, chunk, repeat("stream"), repeat(0)))
     stacks.intern_all(list(map(get, chunk, repeat("frames"))), out["stack_id"])
+    if chunk and "user_metadata" in chunk[0]:  # torch >= 2.10: one label string per entry, mostly ""
+        labels = map(get, chunk, repeat("user_metadata"), repeat(""))
+        out["user_metadata"].extend([metadata.setdefault(str(m), len(metadata)) for m in labels])
+    else:
+        out["user_metadata"].extend(repeat(0, len(chunk)))
 
 
-def read_device_history(device: int, trace: list, stacks: StackInterner, consume: bool = False) -> DeviceHistory:
+def read_device_history(device: int, trace: list, stacks: StackInterner, metadata: dict[str, int],
+                        consume: bool = False) -> DeviceHistory:
     """Columns of one device's trace, and its allocations paired. With `consume`, entries are released
     chunk by chunk, so memory stays close to the size of the unpickled file."""
     n = len(trace)
-    raw = {k: array("q") for k in ("action", "t_us", "addr", "bytes", "stream", "stack_id")}
+    raw = {k: array("q") for k in ("action", "t_us", "addr", "bytes", "stream", "stack_id", "user_metadata")}
     unknown: dict[str, int] = {}
     device_free: dict[int, int] = {}  # seq of each oom entry -> the free bytes it reports
     for start in range(0, n, CHUNK):
         chunk = trace[start:start + CHUNK]
-        _columns(chunk, stacks, raw)
+        _columns(chunk, stacks, raw, metadata)
         codes = to_int64(raw["action"][start:])  # a copy: a view would pin the growing array
         for i in np.flatnonzero(codes == OOM):
             device_free[start + int(i)] = chunk[i].get("device_free", MISSING)
@@ -197,5 +203,6 @@ def pair_allocations(device: int, events: dict[str, np.ndarray]) -> tuple[dict[s
         "requested_bytes": events["bytes"][known], "stream": events["stream"][known],
         "t_alloc_us": at("t_us", seq_alloc), "t_free_us": at("t_us", seq_free),
         "seq_alloc": seq_alloc, "seq_free": seq_free, "stack_id": events["stack_id"][known],
+        "user_metadata": events["user_metadata"][known],
         "origin": np.where(seq_alloc == MISSING, ORIGIN_BEFORE, ORIGIN_TRACE).astype(np.int64),
     }, double_allocs

@@ -32,6 +32,15 @@ class Simulation:
         return snapshot_dict(self.allocator, self.annotations)
 
 
+def _resolve_uid(name: str, blocks: dict[int, Block]) -> str | None:
+    """`tensor::…::uid:<n>` marks name a storage; on a device it is named by its address (None: not on it)."""
+    head, sep, uid = name.rpartition("::uid:")
+    if not sep:
+        return name
+    block = blocks.get(int(uid))
+    return None if block is None else f"{head}::{block.addr:#x}"
+
+
 def simulate(run: TracedRun, capacity: int | None, settings: AllocatorSettings = AllocatorSettings(),
              used_outside: int = 0) -> Simulation:
     """Feed the traced allocations, frees and annotations, in order, to a fresh allocator model."""
@@ -53,6 +62,7 @@ def simulate(run: TracedRun, capacity: int | None, settings: AllocatorSettings =
             if block is not None:
                 allocator.free(block, CallContext(event.time_us, block.context.frames))
         elif isinstance(event, Annotation):
-            result.annotations.append({"stage": event.stage, "name": event.name, "device": 0,
-                                       "time_us": event.time_us})
+            name = _resolve_uid(event.name, blocks)
+            if name is not None:
+                result.annotations.append({"stage": event.stage, "name": name, "device": 0, "time_us": event.time_us})
     return result

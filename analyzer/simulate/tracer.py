@@ -66,6 +66,10 @@ class _Stacks:
         return frames
 
 
+TENSOR_MARK_PREFIX = "tensor::"
+TENSOR_MARK_ROLES = ("parameter", "buffer", "gradient", "optimizer_state")
+
+
 class Tracer(TorchDispatchMode):
     """Use as a context manager around the program; the runner sets `phase` and `step` and marks roles."""
 
@@ -136,12 +140,18 @@ class Tracer(TorchDispatchMode):
                 self.mark([tensor], category, name)
 
     def mark(self, tensors: Iterable[Any], category: str, module: str | None = None) -> None:
-        """Settle what these tensors' storages are (an input batch, a gradient, optimizer state ...)."""
+        """Settle what these tensors' storages are (an input batch, a gradient, optimizer state ...). Model
+        states with an owner are also marked in the recording as analyzer.tag_modules marks them
+        (`tensor::<role>::<fqn>::uid:<n>`, the uid replaced by the block's address when replayed)."""
         for tensor in tensors:
             if isinstance(tensor, torch.Tensor):
                 entry = self._gpu.get(self._key(tensor))
                 if entry is not None:
                     self._roles[entry[0]] = (category, module)
+                    if module is not None and category in TENSOR_MARK_ROLES:
+                        name = f"{TENSOR_MARK_PREFIX}{category}::{module}::uid:{entry[0]}"
+                        self.annotate(name, "START")
+                        self.annotate(name, "END")
 
     def owner(self, tensor: torch.Tensor) -> str | None:
         """The module that holds this parameter or buffer."""
