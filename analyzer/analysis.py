@@ -59,6 +59,7 @@ class DeviceAnalysis:
     theory: dict[str, Any] = field(default_factory=dict)          # measured model states vs 16Ψ
     fragmentation: dict[str, Any] | None = None                   # at the OOM, else at the reserved peak
     demand_bytes: int | None = None     # what the run needed: peak, or allocated + request at the OOM
+    triage: dict[str, str] | None = None  # {verdict: outside_pytorch | leak | phase_spike | steady_state, reason}
 
     def headline(self) -> str:
         """'62% activations, forward of layers.11.mlp, step 1': what the peak is made of and where it is."""
@@ -137,6 +138,7 @@ class Analysis:
                 "top_user_frame": d.oom.top_user_frame,
             },
             "verdict": d.verdict,
+            "triage": d.triage,
             "demand_bytes": d.demand_bytes,
             "fragmentation": d.fragmentation,
             "theory": d.theory,
@@ -181,7 +183,7 @@ def _oom(trace: MemoryTrace, device: int) -> OutOfMemory | None:
 
 def active_devices(trace: MemoryTrace) -> list[int]:
     """Devices that hold any memory or history; idle entries of device_traces are left out."""
-    used = set(trace.segments["device"]) | set(trace.events["device"]) | set(trace.allocations["device"])
+    used = {int(d) for table in (trace.segments, trace.events, trace.allocations) for d in table["device"].unique()}
     return [d for d in trace.device_ids if d in used]
 
 

@@ -18,7 +18,7 @@ TOP_MODULES = 20
 def split(live: pd.DataFrame, column: str, top: int | None = None) -> list[dict[str, Any]]:
     """[{name, bytes, share}] largest first; with `top`, the rest folded into one row."""
     total = int(live["allocated_bytes"].sum())
-    sums = live.groupby(live[column].astype(str), observed=True)["allocated_bytes"].sum().sort_values(ascending=False)
+    sums = live.groupby(column, observed=True)["allocated_bytes"].sum().sort_values(ascending=False)
     rows = [{"name": str(name), "bytes": int(b)} for name, b in sums.items() if b]
     if top is not None and len(rows) > top:
         rest = rows[top - 1:]
@@ -36,8 +36,8 @@ def event_labels(trace: MemoryTrace, device: int) -> pd.DataFrame:
     phase = np.full(n, None, dtype=object)
     seq = a["seq_alloc"].to_numpy(dtype=np.int64)
     step[seq] = a["step"].to_numpy(dtype=np.float64, na_value=np.nan)
-    phase[seq] = a["phase"].astype(str).to_numpy(dtype=object)
-    labels = pd.DataFrame({"step": step, "phase": phase}).ffill()
+    phase[seq] = a["phase"].to_numpy(dtype=object)
+    labels = pd.DataFrame({"step": step, "phase": pd.Series(phase, dtype=object)}).ffill()
     return labels
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from analyzer.trace import MISSING
+
 TIMELINE_COLUMNS = ["device", "t_us", "seq", "allocated_bytes", "requested_bytes", "reserved_bytes"]
 _GROW = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 
@@ -49,17 +51,19 @@ def device_timeline(trace, device: int) -> pd.DataFrame:
     alloc_start, alloc_delta = _deltas(rows, "allocated_bytes", n)
     req_start, req_delta = _deltas(rows, "requested_bytes", n)
     reserved_start, reserved_delta = _reserved_deltas(trace, device, events)
-    first_t = events["t_us"].iloc[0] if n else pd.NA
+    times = events["t_us"].to_numpy(dtype=np.int64, na_value=MISSING)
+    times = np.concatenate([times[:1], times]) if n else np.full(1, MISSING)  # the start row: the first time
     def series(start: int, delta: np.ndarray) -> np.ndarray:
         return np.concatenate([[start], start + np.cumsum(delta)]).astype(np.int64)
 
     by_category = {}
-    for category in sorted(rows["category"].astype(str).unique()):
-        start, delta = _deltas(rows[rows["category"].astype(str) == category], "allocated_bytes", n)
+    categories = rows["category"].to_numpy(dtype=object)
+    for category in sorted(set(categories)):
+        start, delta = _deltas(rows[categories == category], "allocated_bytes", n)
         by_category[f"{category}_bytes"] = series(start, delta)
     return pd.DataFrame({
         "device": np.full(n + 1, device, dtype=np.int64),
-        "t_us": pd.array([first_t, *events["t_us"]], dtype="Int64"),
+        "t_us": pd.arrays.IntegerArray(times, times == MISSING),
         "seq": np.arange(-1, n, dtype=np.int64),
         "allocated_bytes": series(alloc_start, alloc_delta),
         "requested_bytes": series(req_start, req_delta),

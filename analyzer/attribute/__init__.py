@@ -36,21 +36,54 @@ def _confidence(source: object) -> float:
     return CONFIDENCE.get(str(source).split(":")[0], 0.0) if source else 0.0
 
 
+def _categorical(values: np.ndarray) -> pd.Categorical:
+    """A categorical from an object array holding None for unattributed (hash-factorised, not per element)."""
+    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    categories = [str(u) for u in uniques]
+    if (codes < 0).any():
+        if UNATTRIBUTED not in categories:
+            categories.append(UNATTRIBUTED)
+        codes = np.where(codes < 0, categories.index(UNATTRIBUTED), codes)
+    return pd.Categorical.from_codes(codes, categories=categories)
+
+
+def _combinations(*columns: np.ndarray) -> tuple[np.ndarray, list[tuple]]:
+    """(code per row, distinct tuples): rows of several object columns (None allowed) factorised together."""
+    codes, uniques = zip(*(pd.factorize(c, use_na_sentinel=False) for c in columns))
+    combined = np.zeros(len(columns[0]), dtype=np.int64)
+    for c, u in zip(codes, uniques):
+        combined = combined * max(len(u), 1) + c
+    distinct, inverse = np.unique(combined, return_inverse=True)
+    first = np.zeros(len(distinct), dtype=np.int64)
+    first[inverse[::-1]] = np.arange(len(combined))[::-1]  # a row holding each combination
+    return inverse, [tuple(c[i] for c in columns) for i in first]
+
+
+def _label_sources(phase: np.ndarray, category: np.ndarray, module: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`phase=…;category=…;module=…` and the confidence, built once per distinct combination of signals."""
+    codes, combos = _combinations(phase, category, module)
+    names = np.asarray([f"phase={p or 'none'};category={c or 'none'};module={m or 'none'}" for p, c, m in combos]
+                       or [""], dtype=object)
+    confidence = np.asarray([min(_confidence(p), _confidence(c)) for p, c, _ in combos] or [0.0])
+    return names[codes], confidence[codes]
+
+
 def attribute(trace: MemoryTrace) -> MemoryTrace:
     """Fill module, phase, category, step, label_source and confidence of `trace.allocations` (in place)."""
-    parts = [_attribute_device(trace, d) for d in sorted(trace.allocations["device"].unique())]
+    a = trace.allocations
+    parts = [_attribute_device(trace, d) for d in sorted(a["device"].unique())]
     if not parts:
         return trace
-    labels = pd.concat(parts).sort_index()
-    a = trace.allocations
+    order = np.argsort(np.concatenate([np.flatnonzero(a["device"].to_numpy() == d) for d in sorted(a["device"].unique())]))
+    labels = {k: np.concatenate([p[k] for p in parts])[order] for k in parts[0]}
     for column in ("module", "phase", "category", "label_source"):
-        a[column] = pd.Categorical(labels[column].fillna(UNATTRIBUTED).to_numpy(dtype=object))
-    a["step"] = pd.array(labels["step"].to_numpy(), dtype="Int64")
-    a["confidence"] = labels["confidence"].to_numpy(dtype=np.float64)
+        a[column] = _categorical(labels[column])
+    a["step"] = pd.arrays.IntegerArray(labels["step"].astype(np.int64), labels["step"] < 0)
+    a["confidence"] = labels["confidence"].astype(np.float64)
     return trace
 
 
-def _attribute_device(trace: MemoryTrace, device: int) -> pd.DataFrame:
+def _attribute_device(trace: MemoryTrace, device: int) -> dict[str, np.ndarray]:
     a = trace.allocations[trace.allocations["device"] == device]
     ann = trace.annotations[trace.annotations["device"] == device].reset_index(drop=True)
     t_alloc = a["t_alloc_us"].to_numpy(dtype=np.float64, na_value=np.nan)
@@ -65,7 +98,7 @@ def _attribute_device(trace: MemoryTrace, device: int) -> pd.DataFrame:
 
     phase = np.full(len(a), None, dtype=object)
     source = np.full(len(a), None, dtype=object)
-    metadata = a["user_metadata"].astype(str).to_numpy()
+    metadata = a["user_metadata"].to_numpy(dtype=object)
     _fill(phase, source, *metadata_labels(metadata, "phase"))
     for kind in ("tag", "annotation"):
         values, signals = annotation_labels(ann, times, kind, "phase")
@@ -79,16 +112,14 @@ def _attribute_device(trace: MemoryTrace, device: int) -> pd.DataFrame:
     step = number_steps(ann, t_alloc, phase)
     marked_role, marked_module = _marked_tensors(a, tensor_marks(ann))
     category, category_source = categorise(a, phase, step, ann)
-    has_mark = np.asarray([r is not None for r in marked_role], dtype=bool)
+    has_mark = ~pd.isna(marked_role)
     category[has_mark] = np.where(marked_role[has_mark] == "buffer", "parameter", marked_role[has_mark])
     category_source[has_mark] = "tag:tensor"
     module, module_source = assign_modules(a, ann, times, frame_module, category, metadata_labels(metadata, "module"))
     module[has_mark], module_source[has_mark] = marked_module[has_mark], "tag:tensor"
-    label_source = [f"phase={p or 'none'};category={c or 'none'};module={m or 'none'}"
-                    for p, c, m in zip(source, category_source, module_source)]
-    confidence = [min(_confidence(p), _confidence(c)) for p, c in zip(source, category_source)]
-    return pd.DataFrame({"module": module, "phase": phase, "category": category, "step": step,
-                         "label_source": label_source, "confidence": confidence}, index=a.index)
+    label_source, confidence = _label_sources(source, category_source, module_source)
+    return {"module": module, "phase": phase, "category": category, "step": step, "label_source": label_source,
+            "confidence": confidence}
 
 
 def _marked_tensors(a: pd.DataFrame, marks: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -117,27 +148,19 @@ def _between_neighbours(phase: np.ndarray, t_alloc: np.ndarray) -> tuple[np.ndar
     """Unlabelled timed allocations take the phase their labelled neighbours in time agree on (a loss
     computed between the model's forward and backward is forward; a buffer made while loading is load)."""
     order = np.argsort(np.where(np.isnan(t_alloc), np.inf, t_alloc), kind="stable")
-    labelled = [phase[i] for i in order]
+    timed = ~np.isnan(t_alloc[order])
+    ordered = pd.Series(phase[order][timed], dtype=object)
+    previous, following = ordered.ffill().to_numpy(dtype=object), ordered.bfill().to_numpy(dtype=object)
+    codes, combos = _combinations(previous, following)
+    decided = np.asarray([_NEIGHBOUR_RULES.get(pair) for pair in combos] + [None], dtype=object)[codes]
+    decided = np.where(pd.isna(ordered.to_numpy(dtype=object)), decided, None)
     values = np.full(len(phase), None, dtype=object)
-    previous = None
-    pending: list[int] = []
-    for i, p in zip(order, labelled):
-        if np.isnan(t_alloc[i]):
-            break
-        if p is None:
-            pending.append(i)
-            continue
-        decided = _NEIGHBOUR_RULES.get((previous, p))
-        for j in pending:
-            values[j] = decided
-        pending, previous = [], p
-    for j in pending:  # after the last labelled allocation
-        values[j] = _NEIGHBOUR_RULES.get((previous, None))
-    return values, np.where(np.asarray([v is not None for v in values], dtype=bool), "timing:neighbours", None)
+    values[order[timed]] = decided
+    return values, np.where(pd.isna(values), None, "timing:neighbours")
 
 
 def _fill(target: np.ndarray, source: np.ndarray, values: np.ndarray, signals: np.ndarray) -> None:
     """Set labels where none is set yet: earlier signals take precedence."""
-    free = np.asarray([t is None for t in target], dtype=bool) & np.asarray([v is not None for v in values], dtype=bool)
+    free = pd.isna(target) & ~pd.isna(values)
     target[free] = values[free]
     source[free] = signals[free]

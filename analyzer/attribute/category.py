@@ -41,7 +41,13 @@ def categorise(a: pd.DataFrame, phase: np.ndarray, step: np.ndarray,
     next_start = _per_step(step, timed, t_alloc, "min")
 
     def lookup(table: dict[int, float], default: float, shift: int = 0) -> np.ndarray:
-        return np.asarray([table.get(int(s) + shift, default) for s in step], dtype=np.float64)
+        """table[step + shift] for every allocation, through an array indexed by step (steps are small)."""
+        top = int(step.max(initial=0)) + shift + 2
+        values = np.full(top + 1, default, dtype=np.float64)
+        for key, value in table.items():
+            if 0 <= key + 1 <= top:
+                values[key + 1] = value
+        return values[np.clip(step + shift + 1, 0, top)]
 
     f_end, f_start = lookup(forward_end, np.inf), lookup(forward_start, np.inf)
     b_end = np.minimum(lookup(backward_end, np.inf), lookup(next_start, np.inf, shift=1))
@@ -62,7 +68,7 @@ def categorise(a: pd.DataFrame, phase: np.ndarray, step: np.ndarray,
     category = np.full(len(a), None, dtype=object)
     source = np.full(len(a), None, dtype=object)
     for mask, value, signal in rules:
-        free = mask & np.asarray([c is None for c in category], dtype=bool)
+        free = mask & pd.isna(category)
         category[free] = value[free] if isinstance(value, np.ndarray) else value
         source[free] = signal
     return category, source

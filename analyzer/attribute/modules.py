@@ -15,10 +15,10 @@ def assign_modules(a: pd.DataFrame, annotations: pd.DataFrame, times: np.ndarray
     module, source = from_metadata
     module, source = module.copy(), source.copy()
     tagged, tag_source = annotation_labels(annotations, times, "tag", "module")
-    unset = np.asarray([m is None for m in module], dtype=bool)
+    unset = pd.isna(module)
     module[unset], source[unset] = tagged[unset], tag_source[unset]
-    unset = np.asarray([m is None for m in module], dtype=bool)
-    from_frames = unset & np.asarray([m is not None for m in frame_module], dtype=bool)
+    unset = pd.isna(module)
+    from_frames = unset & ~pd.isna(frame_module)
     module[from_frames] = frame_module[from_frames]
     source[from_frames] = "frames:user-frame"
     _match_parameters(a, module, source, category)
@@ -28,12 +28,12 @@ def assign_modules(a: pd.DataFrame, annotations: pd.DataFrame, times: np.ndarray
 def _match_parameters(a: pd.DataFrame, module: np.ndarray, source: np.ndarray, category: np.ndarray) -> None:
     """Gradients and optimizer states have their parameter's size: borrow its module when unambiguous."""
     sizes = a["requested_bytes"].to_numpy()
-    is_param = (category == "parameter") & np.asarray([m is not None for m in module], dtype=bool)
+    is_param = (category == "parameter") & ~pd.isna(module)
     if not is_param.any():
         return
     params = pd.DataFrame({"size": sizes[is_param], "module": module[is_param]})
     owners = params.groupby("size")["module"].agg(lambda m: m.iloc[0] if m.nunique() == 1 else None).dropna()
-    wanted = np.isin(category, ["gradient", "optimizer_state"]) & np.asarray([m is None for m in module], dtype=bool)
+    wanted = np.isin(category, ["gradient", "optimizer_state"]) & pd.isna(module)
     for i in np.flatnonzero(wanted):
         owner = owners.get(sizes[i])
         if owner is not None:

@@ -15,7 +15,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
         return []
     top = d.by_category[0]
     live = d.peak.live
-    activations = live[live["category"].astype(str) == "activation"]
+    activations = live[live["category"] == "activation"]
     modules = [m for m in split(activations, "module", 5) if m["name"] != "unattributed"]
     steps = [s["step"] for s in d.steps if s.get("phase") in ("forward", "backward")]
     where = ", ".join(f"{short_frame(m['name'])} {gib(m['bytes'])}" for m in modules[:3])

@@ -15,7 +15,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     if peak is None or peak.bytes <= peak.elsewhere:
         return []
     live = live_at(ctx.trace, ctx.device, peak.seq)
-    saving = live[live["phase"].astype(str) == "checkpoint_save"]
+    saving = live[live["phase"] == "checkpoint_save"]
     gathered = int(saving["allocated_bytes"].sum())
     return [{
         "kind": "checkpoint_gather", "severity": "warning", "bytes": peak.bytes - peak.elsewhere,

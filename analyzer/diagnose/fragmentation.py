@@ -38,17 +38,23 @@ def segments_at(ctx: DeviceContext, seq: int) -> pd.DataFrame:
     used = blocks.groupby("segment")["allocated_bytes"].sum()
     segments["used_bytes"] = segments.index.map(used).fillna(0).astype(np.int64)
     segments["free_bytes"] = (segments["bytes"] - segments["used_bytes"]).clip(lower=0)
-    segments["largest_free_bytes"] = [_largest_gap(row, blocks[blocks["segment"] == i])
-                                      for i, row in segments.iterrows()]
+    segments["largest_free_bytes"] = _largest_gaps(segments, blocks)
     return segments
 
 
-def _largest_gap(segment: pd.Series, blocks: pd.DataFrame) -> int:
+def _largest_gaps(segments: pd.DataFrame, blocks: pd.DataFrame) -> np.ndarray:
+    """Per segment, the largest gap between its live blocks (or its edges): each block contributes the gap
+    before it, and each segment the gap after its last block (blocks come sorted by address)."""
+    seg = blocks["segment"].to_numpy()
     starts = blocks["addr"].to_numpy()
     ends = starts + blocks["allocated_bytes"].to_numpy()
-    edges_start = np.concatenate([[segment["addr"]], ends])
-    edges_end = np.concatenate([starts, [segment["end"]]])
-    return int(max(0, (edges_end - edges_start).max()))
+    first_in_segment = np.r_[True, seg[1:] != seg[:-1]] if len(seg) else np.zeros(0, dtype=bool)
+    previous_end = np.where(first_in_segment, segments["addr"].to_numpy()[seg] if len(seg) else 0, np.r_[0, ends[:-1]])
+    largest = np.zeros(len(segments), dtype=np.int64)
+    np.maximum.at(largest, seg, starts - previous_end)
+    last_end = segments["addr"].to_numpy().copy()  # an empty segment is one gap from its start to its end
+    np.maximum.at(last_end, seg, ends)
+    return np.maximum(largest, segments["end"].to_numpy() - last_end)
 
 
 def fragmentation_at(ctx: DeviceContext, seq: int, request: int | None = None) -> dict[str, Any]:

@@ -35,10 +35,10 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     if peak is None or (peak.bytes < peak.elsewhere and not oom_in_optimizer):
         return []
     live = live_at(ctx.trace, ctx.device, peak.seq)
-    in_optimizer = live[live["phase"].astype(str) == "optimizer"]
+    in_optimizer = live[live["phase"] == "optimizer"]
     first_step = _first_optimizer_step(ctx.allocations)
-    lazy = in_optimizer[(in_optimizer["category"].astype(str) == "optimizer_state") & (in_optimizer["step"] == first_step)]
-    temporaries = in_optimizer[in_optimizer["category"].astype(str) == "temporary"]
+    lazy = in_optimizer[(in_optimizer["category"] == "optimizer_state") & (in_optimizer["step"] == first_step)]
+    temporaries = in_optimizer[in_optimizer["category"] == "temporary"]
     name = optimizer_name(ctx) or "the optimizer"
     lazy_bytes, temp_bytes = int(lazy["allocated_bytes"].sum()), int(temporaries["allocated_bytes"].sum())
     parameters = ctx.category_bytes("parameter")
@@ -58,5 +58,5 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
 
 
 def _first_optimizer_step(allocations: pd.DataFrame) -> int | None:
-    steps = allocations.loc[allocations["phase"].astype(str) == "optimizer", "step"].dropna()
+    steps = allocations.loc[allocations["phase"] == "optimizer", "step"].dropna()
     return int(steps.min()) if len(steps) else None
