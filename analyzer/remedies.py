@@ -4,7 +4,8 @@ The list is data (`REMEDIES`, in the order practitioners try them: USER-STORIES.
 estimate is computed from the breakdown of the run's own peak (or, after an OOM, of the memory it needed:
 what was allocated plus the failed request). The cheapest remedy whose new peak fits the device is marked
 `try_first`. A remedy is listed only when the memory it acts on is a meaningful part of the peak, or when a
-finding calls for it.
+finding calls for it. When the triage says leak, fixing the leak comes first and is what to try first, and
+batch-size advice is left out: a smaller batch only delays the out of memory.
 """
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ class Demand:
     mixed_precision: bool | None = None      # from the theory check of model states
     expandable_segments: bool | None = None
     recoverable_fragmentation: int = 0       # reserved bytes expandable segments would give back
+    triage: str | None = None                # analyzer.diagnose.triage verdict
+    leak_bytes: int = 0                      # leaked memory alive at the worst moment
+    leak_stacks: list[str] = field(default_factory=list)   # where the leaked memory was allocated, with its rate
 
     def bytes(self, *categories: str) -> int:
         return sum(self.by_category.get(c, 0) for c in categories)
@@ -44,10 +48,11 @@ class Remedy:
     id: str
     title: str
     cost: str
-    how: str
+    how: str | Callable[[Demand], str]                     # code, or code written for this run
     estimate: Callable[[Demand], tuple[int | None, str]]   # (bytes saved, confidence)
     applies: Callable[[Demand], bool]
     layout_only: bool = False   # frees reserved-but-unused memory: the allocated peak stays, the layout fits it
+    first: bool = False         # tried before everything else whenever it applies, fit or not
 
 
 def _batch_scaled(d: Demand) -> int:
@@ -74,7 +79,22 @@ def _relevant(*categories: str) -> Callable[[Demand], bool]:
     return lambda d: d.bytes(*categories) >= RELEVANT_SHARE * d.total
 
 
+def _batch_advice(d: Demand) -> bool:
+    """Batch size acts on activations and inputs; against a leak it only delays the out of memory."""
+    return d.triage != "leak" and _relevant("activation", "input")(d)
+
+
+def _fix_leak_how(d: Demand) -> str:
+    return ("# memory kept from every step, by where it was allocated:\n"
+            + "".join(f"#   {line}\n" for line in d.leak_stacks)
+            + "# keep numbers or detached tensors, not tensors that carry their autograd graph:\n"
+              "losses.append(loss.item())   # not losses.append(loss)\n"
+              "# and clear lists and caches that outlive the step (self.cache.clear())")
+
+
 REMEDIES: list[Remedy] = [
+    Remedy("fix_leak", "Fix the leak: stop keeping memory from every step", "a code change",
+           _fix_leak_how, lambda d: (d.leak_bytes, "high"), lambda d: d.triage == "leak", first=True),
     # the saving-a-checkpoint spike has its own cheap fixes, tried before anything that changes training
     Remedy("state_dict_offload", "Gather the state dict to CPU while saving", "a slower save",
            "from torch.distributed.checkpoint.state_dict import get_state_dict, StateDictOptions\n"
@@ -85,7 +105,7 @@ REMEDIES: list[Remedy] = [
            lambda d: (int(d.bytes("other") * (1 - 1 / _shards(d))), "medium"), lambda d: "checkpoint_gather" in d.findings),
     Remedy("micro_batch", "Halve the micro-batch", "instant; lower throughput; very small batches can hurt convergence",
            "batch_size = batch_size // 2   # keep the global batch with gradient accumulation (next remedy)",
-           lambda d: (_batch_scaled(d) // 2, "high"), _relevant("activation", "input")),
+           lambda d: (_batch_scaled(d) // 2, "high"), _batch_advice),
     Remedy("bf16", "Train in bf16 mixed precision", "small; fp16 needs loss scaling, bf16 needs Ampere or newer",
            "with torch.autocast(device_type='cuda', dtype=torch.bfloat16):\n    loss = model(batch)",
            lambda d: (d.bytes("activation") // 2, "medium" if d.mixed_precision is False else "low"),
@@ -93,7 +113,7 @@ REMEDIES: list[Remedy] = [
     Remedy("gradient_accumulation", "Gradient accumulation: 2 micro-batches of half the size",
            "slower steps; the same effective batch (BatchNorm-style layers see smaller batches)",
            "for i, chunk in enumerate(batch.chunk(2)):\n    (model(chunk).loss / 2).backward()\noptimizer.step(); optimizer.zero_grad()",
-           lambda d: (_batch_scaled(d) // 2, "high"), _relevant("activation", "input")),
+           lambda d: (_batch_scaled(d) // 2, "high"), _batch_advice),
     Remedy("activation_checkpointing", "Activation checkpointing of each block", "about 20-30% more compute",
            "from torch.utils.checkpoint import checkpoint\nx = checkpoint(block, x, use_reentrant=False)",
            lambda d: _checkpointing(d), _relevant("activation")),
@@ -129,7 +149,8 @@ REMEDIES: list[Remedy] = [
     Remedy("expandable_segments", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "none measurable",
            "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
            lambda d: (d.recoverable_fragmentation, "medium"),
-           lambda d: d.expandable_segments is not True and ("fragmentation" in d.findings or d.oom_verdict == "fragmentation"),
+           lambda d: d.expandable_segments is not True and ("fragmentation" in d.findings or "reserved_growth" in d.findings
+                                                            or d.oom_verdict == "fragmentation"),
            layout_only=True),
     Remedy("max_split_size", "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512 (expandable segments already on)",
            "may raise reserved memory for large blocks", "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,max_split_size_mb:512",
@@ -142,6 +163,7 @@ REMEDIES: list[Remedy] = [
 
 
 LAYOUT_ONLY = {r.id for r in REMEDIES if r.layout_only}
+FIRST = {r.id for r in REMEDIES if r.first}
 
 
 def count_layers(modules: list[str]) -> int | None:
@@ -151,11 +173,13 @@ def count_layers(modules: list[str]) -> int | None:
 
 
 def rank_remedies(demand: Demand) -> list[dict[str, Any]]:
-    """The applicable remedies in priority order with their estimates; the first that fits is `try_first`.
+    """The applicable remedies in priority order with their estimates; a `first` remedy (fixing a leak) leads
+    and is `try_first`, else the first that fits is.
 
     When the OOM is fragmentation, the allocator settings (free to try) come first. Their `saved_bytes` is
     reserved memory given back; the allocated peak stays, and it fits when it is within the device."""
-    order = sorted(REMEDIES, key=lambda r: not r.layout_only) if demand.oom_verdict == "fragmentation" else REMEDIES
+    layout_first = demand.oom_verdict == "fragmentation"
+    order = sorted(REMEDIES, key=lambda r: (not r.first, layout_first and not r.layout_only))
     out = []
     for remedy in order:
         if not remedy.applies(demand):
@@ -166,8 +190,8 @@ def rank_remedies(demand: Demand) -> list[dict[str, Any]]:
         fits = None if new_peak is None or demand.capacity is None else new_peak <= limit * demand.capacity
         out.append({"id": remedy.id, "rank": len(out) + 1, "title": remedy.title, "saved_bytes": saved,
                     "new_peak_bytes": new_peak, "fits": fits, "confidence": confidence, "try_first": False,
-                    "how": remedy.how, "cost": remedy.cost})
-    first = next((r for r in out if r["fits"]), None)
+                    "how": remedy.how(demand) if callable(remedy.how) else remedy.how, "cost": remedy.cost})
+    first = next((r for r in out if r["id"] in FIRST), None) or next((r for r in out if r["fits"]), None)
     if first is None and demand.capacity is None:
         first = next((r for r in out if r["saved_bytes"] and r["saved_bytes"] >= 0.1 * demand.total), None)
     if first is not None:

@@ -2,19 +2,22 @@
 
 Each scenario trains a tiny transformer-style model for a few steps under torch.profiler with
 profile_memory=True, record_shapes=True, with_stack=True, with_modules=True (nn.Module spans) and a schedule
-(1 wait, 1 warmup, 2 active steps) and writes the Chrome trace gzipped; for the plain run it also writes the
+(1 wait, 1 warmup, 2 active steps; 6 for `leak`, so that growth per step is measurable) and writes the Chrome
+trace gzipped; for the plain run it also writes the
 export_memory_timeline files of the same run (`.raw.json.gz` rows and the `.json.gz` per-category curve;
 device="cpu", the device the run used).
 
 Scenarios:
 - train:      forward, backward, Adam step, zero_grad;
 - grad_accum: two micro-batches per optimizer step (gradients live across forwards);
-- checkpoint: as train, plus torch.save of model and optimizer state inside a record_function range.
+- checkpoint: as train, plus torch.save of model and optimizer state inside a record_function range;
+- leak:       as train, plus a validation loss computed without torch.no_grad() and kept as a tensor in a
+              list: its graph holds every activation the forward saved, so memory grows every step.
 
 An out-of-memory event cannot be forced on the CPU (the CPU allocator does not report [OutOfMemory]), so no
 fixture has one; the real GPU recordings in ../shared/real have none either.
 
-Run: python scripts/record_kineto_fixtures.py [--out fixtures/traces/kineto]
+Run: python scripts/record_kineto_fixtures.py [--out fixtures/traces/kineto] [NAME ...]
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import io
 import shutil
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -31,7 +35,8 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = 4  # wait 1 + warmup 1 + active 2
+WAIT, WARMUP, ACTIVE = 1, 1, 2
+LONG_ACTIVE = {"leak": 6}   # active steps where a scenario needs more than ACTIVE
 BATCH, SEQ, WIDTH = 8, 16, 64
 
 
@@ -70,6 +75,11 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches
     optimizer.zero_grad(set_to_none=True)
 
 
+def leaky_step(model: nn.Module, optimizer: torch.optim.Optimizer, validation_losses: list[torch.Tensor]) -> None:
+    train_step(model, optimizer)
+    validation_losses.append(loss_of(model, *batch()))   # forgot torch.no_grad() and .item()
+
+
 def checkpoint_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     train_step(model, optimizer)
     with record_function("checkpoint"):
@@ -80,6 +90,7 @@ SCENARIOS: dict[str, Callable[[nn.Module, torch.optim.Optimizer], None]] = {
     "train": train_step,
     "grad_accum": lambda model, optimizer: train_step(model, optimizer, micro_batches=2),
     "checkpoint": checkpoint_step,
+    "leak": partial(leaky_step, validation_losses=[]),
 }
 
 
@@ -89,17 +100,18 @@ def gzip_to(source: Path, target: Path) -> None:
 
 
 def record(name: str, step: Callable[[nn.Module, torch.optim.Optimizer], None], out: Path, timelines: bool) -> None:
-    """Profile STEPS steps of one scenario and write its trace (and memory timelines) under `out`."""
+    """Profile the steps of one scenario and write its trace (and memory timelines) under `out`."""
+    active = LONG_ACTIVE.get(name, ACTIVE)
     torch.manual_seed(0)
     model = make_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     with tempfile.TemporaryDirectory() as tmp:
         raw_trace = Path(tmp) / "trace.json"
-        prof = profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=2),
+        prof = profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=WAIT, warmup=WARMUP, active=active),
                        on_trace_ready=lambda p: p.export_chrome_trace(str(raw_trace)),
                        profile_memory=True, record_shapes=True, with_stack=True, with_modules=True)
         with prof:
-            for _ in range(STEPS):
+            for _ in range(WAIT + WARMUP + active):
                 step(model, optimizer)
                 prof.step()
         gzip_to(raw_trace, out / f"{name}.pt.trace.json.gz")
@@ -111,10 +123,11 @@ def record(name: str, step: Callable[[nn.Module, torch.optim.Optimizer], None], 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "fixtures" / "traces" / "kineto")
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"scenarios to record: {', '.join(SCENARIOS)} (default: all)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, step in SCENARIOS.items():
-        record(name, step, args.out, timelines=name == "train")
+    for name in args.names or list(SCENARIOS):
+        record(name, SCENARIOS[name], args.out, timelines=name == "train")
     for path in sorted(args.out.iterdir()):
         print(f"{path.stat().st_size:>9,d}  {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 

@@ -29,9 +29,10 @@ def _tokens(config: GPTConfig, batch: int, seq: int) -> tuple[torch.Tensor, torc
     return torch.randint(0, config.vocab, (batch, seq)), torch.randint(0, config.vocab, (batch, seq))
 
 
-def gpt_loop(config: GPTConfig, batch: int, seq_lens: list[int], **hooks: Any) -> TrainingLoop:
+def gpt_loop(config: GPTConfig, batch: int, seq_lens: list[int],
+             model: Callable[[GPTConfig], torch.nn.Module] = GPT, **hooks: Any) -> TrainingLoop:
     """A plain training loop; step N (1-based) uses seq_lens[(N - 1) % len(seq_lens)]."""
-    return TrainingLoop(model_fn=lambda: GPT(config),
+    return TrainingLoop(model_fn=lambda: model(config),
                         batch_fn=lambda step: _tokens(config, batch, seq_lens[(step - 1) % len(seq_lens)]),
                         optimizer_fn=_adam, **hooks)
 
@@ -58,6 +59,20 @@ class LossLogger:
             with torch.no_grad():
                 self.history = [logits.softmax(-1).amax(-1).mean()]
         return loss
+
+
+def _keep_output(module: torch.nn.Module, _inputs: Any, output: torch.Tensor) -> None:
+    module.cache.append(output)   # `self.cache.append(x)`: nothing ever clears the list
+
+
+def probed_gpt(config: GPTConfig) -> GPT:
+    """A GPT whose MLPs keep their hidden activations on the module, as probing and feature-extraction code
+    does with a forward hook; every step's activations stay alive after backward has freed the rest."""
+    model = GPT(config)
+    for block in model.layers:
+        block.mlp.fc.cache = []
+        block.mlp.fc.register_forward_hook(_keep_output)
+    return model
 
 
 @dataclass(frozen=True)
@@ -93,9 +108,14 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              "no out of memory", lambda: gpt_loop(_FRAGMENTING, batch=8, seq_lens=_FRAGMENT_LENS),
              gpu_memory=22 * GiB, settings=AllocatorSettings(expandable_segments=True)),
     Scenario("leak", "memory grows every step: a logged metric is kept with its autograd graph",
-             lambda: gpt_loop(_SMALL, batch=8, seq_lens=[512], loss_fn=LossLogger(leaky=True)), gpu_memory=24 * GiB),
+             lambda: gpt_loop(_SMALL, batch=8, seq_lens=[512], loss_fn=LossLogger(leaky=True)), gpu_memory=24 * GiB,
+             steps=6),
+    Scenario("activation_cache", "memory grows every step: each MLP keeps its hidden activation on the module "
+             "(`self.cache.append(x)` in a forward hook)",
+             lambda: gpt_loop(_SMALL, batch=8, seq_lens=[512], model=probed_gpt), gpu_memory=24 * GiB, steps=6),
     Scenario("healthy", "the leak scenario's loop without the leak: memory is flat from step 2 on",
-             lambda: gpt_loop(_SMALL, batch=8, seq_lens=[512], loss_fn=LossLogger(leaky=False)), gpu_memory=24 * GiB),
+             lambda: gpt_loop(_SMALL, batch=8, seq_lens=[512], loss_fn=LossLogger(leaky=False)), gpu_memory=24 * GiB,
+             steps=6),
 ]}
 
 
