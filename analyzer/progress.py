@@ -1,6 +1,7 @@
 """A progress bar while a large input is read: polls the position of the file the reader opened."""
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,17 +26,18 @@ def reading_progress(console: Console, enabled: bool) -> Iterator[None]:
     stop = threading.Event()
     threads: list[threading.Thread] = []
 
-    def poll(stream: IO[bytes], task: int) -> None:
+    def poll(stream: IO[bytes], fd: int, task: int) -> None:
+        # the OS file offset, not stream.tell(): the reader holds the buffered file's lock while it reads
         while not stop.wait(0.2) and not stream.closed:
             try:
-                progress.update(task, completed=stream.tell())
-            except (ValueError, OSError):
+                progress.update(task, completed=os.lseek(fd, 0, os.SEEK_CUR))
+            except OSError:
                 return
 
     def on_open(stream: IO[bytes], size: int) -> None:
         if size >= MIN_BYTES_FOR_BAR:
             task = progress.add_task("read", total=size)
-            thread = threading.Thread(target=poll, args=(stream, task), daemon=True)
+            thread = threading.Thread(target=poll, args=(stream, stream.fileno(), task), daemon=True)
             thread.start()
             threads.append(thread)
 
