@@ -74,7 +74,7 @@ def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str
     worst = d.oom.event_index if oom_finding is not None else d.peak.event_index
     if oom_finding is not None:
         live = live_at(ctx.trace, ctx.device, d.oom.event_index)
-        by_category = live.groupby(live["category"].astype(str), observed=True)["allocated_bytes"].sum().to_dict()
+        by_category = live.groupby("category", observed=True)["allocated_bytes"].sum().to_dict()
         extra = _REQUEST_CATEGORY.get(oom_finding.get("phase") or "", "other")
         by_category[extra] = by_category.get(extra, 0) + d.oom.requested_bytes
         total = int(live["allocated_bytes"].sum()) + d.oom.requested_bytes
@@ -86,7 +86,7 @@ def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str
     return Demand(
         total=total, by_category={k: int(v) for k, v in by_category.items()}, capacity=ctx.capacity_bytes,
         world_size=ctx.world_size, layers=count_layers([r["name"] for r in d.by_module] +
-                                                       list(ctx.allocations["module"].astype(str).unique())),
+                                                       [str(m) for m in ctx.allocations["module"].unique()]),
         findings={f["kind"] for f in findings}, oom_verdict=oom_finding["verdict"] if oom_finding else None,
         mixed_precision=None if regime is None else regime.startswith("mixed"),
         expandable_segments=ctx.expandable_segments(),
