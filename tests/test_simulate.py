@@ -18,7 +18,7 @@ from conftest import FIXTURES, ROOT
 
 SIM = FIXTURES / "sim"
 SCENARIOS = ["gpt_activation_peak", "adam_first_step", "checkpoint_gather", "fragmentation", "capacity_oom",
-             "expandable", "leak", "healthy"]
+             "expandable", "leak", "healthy", "activation_cache"]
 SEGMENT_KEYS = {"device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream",
                 "segment_type", "segment_pool_id", "is_expandable", "frames", "blocks"}
 ENTRY_KEYS = {"action", "size", "stream", "time_us", "compile_context", "user_metadata", "frames"}
