@@ -11,10 +11,12 @@ from pathlib import Path
 REPORTERS: dict[str, str] = {
     "html": "analyzer.report.html:write_html",
     "json": "analyzer.report.json_report:write_json",
+    "md": "analyzer.report.markdown:write_markdown",
+    "pdf": "analyzer.report.pdf:write_pdf",
 }
 
 #: the file suffix each format writes when the user names no output
-SUFFIXES: dict[str, str] = {"html": ".html", "json": ".json"}
+SUFFIXES: dict[str, str] = {"html": ".html", "json": ".json", "md": ".md", "pdf": ".pdf"}
 
 
 def reporter(fmt: str) -> Callable[..., list[Path]]:

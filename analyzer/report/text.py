@@ -1,42 +1,95 @@
-"""The terminal summary: per device the peak, the largest allocations live at it, and the OOM."""
+"""The terminal summary: the verdict first, then per device what the peak is made of, the findings one line each
+and the three cheapest remedies. Strings from the input are passed as `Text`, never as markup."""
 from __future__ import annotations
 
-from rich.console import Console
-from rich.markup import escape
+from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 from analyzer.analysis import Analysis
-from analyzer.report.units import human_bytes, relative_seconds
+from analyzer.report.units import human_bytes
+from analyzer.report.view import DeviceView, Share, build_view, words
 from analyzer.stacks import short_frame
 
+TOP_MODULES = 5
+TOP_REMEDIES = 3
+_SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "dim"}
 
-def print_summary(analysis: Analysis, console: Console, top: int = 5) -> None:
-    trace = analysis.trace
-    origin = trace.time_origin_us
-    console.print(f"[bold]{escape(trace.source_path)}[/bold]  [dim]{escape(trace.source_kind)}, {escape(trace.torch_era)}[/dim]")
-    for d in analysis.devices:
-        console.print(
-            f"\n[bold]cuda:{d.device}[/bold]  peak [bold]{human_bytes(d.peak.allocated_bytes)}[/bold] allocated "
-            f"({human_bytes(d.peak.requested_bytes)} requested, {human_bytes(d.peak.reserved_bytes)} reserved) "
-            f"at {relative_seconds(d.peak.time_us, origin)}, event {d.peak.event_index} of {d.trace_entries}; "
-            f"reserved peak {human_bytes(d.reserved_peak_bytes)}"
-        )
-        if d.oom:
-            where = f" from {escape(short_frame(d.oom.top_user_frame))}" if d.oom.top_user_frame else ""
-            console.print(f"  [bold red]OUT OF MEMORY[/bold red] at {relative_seconds(d.oom.time_us, origin)}: tried to "
-                          f"allocate {human_bytes(d.oom.requested_bytes)} with {human_bytes(d.oom.device_free_bytes)} "
-                          f"free on the device{where}")
-        rows = d.top_allocations(trace, top)
-        if rows:
-            table = Table(box=None, pad_edge=False, show_header=True, header_style="dim")
-            table.add_column("allocated", justify="right")
-            table.add_column("allocated by", overflow="fold")
-            for r in rows:
-                where = short_frame(r["top_user_frame"]) if r["top_user_frame"] else (
-                    "no user frame" if r["has_frames"] else "no frames recorded")
-                table.add_row(human_bytes(r["allocated_bytes"]), escape(where))
-            console.print(table)
-        console.print(f"  end: {human_bytes(d.end['allocated_bytes'])} allocated, {human_bytes(d.end['reserved_bytes'])} "
-                      f"reserved, largest free block {human_bytes(d.end['largest_free_block_bytes'])}")
-    for w in analysis.warnings:
-        console.print(f"[yellow]warning:[/yellow] {escape(w)}")
+
+def _shares(rows: list[Share], title: str) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="dim", show_edge=False)
+    table.add_column(title, overflow="fold")
+    table.add_column("bytes", justify="right")
+    table.add_column("share", justify="right")
+    for r in rows:
+        table.add_row(Text(r.label), human_bytes(r.bytes), f"{r.share:.0%}")
+    return table
+
+
+def _findings(d: DeviceView) -> Table:
+    table = Table(box=None, pad_edge=False, show_header=False, show_edge=False)
+    table.add_column(no_wrap=True)
+    table.add_column(no_wrap=True)
+    table.add_column(justify="right", no_wrap=True)
+    table.add_column(overflow="fold")
+    for f in d.findings:
+        table.add_row(Text(f.severity, style=_SEVERITY_STYLE.get(f.severity, "")), Text(words(f.kind)),
+                      human_bytes(f.bytes) if f.bytes is not None else "", Text(f.summary))
+    return table
+
+
+def _remedies(d: DeviceView) -> Table:
+    table = Table(box=None, pad_edge=False, show_header=True, header_style="dim", show_edge=False)
+    table.add_column("try", overflow="fold")
+    table.add_column("saves", justify="right", no_wrap=True)
+    table.add_column("new peak", justify="right", no_wrap=True)
+    table.add_column("fits", no_wrap=True)
+    table.add_column("how", overflow="fold", style="cyan")
+    for i, r in enumerate(d.remedies[:TOP_REMEDIES], 1):
+        fits = {True: Text("yes", style="green"), False: Text("no", style="red")}.get(r.fits, Text("?"))
+        how = (r.how or "").strip().splitlines()
+        table.add_row(Text(f"{i}. {r.title}", style="bold" if r.try_first else ""),
+                      human_bytes(r.saved_bytes) if r.saved_bytes is not None else "?",
+                      human_bytes(r.new_peak_bytes) if r.new_peak_bytes is not None else "?",
+                      fits, Text(how[0] + (" …" if len(how) > 1 else "")) if how else "")
+    return table
+
+
+def _device(d: DeviceView, console: Console, several: bool) -> None:
+    head = Text.assemble((d.name, "bold"), "  peak ", (human_bytes(d.peak_allocated_bytes), "bold"),
+                         f" allocated ({human_bytes(d.peak_requested_bytes)} requested, "
+                         f"{human_bytes(d.peak_reserved_bytes)} reserved) at {d.peak_when}, event {d.peak_event} "
+                         f"of {d.trace_entries}; highest reserved {human_bytes(d.reserved_peak_bytes)}")
+    console.print()
+    console.print(head)
+    if several:
+        console.print(Text(d.verdict))
+    if d.oom:
+        line = Text.assemble(("  OUT OF MEMORY", "bold red"), f" at {d.oom.when}: asked for "
+                             f"{human_bytes(d.oom.requested_bytes)} with {human_bytes(d.oom.device_free_bytes)} free")
+        if d.oom.where:
+            line.append(f" from {short_frame(d.oom.where)}")
+        console.print(line)
+    if d.by_category:
+        grid = Table.grid(padding=(0, 4))
+        grid.add_row(_shares(d.by_category, "category"), _shares(d.by_phase, "phase"),
+                     _shares(d.by_module[:TOP_MODULES], "top modules"))
+        console.print(grid)
+    if d.findings:
+        console.print(Group(Text("findings", style="dim"), _findings(d)))
+    if d.remedies:
+        console.print(_remedies(d))
+    console.print(f"  end: {human_bytes(d.end['allocated_bytes'])} allocated, {human_bytes(d.end['reserved_bytes'])} "
+                  f"reserved, largest free block {human_bytes(d.end['largest_free_block_bytes'])}")
+
+
+def print_summary(analysis: Analysis, console: Console) -> None:
+    if console.quiet:
+        return
+    view = build_view(analysis)
+    console.print(Text(view.verdict, style="bold"))
+    console.print(Text.assemble((view.input.path, ""), (f"  {view.input.kind}, {view.input.torch_era}", "dim")))
+    for d in view.devices:
+        _device(d, console, len(view.devices) > 1)
+    for w in view.warnings:
+        console.print(Text.assemble(("warning: ", "yellow"), w))

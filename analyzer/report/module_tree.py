@@ -1,0 +1,83 @@
+"""The memory at the peak as a tree of modules, nested by FQN prefix (`layers` > `4` > `attn`).
+
+A flat top-20 list hides that forty `layers.N.attn` rows are one transformer block repeated; the tree shows the
+block once with its total and lets the reader open it. Every node's bytes equal the sum of its children, so the
+tree sums to the peak exactly, like every other split.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from analyzer.stacks import short_frame
+
+#: a module FQN (`encoder.layers.3.mlp`); other module labels (a frame such as `train.py:12 forward`, `(model)`,
+#: `unattributed`) are leaves at the top
+_FQN = re.compile(r"^[A-Za-z_][\w\-]*(\.[\w\-]+)*$")
+OWN = "(own allocations)"
+
+
+def module_label(name: str) -> str:
+    """A module as a person reads it: a frame-like label (`/long/path/train.py:12 forward`) by the end of its path."""
+    return name if _FQN.match(name) else short_frame(name)
+
+
+@dataclass
+class ModuleNode:
+    label: str          # this node's part of the name
+    path: str           # the full name
+    bytes: int          # this node and everything under it
+    share: float        # of the total at the peak
+    children: list[ModuleNode] = field(default_factory=list)
+
+
+@dataclass
+class _Draft:
+    own: int = 0
+    children: dict[str, _Draft] = field(default_factory=dict)
+
+    def total(self) -> int:
+        return self.own + sum(c.total() for c in self.children.values())
+
+
+def module_tree(live: pd.DataFrame, min_share: float = 0.01, max_children: int = 12) -> list[ModuleNode]:
+    """Roots of the tree for the allocations in `live`; nodes under `min_share` of the total are folded per
+    parent into one "other (N modules)" node, and so are children beyond `max_children`."""
+    sums = live.groupby(live["module"].astype(str), observed=True)["allocated_bytes"].sum()
+    root = _Draft()
+    for name, size in sums.items():
+        node = root
+        for part in (name.split(".") if _FQN.match(name) else [name]):
+            node = node.children.setdefault(part, _Draft())
+        node.own += int(size)
+    total = root.total()
+    return _finish(root, "", total, min_share, max_children)
+
+
+def _finish(draft: _Draft, prefix: str, total: int, min_share: float, max_children: int) -> list[ModuleNode]:
+    nodes = []
+    for label, child in draft.children.items():
+        path = f"{prefix}.{label}" if prefix else label
+        if not prefix:
+            label = module_label(label)
+        while child.own == 0 and len(child.children) == 1:  # a chain with nothing of its own reads as one name
+            (only, child), = child.children.items()
+            label, path = f"{label}.{only}", f"{path}.{only}"
+        kids = _finish(child, path, total, min_share, max_children) if child.children else []
+        if kids and child.own:
+            kids.append(ModuleNode(OWN, path, child.own, child.own / total))
+            kids.sort(key=lambda n: -n.bytes)
+        size = child.total()
+        nodes.append(ModuleNode(label, path, size, size / total if total else 0.0, kids))
+    nodes.sort(key=lambda n: (-n.bytes, n.path))
+    # largest first, so the nodes kept are a prefix
+    kept = sum(1 for i, n in enumerate(nodes) if n.share >= min_share and i < max_children)
+    keep, rest = nodes[:kept], nodes[kept:]
+    if len(rest) > 1:
+        size = sum(n.bytes for n in rest)
+        keep.append(ModuleNode(f"other ({len(rest)} modules)", prefix, size, size / total if total else 0.0))
+    else:
+        keep.extend(rest)
+    return keep

@@ -1,0 +1,536 @@
+"""The view-model every reporter renders: what a report says, as plain values, built once from an Analysis.
+
+Reporters (HTML, PDF, Markdown, terminal) only lay these values out and escape them for their medium; the
+choices of what to show (how many allocations, which device leads the verdict, how a finding's evidence reads)
+are made here once, so the formats agree and tests check the content on this data rather than on markup.
+Strings from the input file are kept raw here: escaping is the job of each renderer, for its own medium.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from analyzer import __version__
+from analyzer.analysis import Analysis, DeviceAnalysis
+from analyzer.breakdown import event_labels
+from analyzer.report.module_tree import ModuleNode, module_label, module_tree
+from analyzer.report.palette import category_color, category_rank, phase_color
+from analyzer.report.units import human_bytes, relative_seconds
+from analyzer.stacks import format_frame, is_user_frame, short_frame
+from analyzer.timeline import downsample
+from analyzer.trace import MemoryTrace
+
+LIVE_SHOWN = 25          # allocations live at the peak listed with their stacks
+FRAMES_SHOWN = 40        # frames of one stack, innermost first
+SITES_SHOWN = 10
+SEGMENTS_SHOWN = 20
+STEPS_SHOWN = 50
+DETAIL_ITEMS = 8         # items of a list shown in a finding's details
+CHART_POINTS = (150, 1000, 2400)  # timeline rows drawn per device: at least, at most, all devices together
+BAND_MIN_WIDTH = 0.004   # phase runs narrower than this share of the chart join the run before them
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+MODULE_COLOR = "#4c72b0"
+
+
+@dataclass
+class Share:
+    name: str
+    label: str           # how the name reads: `train.py:12 forward` for a long path, spaces for underscores
+    bytes: int
+    share: float
+    color: str
+
+
+@dataclass
+class Frame:
+    text: str            # "file:line function"
+    user: bool           # the user's code (not torch, C++ or the interpreter)
+
+
+@dataclass
+class LiveAllocation:
+    allocated_bytes: int
+    requested_bytes: int
+    category: str
+    phase: str
+    module: str
+    where: str | None    # innermost user frame
+    frames: list[Frame]
+    frames_left_out: int
+    allocated_at: str    # relative time, or why it is unknown
+
+
+@dataclass
+class Site:
+    """Allocations live at the peak grouped by the user line that made them."""
+
+    where: str | None
+    count: int
+    bytes: int
+    share: float
+
+
+@dataclass
+class Band:
+    start: int           # allocator event index
+    end: int
+    phase: str
+    color: str
+
+
+@dataclass
+class Chart:
+    title: str
+    points: pd.DataFrame                 # seq, allocated_bytes, reserved_bytes and one column per category
+    categories: list[tuple[str, str, str]]  # (name, column, color), bottom of the stack first
+    bands: list[Band]
+    peak_seq: int
+    peak_bytes: int
+    oom_seq: int | None
+    capacity_bytes: int | None
+
+
+@dataclass
+class Detail:
+    name: str
+    text: str
+
+
+@dataclass
+class EvidenceAllocation:
+    bytes: int
+    where: str | None
+    module: str | None
+    category: str | None
+
+
+@dataclass
+class FindingView:
+    kind: str
+    severity: str
+    bytes: int | None
+    summary: str
+    when: str | None
+    events: str | None
+    allocations: list[EvidenceAllocation]
+    details: list[Detail]
+
+
+@dataclass
+class RemedyView:
+    id: str
+    rank: int | None
+    title: str
+    saved_bytes: int | None
+    new_peak_bytes: int | None
+    fits: bool | None
+    confidence: str | None
+    try_first: bool
+    how: str | None
+    cost: str | None
+    addresses: list[str]
+
+
+@dataclass
+class FragmentationView:
+    where: str                          # "at the out-of-memory" or "at the end of the recording"
+    reserved_bytes: int | None
+    allocated_bytes: int | None
+    inactive_bytes: int | None
+    largest_free_block_bytes: int | None
+    request_bytes: int | None
+    expandable_segments: bool | None
+    segments: list[dict[str, int]]      # largest free bytes first, with used_share for drawing
+    segments_left_out: int
+    other: list[Detail]                 # further measures the diagnosis gives (internal, external bytes ...)
+
+    @property
+    def request_blocked(self) -> bool:
+        """The request was larger than any free block although the free blocks together could hold it."""
+        return (self.request_bytes is not None and self.largest_free_block_bytes is not None
+                and self.inactive_bytes is not None
+                and self.largest_free_block_bytes < self.request_bytes <= self.inactive_bytes)
+
+
+@dataclass
+class TheoryRow:
+    name: str
+    measured_bytes: int | None
+    expected_bytes: int | None
+
+
+@dataclass
+class Table:
+    name: str
+    columns: list[str]
+    rows: list[list[str]]
+
+
+@dataclass
+class TheoryView:
+    rows: list[TheoryRow]
+    facts: list[Detail]
+    tables: list[Table]                 # lists of records (e.g. one row per precision regime)
+    notes: list[str]
+
+
+@dataclass
+class OomView:
+    requested_bytes: int
+    device_free_bytes: int | None
+    when: str
+    event_index: int
+    count: int
+    where: str | None
+
+
+@dataclass
+class DeviceView:
+    device: int
+    name: str
+    verdict: str
+    headline: str
+    peak_allocated_bytes: int
+    demand_bytes: int                   # what the run needed: the peak, or allocated + the request at the OOM
+    peak_requested_bytes: int
+    peak_reserved_bytes: int
+    reserved_peak_bytes: int
+    peak_when: str
+    peak_event: int
+    trace_entries: int
+    live_count: int
+    capacity_bytes: int | None
+    end: dict[str, int]
+    oom: OomView | None
+    by_category: list[Share]
+    by_phase: list[Share]
+    by_module: list[Share]
+    modules: list[ModuleNode]
+    chart: Chart | None
+    live: list[LiveAllocation]
+    live_left_out: tuple[int, int]      # (count, bytes) of live allocations not listed
+    sites: list[Site]
+    findings: list[FindingView]
+    remedies: list[RemedyView]
+    fragmentation: FragmentationView
+    theory: TheoryView | None
+    steps: list[dict[str, Any]]
+    steps_left_out: int
+
+
+@dataclass
+class InputView:
+    path: str
+    kind: str
+    torch_era: str
+    has_history: bool
+    alloc_conf: str | None
+    expandable_segments: bool | None
+    settings: list[Detail]
+    devices: list[dict[str, Any]]
+    rank: int | None
+    world_size: int | None
+
+
+@dataclass
+class ReportView:
+    verdict: str
+    devices: list[DeviceView]
+    input: InputView
+    warnings: list[str]
+    version: str = __version__
+    lead_device: int | None = None       # the device the verdict is about
+
+
+def build_view(analysis: Analysis) -> ReportView:
+    """Everything a report shows, for every device of the analysis."""
+    trace = analysis.trace
+    low, high, budget = CHART_POINTS
+    points = min(high, max(low, budget // max(len(analysis.devices), 1)))  # the file stays small on 8 GPUs
+    devices = [_device_view(analysis, d, points) for d in analysis.devices]
+    lead = _lead_device(analysis.devices)
+    if lead is None:
+        verdict = "The input holds no allocations and no history on any device."
+    else:
+        view = next(v for v in devices if v.device == lead.device)
+        named = len(devices) == 1 or view.name in view.verdict
+        verdict = view.verdict if named else f"{view.name}: {view.verdict}"
+    return ReportView(verdict=verdict, devices=devices, input=_input_view(trace), warnings=list(analysis.warnings),
+                      lead_device=None if lead is None else lead.device)
+
+
+def device_name(trace: MemoryTrace, device: int) -> str:
+    return f"cuda:{device}" if device >= 0 else (trace.devices[device].name or "host")
+
+
+def _lead_device(devices: list[DeviceAnalysis]) -> DeviceAnalysis | None:
+    """The device a reader asks about first: the one that ran out of memory (the earliest), else the fullest."""
+    if not devices:
+        return None
+    ooms = [d for d in devices if d.oom is not None]
+    if ooms:
+        return min(ooms, key=lambda d: (d.oom.time_us is None, d.oom.time_us or 0, d.device))
+    return max(devices, key=lambda d: (d.peak.allocated_bytes, -d.device))
+
+
+def fallback_verdict(d: DeviceAnalysis) -> str:
+    """One sentence from the measured facts, for analyses that carry no diagnosed verdict."""
+    made_of = d.headline()
+    peak = f"the peak of {human_bytes(d.peak.allocated_bytes)} is {made_of}" if made_of else \
+        f"the peak is {human_bytes(d.peak.allocated_bytes)}"
+    if d.oom is None:
+        return f"No out-of-memory recorded; {peak}."
+    where = f" at {short_frame(d.oom.top_user_frame)}" if d.oom.top_user_frame else ""
+    return (f"Out of memory{where}: the allocator asked for {human_bytes(d.oom.requested_bytes)} with "
+            f"{human_bytes(d.oom.device_free_bytes)} free on the device; {peak}.")
+
+
+def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> DeviceView:
+    trace = analysis.trace
+    origin = trace.time_origin_us
+    live = d.peak.live
+    shown = live.head(LIVE_SHOWN)
+    steps = d.steps[:STEPS_SHOWN]
+    return DeviceView(
+        device=d.device, name=device_name(trace, d.device),
+        verdict=getattr(d, "verdict", None) or fallback_verdict(d), headline=d.headline(),
+        peak_allocated_bytes=d.peak.allocated_bytes,
+        demand_bytes=getattr(d, "demand_bytes", None) or d.peak.allocated_bytes,
+        peak_requested_bytes=d.peak.requested_bytes,
+        peak_reserved_bytes=d.peak.reserved_bytes, reserved_peak_bytes=d.reserved_peak_bytes,
+        peak_when=relative_seconds(d.peak.time_us, origin), peak_event=d.peak.event_index,
+        trace_entries=d.trace_entries, live_count=len(live), capacity_bytes=d.capacity_bytes, end=d.end,
+        oom=_oom_view(d, origin),
+        by_category=_shares(d.by_category, category_color, words),
+        by_phase=_shares(d.by_phase, phase_color, words),
+        by_module=_shares(d.by_module, lambda _: MODULE_COLOR, module_label),
+        modules=module_tree(live) if len(live) else [],
+        chart=_chart(analysis, d, chart_points) if d.trace_entries else None,
+        live=[_live_allocation(trace, r, origin) for r in shown.itertuples(index=False)],
+        live_left_out=(len(live) - len(shown), int(live["allocated_bytes"].sum() - shown["allocated_bytes"].sum())),
+        sites=_sites(trace, live),
+        findings=sorted((_finding_view(f, origin) for f in d.findings),
+                        key=lambda f: (SEVERITY_ORDER.get(f.severity, 3), -(f.bytes or 0))),
+        remedies=sorted((_remedy_view(r) for r in d.remedies),
+                        key=lambda r: (r.rank is None, r.rank or 0, -(r.saved_bytes or 0))),
+        fragmentation=_fragmentation_view(d, trace),
+        theory=_theory_view(getattr(d, "theory", None)),
+        steps=steps, steps_left_out=len(d.steps) - len(steps),
+    )
+
+
+def words(name: str) -> str:
+    """Our own labels (categories, phases, finding kinds) read with spaces: `optimizer_state` -> `optimizer state`."""
+    return name.replace("_", " ")
+
+
+def _shares(rows: list[dict[str, Any]], color: Callable[[str], str], label: Callable[[str], str]) -> list[Share]:
+    return [Share(r["name"], label(r["name"]), int(r["bytes"]), float(r["share"]), color(r["name"])) for r in rows]
+
+
+def _oom_view(d: DeviceAnalysis, origin: int | None) -> OomView | None:
+    if d.oom is None:
+        return None
+    return OomView(requested_bytes=d.oom.requested_bytes, device_free_bytes=d.oom.device_free_bytes,
+                   when=relative_seconds(d.oom.time_us, origin), event_index=d.oom.event_index, count=d.oom.count,
+                   where=d.oom.top_user_frame)
+
+
+def _chart(analysis: Analysis, d: DeviceAnalysis, max_points: int) -> Chart:
+    trace = analysis.trace
+    timeline = trace.timeline[trace.timeline["device"] == d.device]
+    columns = [c for c in timeline.columns if c.endswith("_bytes") and c not in
+               ("allocated_bytes", "requested_bytes", "reserved_bytes") and timeline[c].any()]
+    categories = sorted((c[: -len("_bytes")] for c in columns), key=category_rank)
+    points = downsample(timeline, max_points)[["seq", "allocated_bytes", "reserved_bytes", *columns]]
+    return Chart(
+        title=f"{device_name(trace, d.device)}: memory over time",
+        points=points.reset_index(drop=True),
+        categories=[(c, f"{c}_bytes", category_color(c)) for c in categories],
+        bands=_phase_bands(event_labels(trace, d.device)["phase"], points["seq"]),
+        peak_seq=d.peak.event_index, peak_bytes=d.peak.allocated_bytes,
+        oom_seq=d.oom.event_index if d.oom else None, capacity_bytes=d.capacity_bytes,
+    )
+
+
+def _phase_bands(phases: pd.Series, seqs: pd.Series) -> list[Band]:
+    """Runs of one phase over the drawn points; runs too narrow to see join the run before them."""
+    seq = [int(s) for s in seqs if s >= 0]
+    if not seq:
+        return []
+    runs: list[list[Any]] = []   # [start, end, phase]
+    for s, nxt in zip(seq, seq[1:] + [seq[-1] + 1]):
+        phase = phases.iat[s] if s < len(phases) else None
+        phase = None if pd.isna(phase) or phase == "unattributed" else str(phase)
+        if runs and runs[-1][2] == phase:
+            runs[-1][1] = nxt
+        else:
+            runs.append([s, nxt, phase])
+    min_width = (seq[-1] + 1 - seq[0]) * BAND_MIN_WIDTH
+    merged: list[list[Any]] = []
+    for run in runs:
+        if merged and (run[1] - run[0] < min_width or merged[-1][2] == run[2]):
+            merged[-1][1] = run[1]
+        else:
+            merged.append(run)
+    return [Band(start, end, phase, phase_color(phase)) for start, end, phase in merged if phase is not None]
+
+
+def _live_allocation(trace: MemoryTrace, r: Any, origin: int | None) -> LiveAllocation:
+    frames = trace.stack_frames(r.stack_id)
+    where = None if pd.isna(r.stack_id) else trace.stacks["top_user_frame"].iat[int(r.stack_id)]
+    when = ("before the recording started" if pd.isna(r.t_alloc_us)
+            else relative_seconds(int(r.t_alloc_us), origin))
+    return LiveAllocation(
+        allocated_bytes=int(r.allocated_bytes), requested_bytes=int(r.requested_bytes), category=str(r.category),
+        phase=str(r.phase), module=str(r.module), where=where,
+        frames=[Frame(format_frame(f), is_user_frame(f)) for f in frames[:FRAMES_SHOWN]],
+        frames_left_out=max(len(frames) - FRAMES_SHOWN, 0), allocated_at=when,
+    )
+
+
+def _sites(trace: MemoryTrace, live: pd.DataFrame) -> list[Site]:
+    if live.empty:
+        return []
+    frames = trace.stacks["top_user_frame"]
+    where = live["stack_id"].map(lambda s: None if pd.isna(s) else frames.iat[int(s)])
+    grouped = live.assign(where=where.fillna("")).groupby("where")["allocated_bytes"].agg(["count", "sum"])
+    grouped = grouped.sort_values("sum", ascending=False).head(SITES_SHOWN)
+    total = int(live["allocated_bytes"].sum())
+    return [Site(str(w) or None, int(row["count"]), int(row["sum"]), int(row["sum"]) / total if total else 0.0)
+            for w, row in grouped.iterrows()]
+
+
+def _span(values: Any, fmt) -> str | None:
+    if not isinstance(values, (list, tuple)) or len(values) != 2 or values[0] is None:
+        return None
+    start = fmt(values[0])
+    end = start if values[1] is None else fmt(values[1])
+    return start if start == end else f"{start} – {end}"
+
+
+def _detail_text(name: str, value: Any) -> str:
+    """A value of a finding's or a theory's details as a reader wants it: sizes in binary units, shares in
+    percent, a list as its first few items."""
+    if isinstance(value, dict):
+        return ", ".join(f"{words(k)} {_detail_text(k, v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        items = [_detail_text(name, v) for v in value[:DETAIL_ITEMS]]
+        more = f"; … {len(value) - DETAIL_ITEMS} more" if len(value) > DETAIL_ITEMS else ""
+        return "; ".join(items) + more
+    if value is None:
+        return "unknown"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if not isinstance(value, (int, float)):
+        return str(value)
+    if name == "bytes" or name.endswith("_bytes"):
+        return human_bytes(value)
+    if name.endswith(("share", "fraction", "ratio")) and 0 <= value <= 1:
+        return f"{value:.0%}"
+    if isinstance(value, int) or abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def _finding_view(f: dict[str, Any], origin: int | None) -> FindingView:
+    evidence = f.get("evidence") or {}
+    allocations = [EvidenceAllocation(int(a.get("bytes") or 0), a.get("top_user_frame"), a.get("module"),
+                                      a.get("category")) for a in evidence.get("allocations") or []]
+    details = [Detail(words(str(k)), _detail_text(str(k), v)) for k, v in (evidence.get("details") or {}).items()]
+    return FindingView(
+        kind=str(f.get("kind", "finding")), severity=str(f.get("severity", "info")),
+        bytes=None if f.get("bytes") is None else int(f["bytes"]), summary=str(f.get("summary", "")),
+        when=_span(evidence.get("time_us"), lambda t: relative_seconds(int(t), origin)),
+        events=_span(evidence.get("event_index"), lambda e: str(int(e))),
+        allocations=allocations, details=details,
+    )
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _remedy_view(r: dict[str, Any]) -> RemedyView:
+    return RemedyView(
+        id=str(r.get("id", "")), rank=_optional_int(r.get("rank")), title=str(r.get("title", r.get("id", ""))),
+        saved_bytes=_optional_int(r.get("saved_bytes")), new_peak_bytes=_optional_int(r.get("new_peak_bytes")),
+        fits=r.get("fits"), confidence=r.get("confidence"), try_first=bool(r.get("try_first")),
+        how=r.get("how"), cost=r.get("cost"), addresses=[str(a) for a in r.get("addresses") or []],
+    )
+
+
+_FRAGMENTATION_SHOWN = {"reserved_bytes", "allocated_bytes", "inactive_bytes", "largest_free_block_bytes",
+                        "request_bytes", "expandable_segments", "segments", "event_index"}
+
+
+def _fragmentation_view(d: DeviceAnalysis, trace: MemoryTrace) -> FragmentationView:
+    """The diagnosed fragmentation when there is one; else the end state, which is the state at an OOM that
+    ended the run (the allocator has released its cached segments by then)."""
+    measured = getattr(d, "fragmentation", None)
+    if measured:
+        segments = sorted(measured.get("segments") or [], key=lambda s: -int(s.get("free_bytes", 0)))
+        shown = [{**s, "used_share": (s["used_bytes"] / s["bytes"]) if s.get("bytes") else 0.0}
+                 for s in segments[:SEGMENTS_SHOWN]]
+        return FragmentationView(
+            where="at the out-of-memory" if d.oom else "at the peak",
+            reserved_bytes=_optional_int(measured.get("reserved_bytes")),
+            allocated_bytes=_optional_int(measured.get("allocated_bytes")),
+            inactive_bytes=_optional_int(measured.get("inactive_bytes")),
+            largest_free_block_bytes=_optional_int(measured.get("largest_free_block_bytes")),
+            request_bytes=_optional_int(measured.get("request_bytes")),
+            expandable_segments=measured.get("expandable_segments"),
+            segments=shown, segments_left_out=len(segments) - len(shown),
+            other=[Detail(words(k), _detail_text(k, v)) for k, v in measured.items()
+                   if k not in _FRAGMENTATION_SHOWN and not isinstance(v, (dict, list))],
+        )
+    return FragmentationView(
+        where="at the end of the recording", reserved_bytes=d.end["reserved_bytes"],
+        allocated_bytes=d.end["allocated_bytes"], inactive_bytes=d.end["inactive_bytes"],
+        largest_free_block_bytes=d.end["largest_free_block_bytes"],
+        request_bytes=d.oom.requested_bytes if d.oom else None,
+        expandable_segments=trace.allocator_settings.get("expandable_segments"), segments=[], segments_left_out=0,
+        other=[],
+    )
+
+
+def _theory_view(theory: dict[str, Any] | None) -> TheoryView | None:
+    """Pairs `X_bytes` (measured) with `expected_X_bytes` (the formula); other plain values are shown as facts,
+    lists of records as tables."""
+    if not theory:
+        return None
+    names: list[str] = []
+    for key in theory:
+        if key.endswith("_bytes"):
+            name = key.removeprefix("expected_")
+            if name not in names:
+                names.append(name)
+    rows = [TheoryRow(words(n[: -len("_bytes")]), _optional_int(theory.get(n)),
+                      _optional_int(theory.get(f"expected_{n}"))) for n in names]
+    facts = [Detail(words(k), _detail_text(k, v)) for k, v in theory.items()
+             if not k.endswith("_bytes") and k != "notes" and not isinstance(v, (dict, list))]
+    tables = [_table(k, v) for k, v in theory.items()
+              if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)]
+    return TheoryView(rows=rows, facts=facts, tables=tables, notes=[str(n) for n in theory.get("notes") or []])
+
+
+def _table(name: str, records: list[dict[str, Any]]) -> Table:
+    columns = list(dict.fromkeys(k for r in records for k in r))
+    return Table(words(name), [words(c) for c in columns],
+                 [[_detail_text(c, r.get(c, "")) for c in columns] for r in records])
+
+
+def _input_view(trace: MemoryTrace) -> InputView:
+    settings = trace.allocator_settings or {}
+    return InputView(
+        path=trace.source_path, kind=trace.source_kind, torch_era=trace.torch_era, has_history=trace.has_history,
+        alloc_conf=settings.get("PYTORCH_CUDA_ALLOC_CONF"), expandable_segments=settings.get("expandable_segments"),
+        settings=[Detail(str(k), str(v)) for k, v in settings.items()],
+        devices=[{"name": device_name(trace, i), "model": info.name if i >= 0 else None,
+                  "capacity_bytes": info.capacity_bytes, "trace_entries": info.trace_entries,
+                  "history_truncated": info.history_truncated} for i, info in sorted(trace.devices.items())],
+        rank=trace.rank, world_size=trace.world_size,
+    )
