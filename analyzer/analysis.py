@@ -206,9 +206,10 @@ def _start_bytes(timeline: pd.DataFrame) -> int:
 
 
 def analyze(source: str | Path | MemoryTrace, gpu_memory: int | None = None,
-            world_size: int | None = None) -> Analysis:
+            world_size: int | None = None, device_usage: MemoryTrace | None = None) -> Analysis:
     """Analyse a file (any supported format) or an already loaded MemoryTrace: attribution, peaks, findings,
-    remedies. `gpu_memory` (bytes) and `world_size` sharpen the remedies' estimates."""
+    remedies. `gpu_memory` (bytes) and `world_size` sharpen the remedies' estimates; `device_usage`, an Nsight
+    export of the same run, shows the memory outside PyTorch."""
     if isinstance(source, MemoryTrace):
         trace = source
     else:
@@ -245,4 +246,4 @@ def analyze(source: str | Path | MemoryTrace, gpu_memory: int | None = None,
                         "then call torch.cuda.memory._dump_snapshot(path)")
     from analyzer.diagnose import diagnose
 
-    return diagnose(Analysis(trace=trace, devices=devices, warnings=warnings), gpu_memory, world_size)
+    return diagnose(Analysis(trace=trace, devices=devices, warnings=warnings), gpu_memory, world_size, device_usage)

@@ -1,6 +1,6 @@
 """The `analyze` command.
 
-    analyze FILE [-o OUT] [--format html|json] [--quiet]
+    analyze FILE [NSYS.sqlite] [-o OUT] [--format html|json|md|pdf] [--gpu-memory SIZE] [--gpus N] [--quiet]
     analyze SUBCOMMAND ...        (see SUBCOMMANDS)
 
 Bad input ends with one line on stderr naming the file and the problem, and exit code 2. An unexpected
@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Subcommands: " + (", ".join(sorted(SUBCOMMANDS)) or "none yet") + " (analyze SUBCOMMAND --help).",
     )
     parser.add_argument("file", type=Path, help="the recording to analyse")
+    parser.add_argument("companion", type=Path, nargs="?",
+                        help="an Nsight Systems export (.sqlite) of the same run, to measure memory outside PyTorch")
     parser.add_argument("-o", "--output", type=Path, help="where to write the report (default: beside the input; "
                                                           "for json, standard output)")
     parser.add_argument("--format", choices=sorted(REPORTERS), default="html", help="report format (default: html)")
@@ -66,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def analyze_command(argv: list[str]) -> int:
     from analyzer.analysis import analyze, combine_json
-    from analyzer.ingest import load
+    from analyzer.ingest import load_with_companion
     from analyzer.trace import MultiRankTrace
     from analyzer.progress import reading_progress
     from analyzer.report.text import print_summary
@@ -75,10 +77,10 @@ def analyze_command(argv: list[str]) -> int:
     json_to_stdout = args.format == "json" and args.output is None
     console = Console(stderr=json_to_stdout, quiet=args.quiet or json_to_stdout, highlight=False)
     with reading_progress(Console(stderr=True), enabled=sys.stderr.isatty() and not args.quiet):
-        trace = load(args.file)
+        trace, device_usage = load_with_companion(args.file, args.companion)
     traces = trace.traces if isinstance(trace, MultiRankTrace) else [trace]
     with console.status("analysing"):
-        analyses = [analyze(t, args.gpu_memory, args.gpus) for t in traces]
+        analyses = [analyze(t, args.gpu_memory, args.gpus, device_usage) for t in traces]
     out = args.output if args.output or json_to_stdout else default_output(args.file, args.format)
     if len(analyses) > 1 and args.format == "json":  # one document for the job, each device tagged with its rank
         for a in analyses:

@@ -224,6 +224,11 @@ class MemoryTrace:
         times = self.events["t_us"].dropna()
         return int(times.min()) if len(times) else None
 
+    def device_label(self, device: int) -> str:
+        """`cuda:N` for a GPU; host memory (profiler CPU events are kept on device -1) by its recorded name."""
+        info = self.devices.get(device)
+        return f"cuda:{device}" if device >= 0 else ((info.name if info else None) or "host")
+
     def stack_frames(self, stack_id: Any) -> tuple:
         """Frames of one stack, innermost first; empty for NA."""
         if pd.isna(stack_id):

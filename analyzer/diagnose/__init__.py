@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.analysis import Analysis
-from analyzer.diagnose import (activation_peak, checkpoint_gather, fragmentation, leak, oom, optimizer_spike,
+from analyzer.diagnose import (activation_peak, checkpoint_gather, fragmentation, leak, oom, optimizer_spike, outside,
                                reserved_growth)
 from analyzer.diagnose.context import DeviceContext, make_context
 from analyzer.diagnose.evidence import gib, oom_where
@@ -19,16 +19,20 @@ from analyzer.diagnose.triage import triage
 from analyzer.remedies import Demand, count_layers, describe, rank_remedies
 from analyzer.theory import explain_model_states
 from analyzer.timeline import live_at
+from analyzer.trace import MemoryTrace
 
-DETECTORS = [oom, leak, reserved_growth, activation_peak, optimizer_spike, checkpoint_gather, fragmentation]
+DETECTORS = [outside, oom, leak, reserved_growth, activation_peak, optimizer_spike, checkpoint_gather, fragmentation]
 _REQUEST_CATEGORY = {"forward": "activation", "backward": "temporary", "optimizer": "optimizer_state",
                      "load": "parameter", "checkpoint_save": "other"}
 
 
-def diagnose(analysis: Analysis, gpu_memory: int | None = None, world_size: int | None = None) -> Analysis:
-    """Fill findings, theory, fragmentation, remedies and verdict of every device (in place)."""
+def diagnose(analysis: Analysis, gpu_memory: int | None = None, world_size: int | None = None,
+             device_usage: MemoryTrace | None = None) -> Analysis:
+    """Fill findings, theory, fragmentation, remedies and verdict of every device (in place). `device_usage`
+    is a second recording of the same run that shows the device's memory (an Nsight export)."""
     for d in analysis.devices:
-        ctx = make_context(analysis.trace, d, gpu_memory, world_size)
+        ctx = make_context(analysis.trace, d, gpu_memory or _recorded_capacity(device_usage, d.device), world_size)
+        ctx.extras["device_usage"] = device_usage
         d.findings = [f for detector in DETECTORS for f in detector.detect(ctx)]
         d.fragmentation = ctx.extras.get("fragmentation_at_oom") or ctx.extras.get("fragmentation_at_peak")
         d.theory = theory_check(ctx)
@@ -39,6 +43,11 @@ def diagnose(analysis: Analysis, gpu_memory: int | None = None, world_size: int 
         d.remedies = rank_remedies(demand)
         d.verdict = verdict(ctx, d.findings, d.remedies, demand)
     return analysis
+
+
+def _recorded_capacity(device_usage: MemoryTrace | None, device: int) -> int | None:
+    info = device_usage.devices.get(device) if device_usage is not None else None
+    return info.capacity_bytes if info is not None else None
 
 
 def theory_check(ctx: DeviceContext) -> dict[str, Any]:
@@ -108,15 +117,15 @@ def verdict(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[d
                                                      oom_finding.get("step"))
     leak_finding = next((f for f in findings if f["kind"] == "leak"), None)
     if leak_finding is not None and d.triage and d.triage["verdict"] == "leak":
-        opening = f"Out of memory on cuda:{d.device}{' ' + where if where else ''}" if oom_finding else \
-            f"Memory grows on cuda:{d.device}"
+        opening = f"Out of memory on {ctx.trace.device_label(d.device)}{' ' + where if where else ''}" if oom_finding else \
+            f"Memory grows on {ctx.trace.device_label(d.device)}"
         return f"{opening}: a leak, not the size of the work: {_leak_clause(leak_finding)}.{advice}"
     if oom_finding is not None:
         reason = {"fragmentation": "fragmentation, not capacity", "outside_pytorch": "memory outside PyTorch",
                   "capacity": "the work does not fit"}[oom_finding["verdict"]]
-        return (f"Out of memory on cuda:{d.device}{' ' + where if where else ''}: {reason}"
+        return (f"Out of memory on {ctx.trace.device_label(d.device)}{' ' + where if where else ''}: {reason}"
                 f"{'; ' + headline if headline else ''}.{advice}")
-    return f"Peak {gib(d.peak.allocated_bytes)} allocated on cuda:{d.device}{': ' + headline if headline else ''}.{advice}"
+    return f"Peak {gib(d.peak.allocated_bytes)} allocated on {ctx.trace.device_label(d.device)}{': ' + headline if headline else ''}.{advice}"
 
 
 def _leak_clause(finding: dict[str, Any]) -> str:

@@ -23,7 +23,9 @@ def triage(ctx: DeviceContext, findings: list[dict[str, Any]]) -> dict[str, str]
     for f in findings:
         first.setdefault(f["kind"], f)
     oom = first.get("oom")
-    outside = oom if oom is not None and oom["verdict"] == "outside_pytorch" else first.get("outside_pytorch")
+    measured = first.get("outside_pytorch")
+    outside = oom if oom is not None and oom["verdict"] == "outside_pytorch" else \
+        (measured if measured is not None and measured.get("significant") else None)
     if outside is not None:
         return {"verdict": "outside_pytorch", "reason": outside["summary"]}
     if "leak" in first:

@@ -43,6 +43,22 @@ def reader_for(kind: str, path: Path) -> Callable[[Path], MemoryTrace]:
     return getattr(importlib.import_module(module), function)
 
 
+def load_with_companion(path: str | Path, companion: str | Path | None) -> tuple[MemoryTrace, MemoryTrace | None]:
+    """The recording to analyse and, optionally, an Nsight export of the same run that shows the device's
+    memory (in either order)."""
+    first = load(path)
+    if companion is None:
+        return first, None
+    second = load(companion)
+    kinds = (first.source_kind if isinstance(first, MemoryTrace) else "ranks",
+             second.source_kind if isinstance(second, MemoryTrace) else "ranks")
+    if kinds.count("nsys") != 1:
+        raise UnsupportedFormat(companion, f"two inputs are analysed together only as a recording plus an Nsight "
+                                f"export of the same run (got {kinds[0]} and {kinds[1]})",
+                                "Pass the snapshot first and the nsys .sqlite second, or analyse each file alone.")
+    return (second, first) if kinds[0] == "nsys" else (first, second)
+
+
 def load(path: str | Path) -> MemoryTrace:
     """Read any supported input into a MemoryTrace; raises an AnalyzerError subclass on bad input."""
     p = formats.check_path(path)

@@ -262,10 +262,6 @@ def build_view(analysis: Analysis) -> ReportView:
                       lead_device=None if lead is None else lead.device)
 
 
-def device_name(trace: MemoryTrace, device: int) -> str:
-    return f"cuda:{device}" if device >= 0 else (trace.devices[device].name or "host")
-
-
 def _lead_device(devices: list[DeviceAnalysis]) -> DeviceAnalysis | None:
     """The device a reader asks about first: the one that ran out of memory (the earliest), else the fullest."""
     if not devices:
@@ -295,7 +291,7 @@ def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> De
     shown = live.head(LIVE_SHOWN)
     steps = d.steps[:STEPS_SHOWN]
     return DeviceView(
-        device=d.device, name=device_name(trace, d.device),
+        device=d.device, name=trace.device_label(d.device),
         verdict=getattr(d, "verdict", None) or fallback_verdict(d), headline=d.headline(),
         peak_allocated_bytes=d.peak.allocated_bytes,
         demand_bytes=getattr(d, "demand_bytes", None) or d.peak.allocated_bytes,
@@ -347,7 +343,7 @@ def _chart(analysis: Analysis, d: DeviceAnalysis, max_points: int) -> Chart:
     categories = sorted((c[: -len("_bytes")] for c in columns), key=category_rank)
     points = downsample(timeline, max_points)[["seq", "allocated_bytes", "reserved_bytes", *columns]]
     return Chart(
-        title=f"{device_name(trace, d.device)}: memory over time",
+        title=f"{trace.device_label(d.device)}: memory over time",
         points=points.reset_index(drop=True),
         categories=[(c, f"{c}_bytes", category_color(c)) for c in categories],
         bands=_phase_bands(event_labels(trace, d.device)["phase"], points["seq"]),
@@ -529,7 +525,7 @@ def _input_view(trace: MemoryTrace) -> InputView:
         path=trace.source_path, kind=trace.source_kind, torch_era=trace.torch_era, has_history=trace.has_history,
         alloc_conf=settings.get("PYTORCH_CUDA_ALLOC_CONF"), expandable_segments=settings.get("expandable_segments"),
         settings=[Detail(str(k), str(v)) for k, v in settings.items()],
-        devices=[{"name": device_name(trace, i), "model": info.name if i >= 0 else None,
+        devices=[{"name": trace.device_label(i), "model": info.name if i >= 0 else None,
                   "capacity_bytes": info.capacity_bytes, "trace_entries": info.trace_entries,
                   "history_truncated": info.history_truncated} for i, info in sorted(trace.devices.items())],
         rank=trace.rank, world_size=trace.world_size,
