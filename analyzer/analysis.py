@@ -19,6 +19,9 @@ from analyzer.timeline import Peak, find_peak
 from analyzer.trace import MemoryTrace
 
 SCHEMA = "analyzer/1"
+CATEGORY_WORDS = {"activation": "activations", "temporary": "temporaries", "parameter": "parameters",
+                  "gradient": "gradients", "optimizer_state": "optimizer states", "input": "inputs",
+                  "other": "other allocations"}
 PHASE_WORDS = {"forward": "forward", "backward": "backward", "optimizer": "optimizer step", "load": "model loading",
                "checkpoint_save": "checkpoint save", "compile": "torch.compile", "other": "between steps"}
 TOP_ALLOCATIONS = 10
@@ -76,6 +79,13 @@ class DeviceAnalysis:
         if self.peak_step is not None:
             parts.append(f"step {self.peak_step}")
         return ", ".join(parts)
+
+    def composition(self) -> str:
+        """'activations are 71% of the peak': the largest attributed category, in words."""
+        top = next((r for r in self.by_category if r["name"] != "unattributed"), None)
+        if top is None:
+            return ""
+        return f"{CATEGORY_WORDS.get(top['name'], top['name'])} are {top['share']:.0%} of the peak"
 
     def top_allocations(self, trace: MemoryTrace, n: int = TOP_ALLOCATIONS) -> list[dict[str, Any]]:
         """The largest allocations live at the peak, with where they came from."""

@@ -10,7 +10,7 @@ from analyzer.attribute.ranges import innermost
 
 _FSDP = re.compile(r"^FSDP::(pre_forward|post_forward|pre_backward|post_backward|forward|backward)\s*\((.*)\)\s*$")
 _MODULE_TAG = re.compile(r"^module::(forward|backward)::(.*)$")
-ROOT_MODULE = "(model)"  # the root module's FQN is the empty string
+ROOT_MODULE = "(root module)"  # the root module's FQN is the empty string
 _PHASE_TAG = re.compile(r"^phase::(\w+)$")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _PHASE_WORDS = {"forward": "forward", "fwd": "forward", "backward": "backward", "bwd": "backward",

@@ -112,7 +112,6 @@ def verdict(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[d
     first = next((r for r in remedies if r["try_first"]), None)
     advice = f" Try first: {describe(first, demand.capacity)}." if first else ""
     oom_finding = next((f for f in findings if f["kind"] == "oom"), None)
-    headline = d.headline()
     where = "" if oom_finding is None else oom_where(oom_finding.get("phase"), oom_finding.get("module"),
                                                      oom_finding.get("step"))
     leak_finding = next((f for f in findings if f["kind"] == "leak"), None)
@@ -123,9 +122,13 @@ def verdict(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[d
     if oom_finding is not None:
         reason = {"fragmentation": "fragmentation, not capacity", "outside_pytorch": "memory outside PyTorch",
                   "capacity": "the work does not fit"}[oom_finding["verdict"]]
+        composition = d.composition()
         return (f"Out of memory on {ctx.trace.device_label(d.device)}{' ' + where if where else ''}: {reason}"
-                f"{'; ' + headline if headline else ''}.{advice}")
-    return f"Peak {gib(d.peak.allocated_bytes)} allocated on {ctx.trace.device_label(d.device)}{': ' + headline if headline else ''}.{advice}"
+                f"{'; ' + composition if composition else ''}.{advice}")
+    place = oom_where(d.peak_phase, d.peak_module, d.peak_step)
+    composition = d.composition()
+    return (f"Peak {gib(d.peak.allocated_bytes)} allocated on {ctx.trace.device_label(d.device)}{' ' + place if place else ''}"
+            f"{': ' + composition if composition else ''}.{advice}")
 
 
 def _leak_clause(finding: dict[str, Any]) -> str:

@@ -6,7 +6,7 @@ from typing import Any
 import pandas as pd
 
 from analyzer.stacks import short_frame
-from analyzer.trace import MemoryTrace
+from analyzer.trace import UNATTRIBUTED, MemoryTrace
 
 
 def top_allocations(trace: MemoryTrace, rows: pd.DataFrame, n: int = 5) -> list[dict[str, Any]]:
@@ -35,6 +35,6 @@ def oom_where(phase: str | None, module: str | None, step: int | None) -> str:
         parts.append(f"in {PHASE_WORDS.get(phase, phase)}")
     if step is not None:
         parts.append(f"of step {step}")
-    if module:
+    if module and module != UNATTRIBUTED:
         parts.append(module if module.startswith("(") else f"({short_frame(module)})")
     return " ".join(parts)

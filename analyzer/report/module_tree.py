@@ -13,7 +13,7 @@ import pandas as pd
 
 from analyzer.stacks import short_frame
 
-#: a module FQN (`encoder.layers.3.mlp`); other module labels (a frame such as `train.py:12 forward`, `(model)`,
+#: a module FQN (`encoder.layers.3.mlp`); other module labels (a frame such as `train.py:12 forward`, `(root module)`,
 #: `unattributed`) are leaves at the top
 _FQN = re.compile(r"^[A-Za-z_][\w\-]*(\.[\w\-]+)*$")
 OWN = "(own allocations)"
