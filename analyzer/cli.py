@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 
 from analyzer import __version__
-from analyzer.errors import EXIT_BAD_INPUT, AnalyzerError
+from analyzer.errors import EXIT_BAD_INPUT, AnalyzerError, UnsupportedFormat
 from analyzer.report import REPORTERS, SUFFIXES, reporter
 from analyzer.sizes import parse_bytes
 
@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpu-memory", type=parse_bytes, help="device memory, e.g. 80GiB (default: what the input "
                                                                 "records, or what the OOM shows)")
     parser.add_argument("--gpus", type=int, help="GPUs the job can shard over (for ZeRO / parallelism estimates)")
+    parser.add_argument("--export-trace", type=Path, metavar="OUT.json",
+                        help="for a profiler trace: write it again with counter tracks of allocated bytes by category "
+                             "and by phase, for Perfetto UI / chrome://tracing (.gz to compress)")
     parser.add_argument("--version", action="version", version=f"analyze {__version__}")
     return parser
 
@@ -71,6 +74,7 @@ def analyze_command(argv: list[str]) -> int:
     from analyzer.ingest import load_with_companion
     from analyzer.trace import MultiRankTrace
     from analyzer.progress import reading_progress
+    from analyzer.report.trace_export import export_trace
     from analyzer.report.text import print_summary
 
     args = _parser().parse_args(argv)
@@ -92,6 +96,12 @@ def analyze_command(argv: list[str]) -> int:
             out.write_text(text + "\n", encoding="utf-8")
             console.print(f"\nreport written to [bold]{out}[/bold]")
         return 0
+    if args.export_trace is not None:
+        if len(analyses) != 1:
+            raise UnsupportedFormat(args.file, "--export-trace takes one profiler trace, not a set of ranks",
+                                    "Pass one rank's .json(.gz) trace.")
+        for path in export_trace(analyses[0], args.export_trace):
+            console.print(f"trace with memory counters written to [bold]{path}[/bold]")
     for a in analyses:
         if len(analyses) > 1:
             console.rule(f"rank {a.trace.rank}")

@@ -43,6 +43,17 @@ def _reserved_deltas(trace, device: int, events: pd.DataFrame) -> tuple[int, np.
     return end - int(delta.sum()), delta
 
 
+def allocated_by(rows: pd.DataFrame, column: str, n_events: int) -> dict[str, np.ndarray]:
+    """Allocated bytes per label of `column` (category, phase, module) before the first event and after each
+    of the `n_events` events of one device: the labels' series sum to the allocated series."""
+    labels = rows[column].to_numpy(dtype=object)
+    out = {}
+    for label in sorted(set(labels), key=str):
+        start, delta = _deltas(rows[labels == label], "allocated_bytes", n_events)
+        out[str(label)] = np.concatenate([[start], start + np.cumsum(delta)]).astype(np.int64)
+    return out
+
+
 def device_timeline(trace, device: int) -> pd.DataFrame:
     """One row before the first event (seq -1) and one after every event of `device`."""
     events = trace.events[trace.events["device"] == device]
@@ -53,14 +64,11 @@ def device_timeline(trace, device: int) -> pd.DataFrame:
     reserved_start, reserved_delta = _reserved_deltas(trace, device, events)
     times = events["t_us"].to_numpy(dtype=np.int64, na_value=MISSING)
     times = np.concatenate([times[:1], times]) if n else np.full(1, MISSING)  # the start row: the first time
+
     def series(start: int, delta: np.ndarray) -> np.ndarray:
         return np.concatenate([[start], start + np.cumsum(delta)]).astype(np.int64)
 
-    by_category = {}
-    categories = rows["category"].to_numpy(dtype=object)
-    for category in sorted(set(categories)):
-        start, delta = _deltas(rows[categories == category], "allocated_bytes", n)
-        by_category[f"{category}_bytes"] = series(start, delta)
+    by_category = {f"{c}_bytes": values for c, values in allocated_by(rows, "category", n).items()}
     return pd.DataFrame({
         "device": np.full(n + 1, device, dtype=np.int64),
         "t_us": pd.arrays.IntegerArray(times, times == MISSING),

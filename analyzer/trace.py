@@ -187,6 +187,7 @@ class MemoryTrace:
     event_threads: pd.Series | None = None
     rank: int | None = None             # distributed rank and world size, where the input records them
     world_size: int | None = None
+    source_time_base_us: int = 0        # t_us minus this is the input's own clock (Kineto: baseTimeNanoseconds)
     _timeline: pd.DataFrame | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

@@ -794,6 +794,7 @@ class _Assembler:
             devices=devices, torch_era=self._era(), has_history=has_history,
             warnings=self.warnings + builder.warnings, spans=spans, event_threads=tables["event_threads"],
             rank=_int_or_none(distributed.get("rank")), world_size=_int_or_none(distributed.get("world_size")),
+            source_time_base_us=0 if self.base_ns is None else self.base_ns // 1000,
         )
 
     def _replay(self, ts: np.ndarray, tid: np.ndarray, stack_ids: list[int | None]) -> HistoryBuilder:

@@ -1,0 +1,108 @@
+"""`analyze TRACE --export-trace out.json`: the original Chrome trace plus counter tracks ("ph": "C") of
+allocated bytes by category and by phase, so Perfetto UI and chrome://tracing show where memory went, on
+the same time axis as the trace's own spans and kernels.
+
+The original is streamed event by event (ijson), never held whole; the counters are thinned to at most
+MAX_POINTS a track (each kept bucket keeps its highest point, so the peak is exact).
+"""
+from __future__ import annotations
+
+import gzip
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import ijson
+import numpy as np
+import orjson
+
+from analyzer.analysis import Analysis
+from analyzer.errors import UnsupportedFormat
+from analyzer.ingest.sniff import open_input
+from analyzer.timeline import allocated_by, downsample
+
+MAX_POINTS = 20_000
+COUNTER_PID = 2**31 - 7  # a process id of its own, named below, so the tracks sit together
+_TRACK_ORDER = ("category", "phase")
+
+
+def counter_events(analysis: Analysis) -> list[dict[str, Any]]:
+    """Metadata naming the counter process, then one counter event per kept point per track."""
+    trace = analysis.trace
+    out: list[dict[str, Any]] = [{"ph": "M", "name": "process_name", "pid": COUNTER_PID,
+                                  "args": {"name": "analyzer: GPU memory"}}]
+    for d in analysis.devices:
+        events = trace.events[trace.events["device"] == d.device]
+        rows = trace.allocations[trace.allocations["device"] == d.device]
+        times = events["t_us"].to_numpy(dtype=np.float64, na_value=np.nan)
+        if not len(times) or np.isnan(times).all():
+            continue
+        timeline = trace.timeline[trace.timeline["device"] == d.device].iloc[1:]  # after each event
+        kept = downsample(timeline.reset_index(drop=True), MAX_POINTS).index.to_numpy()
+        label = trace.device_label(d.device)
+        for column in _TRACK_ORDER:
+            series = {name: values[1:][kept] for name, values in allocated_by(rows, column, len(events)).items()}
+            for j, t in enumerate(times[kept]):
+                if not np.isnan(t):
+                    out.append({"ph": "C", "name": f"{label} allocated by {column}", "pid": COUNTER_PID, "tid": 0,
+                                "ts": float(t) - trace.source_time_base_us,
+                                "args": {name: int(values[j]) for name, values in series.items()}})
+    return out
+
+
+def export_trace(analysis: Analysis, out: Path) -> list[Path]:
+    """Write the original trace with the counter tracks added; `.gz` output is gzip-compressed."""
+    trace = analysis.trace
+    if trace.source_kind != "kineto":
+        raise UnsupportedFormat(trace.source_path, "--export-trace adds counters to a PyTorch Profiler (Kineto) "
+                                "trace, and this input is not one", "Pass the .json or .json.gz trace itself.")
+    source = Path(trace.source_path)
+    counters = counter_events(analysis)
+    with _open_output(out) as sink:
+        sink.write(b'{"traceEvents": [')
+        first = True
+        for event in _events(source):
+            sink.write((b"" if first else b",\n") + orjson.dumps(event, default=_number))
+            first = False
+        for event in counters:
+            sink.write((b"" if first else b",\n") + orjson.dumps(event))
+            first = False
+        sink.write(b"]")
+        for key, value in _members(source):
+            sink.write(b",\n" + orjson.dumps(key) + b": " + orjson.dumps(value, default=_number))
+        sink.write(b"}\n")
+    return [out]
+
+
+def _open_output(path: Path) -> IO[bytes]:
+    return gzip.open(path, "wb") if path.suffix == ".gz" else open(path, "wb")
+
+
+def _number(value: Any) -> Any:
+    """ijson gives Decimal for JSON numbers with a fraction: keep them as numbers."""
+    return float(value)
+
+
+def _events(source: Path) -> Iterator[Any]:
+    with open_input(source) as stream:
+        yield from ijson.items(stream, "traceEvents.item")
+
+
+def _members(source: Path) -> Iterator[tuple[str, Any]]:
+    """Top-level members other than traceEvents (device properties, distributed info, time base ...)."""
+    with open_input(source) as stream:
+        builder, key, depth = None, None, 0
+        for prefix, event, value in ijson.parse(stream):
+            if prefix == "" and event == "map_key":
+                key, builder = value, None
+                continue
+            if key is None or key == "traceEvents" or (prefix == "" and event in ("start_map", "end_map")):
+                continue
+            if builder is None:
+                builder, depth = ijson.ObjectBuilder(), 0
+            builder.event(event, value)
+            depth += event in ("start_map", "start_array")
+            depth -= event in ("end_map", "end_array")
+            if depth == 0:
+                yield key, builder.value
+                key, builder = None, None
