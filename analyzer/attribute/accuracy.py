@@ -7,10 +7,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
+from analyzer.analysis import analyze
 from analyzer.attribute import attribute
 from analyzer.attribute.annotations import ROOT_MODULE, classify
 from analyzer.ingest import load
+from analyzer.ingest.memory_timeline import CATEGORIES, CREATE
+from analyzer.ingest.sniff import open_input
 from analyzer.timeline import find_peak
 from analyzer.trace import MemoryTrace
 
@@ -46,4 +50,35 @@ def peak_agreement(snapshot: Path, tags: bool = True) -> dict[str, float]:
         match = np.asarray([_SAME.get(t, t) == _SAME.get(o, o) or (t, o) in _EITHER for o, t in zip(ours, theirs)])
         scores[field] = float(weights[match].sum() / weights.sum()) if weights.sum() else 1.0
         scores[f"{field}_attributed"] = float(weights[ours != "unattributed"].sum() / weights.sum()) if weights.sum() else 1.0
+    return scores
+
+
+# torch's memory profiler calls the intermediate gradients of backward AUTOGRAD_DETAIL: our temporaries
+_TORCH_SAME = {"autograd_detail": "temporary"}
+
+
+def profiler_agreement(trace_path: Path, raw_timeline_path: Path) -> dict[str, float]:
+    """Category agreement with torch's own memory profiler for the same profiled run: each allocation of the
+    Kineto trace is joined to the `export_memory_timeline` raw CREATE event of the same time (µs) and size.
+    Bytes-weighted, at the peak and over the whole recording; allocations torch leaves uncategorised, and
+    those made before the profiled window (no CREATE event), are not scored."""
+    with open_input(raw_timeline_path) as stream:
+        rows = json.load(stream)
+    created = pd.DataFrame([(int(ts) // 1000, int(size), CATEGORIES[category]) for ts, action, size, category in rows
+                            if action == CREATE and category is not None],
+                           columns=["t", "bytes", "torch"]).drop_duplicates(["t", "bytes"], keep=False)
+    analysis = analyze(trace_path)
+    everything = analysis.trace.allocations
+    scores: dict[str, float] = {}
+    for scope, rows_ in (("overall", everything),
+                         ("peak", pd.concat([d.peak.live for d in analysis.devices]))):
+        timed = rows_[rows_["t_alloc_us"].notna()]
+        ours = pd.DataFrame({"t": timed["t_alloc_us"].astype("int64").to_numpy(), "bytes": timed["requested_bytes"].to_numpy(),
+                             "ours": timed["category"].astype(str).to_numpy(), "weight": timed["allocated_bytes"].to_numpy()})
+        joined = ours.merge(created, on=["t", "bytes"])
+        joined = joined[joined["torch"] != "unattributed"]
+        theirs = joined["torch"].replace(_TORCH_SAME)
+        total = joined["weight"].sum()
+        scores[scope] = float(joined.loc[joined["ours"] == theirs, "weight"].sum() / total) if total else 1.0
+        scores[f"{scope}_scored_bytes"] = int(total)
     return scores
