@@ -59,6 +59,28 @@ def _batch_scaled(d: Demand) -> int:
     return d.bytes("activation", "input", "temporary")
 
 
+def _accumulation(d: Demand) -> tuple[int, str]:
+    """Half the batch-scaled memory, less the gradients accumulation keeps alive through the second micro-batch
+    (where the peak had none: with zero_grad(set_to_none=True) the forward and early backward run without them).
+    Gradients are as large as the parameters when the model states match Adam's 16Ψ (every parameter trains);
+    otherwise some may be frozen, and the optimizer state, when there is one, bounds the trainable part (Adam
+    keeps 2x the gradients, SGD with momentum 1x)."""
+    trainable = d.bytes("parameter")
+    if d.mixed_precision is None and d.bytes("optimizer_state"):
+        trainable = min(trainable, d.bytes("optimizer_state"))
+    kept_gradients = max(0, trainable - d.bytes("gradient"))
+    return _batch_scaled(d) // 2 - kept_gradients, "high" if d.mixed_precision is not None else "medium"
+
+
+def _bf16(d: Demand) -> tuple[int, str]:
+    """At most half the activations, less the bf16 copy of each fp32 weight autocast keeps from forward to
+    backward. Norms, softmax (on CUDA), the loss and the residual stream stay fp32, which only the module and
+    tensor sizes could tell apart: measured savings are a quarter to a third of the activations with fused
+    attention, none or a loss with hand-written attention under CUDA's autocast (benchmarks/results/
+    remedy_accuracy.md), hence "low"."""
+    return d.bytes("activation") // 2 - d.bytes("parameter") // 2, "low"
+
+
 def _optimizer_moments(d: Demand) -> int:
     """Adam's two moments: all of the optimizer state in fp32, 8 of 12 bytes a parameter with fp32 master weights."""
     return int(d.bytes("optimizer_state") * (8 / 12 if d.mixed_precision else 1.0))
@@ -108,12 +130,11 @@ REMEDIES: list[Remedy] = [
            lambda d: (_batch_scaled(d) // 2, "high"), _batch_advice),
     Remedy("bf16", "Train in bf16 mixed precision", "small; fp16 needs loss scaling, bf16 needs Ampere or newer",
            "with torch.autocast(device_type='cuda', dtype=torch.bfloat16):\n    loss = model(batch)",
-           lambda d: (d.bytes("activation") // 2, "medium" if d.mixed_precision is False else "low"),
-           lambda d: d.mixed_precision is not True and _relevant("activation")(d)),
+           _bf16, lambda d: d.mixed_precision is not True and _relevant("activation")(d)),
     Remedy("gradient_accumulation", "Gradient accumulation: 2 micro-batches of half the size",
            "slower steps; the same effective batch (BatchNorm-style layers see smaller batches)",
            "for i, chunk in enumerate(batch.chunk(2)):\n    (model(chunk).loss / 2).backward()\noptimizer.step(); optimizer.zero_grad()",
-           lambda d: (_batch_scaled(d) // 2, "high"), _batch_advice),
+           _accumulation, _batch_advice),
     Remedy("activation_checkpointing", "Activation checkpointing of each block", "about 20-30% more compute",
            "from torch.utils.checkpoint import checkpoint\nx = checkpoint(block, x, use_reentrant=False)",
            lambda d: _checkpointing(d), _relevant("activation")),

@@ -1,0 +1,99 @@
+"""Issue 5 benchmark: how much of the peak does attribution label, and how often is the label right?
+
+- simulated snapshots (fixtures/traces/sim): share of peak bytes whose category, phase and module match the
+  ground truth (`analyzer.attribute.accuracy.peak_agreement`), with analyzer's capture tags and without them
+  (the same file as a plain `_record_memory_history` recording would have it);
+- real snapshots (../shared/real): no truth, so the share of peak bytes that gets a phase, a category and a
+  module other than `unattributed`, with what the file gave to work with (history, stacks, annotations).
+
+    python benchmarks/attribution_accuracy.py [--out benchmarks/results/attribution_accuracy.md]
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+
+import analyzer
+from analyzer.analysis import active_devices
+from analyzer.attribute import attribute
+from analyzer.attribute.accuracy import peak_agreement
+from analyzer.timeline import find_peak
+from analyzer.trace import UNATTRIBUTED
+
+ROOT = Path(__file__).resolve().parents[1]
+SIM = ROOT / "fixtures" / "traces" / "sim"
+REAL = ROOT.parent / "shared" / "real"
+RESULTS = Path(__file__).resolve().parent / "results" / "attribution_accuracy.md"
+FIELDS = ("category", "phase", "module")
+
+
+def markdown(header: list[str], rows: Iterable[list[str]]) -> str:
+    """A markdown table; every column but the first is right-aligned (they hold numbers or yes/no)."""
+    lines = [header, ["---"] + ["---:"] * (len(header) - 1), *rows]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
+
+
+def sim_table() -> str:
+    rows = []
+    for path in sorted(SIM.glob("*.pickle")):
+        tagged, plain = peak_agreement(path, tags=True), peak_agreement(path, tags=False)
+        rows.append([path.stem, *(f"{tagged[f]:.1%}" for f in FIELDS), *(f"{plain[f]:.1%}" for f in FIELDS)])
+    header = ["fixture", *(f"{f} (tags)" for f in FIELDS), *(f"{f} (no tags)" for f in FIELDS)]
+    return markdown(header, rows)
+
+
+def attributed_share(live: pd.DataFrame, field: str) -> str:
+    """Share of the peak's bytes whose `field` is known."""
+    total = live["allocated_bytes"].sum()
+    if not total:
+        return "-"
+    return f"{live.loc[live[field].astype(str) != UNATTRIBUTED, 'allocated_bytes'].sum() / total:.1%}"
+
+
+def real_rows(path: Path) -> list[list[str]]:
+    """One row per active device of a real snapshot (one row saying so when none holds memory)."""
+    trace = analyzer.load(path)
+    attribute(trace)
+    has_python = any(frame[0].endswith(".py") for frames in trace.stacks["frames"] for frame in frames)
+    facts = ["yes" if trace.has_history else "no", "yes" if has_python else "no", str(len(trace.annotations))]
+    name = str(path.relative_to(REAL))
+    devices = active_devices(trace)
+    if not devices:
+        return [[name, "-", "0.00", "-", "-", "-", *facts]]
+    rows = []
+    for device in devices:
+        live = find_peak(trace, device).live
+        rows.append([name, str(device), f"{live['allocated_bytes'].sum() / 2**30:.2f}",
+                     *(attributed_share(live, f) for f in ("phase", "category", "module")), *facts])
+    return rows
+
+
+def real_table() -> str:
+    paths = sorted(p for p in REAL.rglob("*") if p.suffix in (".pickle", ".pkl"))
+    header = ["snapshot", "device", "peak GiB", "phase known", "category known", "module known", "history",
+              "Python frames", "annotations"]
+    return markdown(header, (row for path in paths for row in real_rows(path)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    parts = ["# Attribution accuracy (benchmarks/attribution_accuracy.py)",
+             "## Simulated snapshots: share of peak bytes whose label matches the ground truth", sim_table()]
+    if REAL.is_dir():
+        parts += ["## Real snapshots (../shared/real): share of peak bytes with a label other than `unattributed`",
+                  real_table()]
+    else:
+        parts.append(f"(real snapshots not found at {REAL})")
+    text = "\n\n".join(parts) + "\n"
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
