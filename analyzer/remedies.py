@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pandas as pd
+
 from analyzer.diagnose.evidence import gib
 
 RELEVANT_SHARE = 0.05     # a remedy must act on at least this share of the peak to be listed
@@ -35,6 +37,7 @@ class Demand:
     mixed_precision: bool | None = None      # from the theory check of model states
     expandable_segments: bool | None = None
     recoverable_fragmentation: int = 0       # reserved bytes expandable segments would give back
+    checkpointable: int | None = None        # activations inside repeated blocks minus the blocks' inputs
     triage: str | None = None                # analyzer.diagnose.triage verdict
     leak_bytes: int = 0                      # leaked memory alive at the worst moment
     leak_stacks: list[str] = field(default_factory=list)   # where the leaked memory was allocated, with its rate
@@ -91,6 +94,10 @@ def _shards(d: Demand) -> int:
 
 
 def _checkpointing(d: Demand) -> tuple[int, str]:
+    """Checkpointing each block keeps only its input: what the blocks hold beyond their inputs is saved. Without
+    module names (no repeated blocks found), a share of all activations by the layer count, or half."""
+    if d.checkpointable is not None:
+        return d.checkpointable, "high"
     activations = d.bytes("activation")
     if d.layers and d.layers >= 2:
         return int(activations * (1 - 2 / d.layers)), "medium"
@@ -191,6 +198,18 @@ def count_layers(modules: list[str]) -> int | None:
     """Repeated blocks (`layers.N`, `h.N`, `blocks.N` ...) seen in module names."""
     numbers = {m.group(1) for name in modules if (m := _LAYER.match(name))}
     return len(numbers) or None
+
+
+def checkpointable_bytes(live: pd.DataFrame) -> int | None:
+    """Activations alive in repeated blocks, less each block's output (the next block's input, which
+    checkpointing keeps): the latest activation each block made. None without at least two blocks."""
+    activations = live[live["category"] == "activation"]
+    blocks = activations["module"].astype(str).str.extract(_LAYER.pattern, expand=False)
+    inside = activations[blocks.notna()].assign(block=blocks[blocks.notna()])
+    if inside["block"].nunique() < 2:
+        return None
+    latest = inside.sort_values("t_alloc_us").groupby("block").tail(1)
+    return int(inside["allocated_bytes"].sum() - latest["allocated_bytes"].sum())
 
 
 def rank_remedies(demand: Demand) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from analyzer.diagnose.context import DeviceContext, make_context
 from analyzer.diagnose.evidence import gib, oom_where
 from analyzer.diagnose.step_levels import size
 from analyzer.diagnose.triage import triage
-from analyzer.remedies import Demand, count_layers, describe, rank_remedies
+from analyzer.remedies import Demand, checkpointable_bytes, count_layers, describe, rank_remedies
 from analyzer.theory import explain_model_states
 from analyzer.timeline import live_at
 from analyzer.trace import MemoryTrace
@@ -81,8 +81,8 @@ def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str
     oom_finding = next((f for f in findings if f["kind"] == "oom"), None)
     leak_finding = next((f for f in findings if f["kind"] == "leak"), None)
     worst = d.oom.event_index if oom_finding is not None else d.peak.event_index
+    live = live_at(ctx.trace, ctx.device, d.oom.event_index) if oom_finding is not None else d.peak.live
     if oom_finding is not None:
-        live = live_at(ctx.trace, ctx.device, d.oom.event_index)
         by_category = live.groupby("category", observed=True)["allocated_bytes"].sum().to_dict()
         extra = _REQUEST_CATEGORY.get(oom_finding.get("phase") or "", "other")
         by_category[extra] = by_category.get(extra, 0) + d.oom.requested_bytes
@@ -97,7 +97,7 @@ def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str
         world_size=ctx.world_size, layers=count_layers([r["name"] for r in d.by_module] +
                                                        [str(m) for m in ctx.allocations["module"].unique()]),
         findings={f["kind"] for f in findings}, oom_verdict=oom_finding["verdict"] if oom_finding else None,
-        mixed_precision=None if regime is None else regime.startswith("mixed"),
+        mixed_precision=None if regime is None else regime.startswith("mixed"), checkpointable=checkpointable_bytes(live),
         expandable_segments=ctx.expandable_segments(),
         recoverable_fragmentation=int(picture.get("inactive_bytes") or 0),
         triage=triaged, leak_bytes=leak.leaked_bytes_at(ctx, worst),
