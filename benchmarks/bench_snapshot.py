@@ -9,10 +9,10 @@ Targets: the whole `analyze FILE --format json` within 2x the wall time of bare 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
-from make_large_snapshot import make
 from measure import compare, print_table
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -24,12 +24,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     path = DATA / f"snapshot_{args.entries}.pickle"
-    if not path.exists():
-        import pickle
-
-        DATA.mkdir(parents=True, exist_ok=True)
-        with open(path, "wb") as f:
-            pickle.dump(make(args.entries), f, protocol=4)
+    if not path.exists():  # in a child process: a large parent would inflate the children's peak RSS
+        subprocess.run([sys.executable, str(Path(__file__).with_name("make_large_snapshot.py")), str(path),
+                        "--entries", str(args.entries)], check=True)
     print(f"{path.name}: {path.stat().st_size / 2**20:.0f} MiB, {args.entries} trace entries")
     python = sys.executable
     results = compare({
