@@ -37,7 +37,7 @@ def segment_sums(data) -> dict[int, tuple[int, int, int]]:
 def requested_peak(data, device: int) -> int:
     """Highest requested bytes over the device's trace, anchored so that it ends at the final live requests."""
     trace = data["device_traces"][device] if device < len(data.get("device_traces") or []) else []
-    level, lowest_prefix, levels = 0, 0, [0]
+    level, levels = 0, [0]
     freed_pending: set[int] = set()
     for e in trace:
         a = e["action"]
