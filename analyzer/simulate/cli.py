@@ -1,4 +1,5 @@
-"""`analyze simulate`: write a simulated snapshot from a built-in scenario or from the user's training functions.
+"""`analyze simulate`: write a simulated snapshot from a built-in scenario or from the user's training functions,
+then analyse it as a real snapshot (the predicted peak, the OOM if the step does not fit, what to change).
 
     simulate --list
     simulate --scenario fragmentation [-o out.pickle]
@@ -10,22 +11,13 @@ A user file defines `model_fn()`, `batch_fn(step)` and `optimizer_fn(params)`, a
 from __future__ import annotations
 
 import argparse
-import re
 import runpy
 import sys
 from pathlib import Path
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+from analyzer.sizes import parse_bytes
+
 _REQUIRED = ("model_fn", "batch_fn", "optimizer_fn")
-
-
-def parse_size(text: str) -> int:
-    """'24GiB', '80GB', '512MiB' or a number of bytes."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|B)?\s*", text, re.IGNORECASE)
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 24GiB, 80GB or a number of bytes)")
-    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,10 +26,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--scenario", help="a built-in scenario instead of a file (see --list)")
     parser.add_argument("--list", action="store_true", help="list the built-in scenarios")
     parser.add_argument("-o", "--out", type=Path, help="snapshot to write (default: <scenario>.pickle)")
-    parser.add_argument("--gpu-memory", type=parse_size, help="device capacity, e.g. 24GiB (files only)")
+    parser.add_argument("--gpu-memory", type=parse_bytes, help="device capacity, e.g. 24GiB (files only)")
     parser.add_argument("--steps", type=int, default=3, help="training steps to trace (default 3)")
     parser.add_argument("--expandable-segments", action="store_true", help="simulate expandable_segments:True")
     parser.add_argument("--fake", action="store_true", help="trace under FakeTensorMode (no memory used)")
+    parser.add_argument("--no-analysis", action="store_true", help="only write the snapshot")
     return parser
 
 
@@ -79,4 +72,9 @@ def simulate_command(argv: list[str]) -> int:
     outcome = (f"out of memory in {simulation.oom.phase} of step {simulation.oom.step}" if simulation.oom
                else "no out-of-memory")
     print(f"wrote {out} ({len(simulation.allocator.trace)} trace entries, {outcome}) and its .truth.json")
-    return 0
+    if args.no_analysis:
+        return 0
+    from analyzer.cli import analyze_command
+
+    capacity = ["--gpu-memory", str(simulation.allocator.device.capacity)] if simulation.allocator.device.capacity else []
+    return analyze_command([str(out), *capacity])
