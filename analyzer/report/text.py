@@ -2,6 +2,7 @@
 and the three cheapest remedies. Strings from the input are passed as `Text`, never as markup."""
 from __future__ import annotations
 
+from rich.columns import Columns
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
@@ -18,9 +19,9 @@ _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "dim"}
 
 def _shares(rows: list[Share], title: str) -> Table:
     table = Table(box=None, pad_edge=False, header_style="dim", show_edge=False)
-    table.add_column(title, overflow="fold")
-    table.add_column("bytes", justify="right")
-    table.add_column("share", justify="right")
+    table.add_column(title, overflow="fold", min_width=12)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("share", justify="right", no_wrap=True)
     for r in rows:
         table.add_row(Text(r.label), human_bytes(r.bytes), f"{r.share:.0%}")
     return table
@@ -38,21 +39,23 @@ def _findings(d: DeviceView) -> Table:
     return table
 
 
-def _remedies(d: DeviceView) -> Table:
-    table = Table(box=None, pad_edge=False, show_header=True, header_style="dim", show_edge=False)
-    table.add_column("try", overflow="fold")
-    table.add_column("saves", justify="right", no_wrap=True)
-    table.add_column("new peak", justify="right", no_wrap=True)
-    table.add_column("fits", no_wrap=True)
-    table.add_column("how", overflow="fold", style="cyan")
+def _remedies(d: DeviceView) -> Group:
+    """One line a remedy (what, saving, new peak, fits), its first line of code under it: readable at any width."""
+    lines: list[Text] = [Text("what to change, cheapest first", style="dim")]
     for i, r in enumerate(d.remedies[:TOP_REMEDIES], 1):
-        fits = {True: Text("yes", style="green"), False: Text("no", style="red")}.get(r.fits, Text("?"))
+        line = Text.assemble((f"{i}. {r.title}", "bold" if r.try_first else ""))
+        if r.saved_bytes is not None and r.new_peak_bytes is not None:
+            line.append(f": saves {human_bytes(r.saved_bytes)}, peak {human_bytes(r.new_peak_bytes)}")
+        fits = {True: (" (fits)", "green"), False: (" (still too large)", "red")}.get(r.fits)
+        if fits:
+            line.append(*fits)
+        if r.try_first:
+            line.append("  ← try first", "bold green")
+        lines.append(line)
         how = (r.how or "").strip().splitlines()
-        table.add_row(Text(f"{i}. {r.title}", style="bold" if r.try_first else ""),
-                      human_bytes(r.saved_bytes) if r.saved_bytes is not None else "?",
-                      human_bytes(r.new_peak_bytes) if r.new_peak_bytes is not None else "?",
-                      fits, Text(how[0] + (" …" if len(how) > 1 else "")) if how else "")
-    return table
+        if how:
+            lines.append(Text("     " + how[0] + (" …" if len(how) > 1 else ""), style="cyan"))
+    return Group(*lines)
 
 
 def _device(d: DeviceView, console: Console, several: bool) -> None:
@@ -71,10 +74,8 @@ def _device(d: DeviceView, console: Console, several: bool) -> None:
             line.append(f" from {short_frame(d.oom.where)}")
         console.print(line)
     if d.by_category:
-        grid = Table.grid(padding=(0, 4))
-        grid.add_row(_shares(d.by_category, "category"), _shares(d.by_phase, "phase"),
-                     _shares(d.by_module[:TOP_MODULES], "top modules"))
-        console.print(grid)
+        console.print(Columns([_shares(d.by_category, "category"), _shares(d.by_phase, "phase"),
+                               _shares(d.by_module[:TOP_MODULES], "top modules")], padding=(0, 4)))
     if d.findings:
         console.print(Group(Text("findings", style="dim"), _findings(d)))
     if d.remedies:
