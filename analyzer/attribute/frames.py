@@ -3,10 +3,11 @@ made it. Evaluated once per distinct stack, never per allocation."""
 from __future__ import annotations
 
 import ast
+import os
 import re
+import stat
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 from analyzer.stacks import Frame, format_frame, is_user_frame
 
@@ -61,13 +62,26 @@ def stack_facts(frames: tuple[Frame, ...]) -> StackFacts:
     return StackFacts(has_python, phase, signal, module, user)
 
 
+_MAX_SOURCE_BYTES = 4 << 20  # no real source file is larger; bigger ones are not read
+
+
 @lru_cache(maxsize=4096)
 def _classes_by_line(filename: str) -> tuple[tuple[int, int, str], ...]:
-    """(first line, last line, class name) of every class in a readable source file; empty otherwise."""
+    """(first line, last line, class name) of every class in a readable source file; empty otherwise.
+
+    The file name comes from the input, so it is untrusted: only a regular file of at most _MAX_SOURCE_BYTES
+    is read (opened without blocking and checked with fstat, so a frame naming /dev/zero, a FIFO or a huge
+    file can neither exhaust memory nor block the analysis)."""
     try:
-        source = Path(filename).read_text(encoding="utf-8", errors="replace")
-        tree = ast.parse(source)
-    except (OSError, SyntaxError, ValueError):
+        fd = os.open(filename, os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, "rb") as source:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return ()
+            data = source.read(_MAX_SOURCE_BYTES + 1)
+        if len(data) > _MAX_SOURCE_BYTES:
+            return ()
+        tree = ast.parse(data.decode("utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return ()
     return tuple((node.lineno, node.end_lineno or node.lineno, node.name)
                  for node in ast.walk(tree) if isinstance(node, ast.ClassDef))
