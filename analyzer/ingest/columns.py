@@ -10,7 +10,11 @@ import pandas as pd
 
 from analyzer.trace import MISSING  # never a real size, address, time or index
 
-__all__ = ["MISSING", "int_column", "to_int64", "to_nullable"]
+__all__ = ["MAX_TOTAL_BYTES", "MISSING", "int_column", "to_int64", "to_nullable"]
+
+#: the most bytes a reader accepts in any sum of sizes (1 EiB, beyond any device): totals and timelines are
+#: int64, and a hostile input's sizes must not wrap them around into negative or tiny numbers
+MAX_TOTAL_BYTES = 2**60
 
 
 def int_column() -> array:

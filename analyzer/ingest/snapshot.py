@@ -18,11 +18,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.errors import CorruptInput
+from analyzer.errors import CorruptInput, ResourceLimit
 from analyzer.ingest.safe_pickle import load_untrusted
 from analyzer.ingest.sniff import open_input
 from analyzer.allocator_rules import round_sizes
-from analyzer.ingest.columns import MISSING, to_nullable
+from analyzer.ingest.columns import MAX_TOTAL_BYTES, MISSING, to_nullable
+from analyzer.ingest.fields import plain_settings, text
+from analyzer.ingest.limits import check_devices
 from analyzer.ingest.snapshot_history import (ACTIONS, ALLOC_COLUMNS, ORIGIN_END, ORIGINS, DeviceHistory,
                                               StackInterner, read_device_history)
 from analyzer.trace import TABLES, UNATTRIBUTED, DeviceInfo, MemoryTrace, make_table
@@ -54,6 +56,8 @@ def snapshot_to_trace(data: Any, path: str, consume: bool = False) -> MemoryTrac
         raise
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as error:
         raise CorruptInput(path, f"the snapshot has an unexpected layout ({type(error).__name__}: {str(error)[:120]})", _HINT) from None
+    except RecursionError:
+        raise ResourceLimit(path, "the snapshot is nested too deeply to be read", _HINT) from None
 
 
 def _concat(parts: list[dict[str, np.ndarray]], columns: tuple[str, ...]) -> dict[str, np.ndarray]:
@@ -66,15 +70,25 @@ def _int(value: Any, what: str) -> int:
     return int(value)
 
 
+def _size(value: Any, what: str) -> int:
+    """A byte count: an integer from 0 to MAX_TOTAL_BYTES (a negative or larger one is corrupt, and would
+    turn every total built on it into nonsense)."""
+    size = _int(value, what)
+    if not 0 <= size <= MAX_TOTAL_BYTES:
+        raise ValueError(f"{what} is {size}, outside 0..{MAX_TOTAL_BYTES}")
+    return size
+
+
 class _Builder:
     def __init__(self, data: dict, path: str, legacy_list: bool, consume: bool) -> None:
         self.data, self.path, self.legacy_list, self.consume = data, path, legacy_list, consume
         self.stacks = StackInterner()
-        self.settings = data.get("allocator_settings") or {}
-        if not isinstance(self.settings, dict):
-            self.settings = {}
+        self.settings, dropped = plain_settings(data.get("allocator_settings") or {})
         self.devices: dict[int, DeviceInfo] = {}
         self.warnings: list[str] = []
+        if dropped:
+            self.warnings.append(f"allocator_settings entries that are not plain values were ignored: "
+                                 f"{', '.join(k[:40] for k in dropped[:5])}{' ...' if len(dropped) > 5 else ''}")
         self.unknown_actions: dict[str, int] = {}
 
     # ---- final state -------------------------------------------------------------------------------
@@ -90,18 +104,18 @@ class _Builder:
             address = _int(s["address"], "segment address")
             seg["device"].append(device)
             seg["addr"].append(address)
-            seg["bytes"].append(_int(s["total_size"], "segment total_size"))
-            seg["pool"].append(str(s.get("segment_type", "unknown")))
+            seg["bytes"].append(_size(s["total_size"], "segment total_size"))
+            seg["pool"].append(text(s.get("segment_type", "unknown"), "segment segment_type"))
             seg["stream"].append(_int(s.get("stream", 0), "segment stream"))
             seg["expandable"].append(bool(s.get("is_expandable", False)))
             self.devices.setdefault(device, DeviceInfo(device))
             blocks = s.get("blocks", ())
-            active_sum = sum(_int(b["size"], "block size") for b in blocks if b.get("state") == "active_allocated")
+            active_sum = sum(_size(b["size"], "block size") for b in blocks if b.get("state") == "active_allocated")
             if "allocated_size" in s and active_sum != s["allocated_size"]:
                 inconsistent += 1
             cursor = address
             for b in blocks:
-                size = _int(b["size"], "block size")
+                size = _size(b["size"], "block size")
                 block_addr = _int(b["address"], "block address") if "address" in b else cursor  # 2.0: blocks tile in order
                 cursor = block_addr + size
                 history = b.get("history")
@@ -110,9 +124,11 @@ class _Builder:
                 blk["segment_addr"].append(address)
                 blk["addr"].append(block_addr)
                 blk["bytes"].append(size)
-                blk["requested_bytes"].append(_int(b.get("requested_size", size), "block requested_size"))
-                blk["state"].append(str(b["state"]))
+                blk["requested_bytes"].append(_size(b.get("requested_size", size), "block requested_size"))
+                blk["state"].append(text(b["state"], "block state"))
                 blk["stack_id"].append(self.stacks.intern(frames))
+        if max(sum(seg["bytes"]), sum(blk["bytes"])) > MAX_TOTAL_BYTES:
+            raise ValueError(f"segment or block sizes add up to more than {MAX_TOTAL_BYTES} bytes")
         if inconsistent:
             self.warnings.append(f"{inconsistent} segment(s) state an allocated_size that differs from the sum of their "
                                  "active blocks: the snapshot is inconsistent (edited or synthetic?); block sizes are used")
@@ -125,6 +141,7 @@ class _Builder:
         traces = self.data.get("device_traces") or []
         if not isinstance(traces, list):
             raise TypeError("'device_traces' is not a list")
+        check_devices(set(self.devices) | set(range(len(traces))), self.path)
         histories: list[DeviceHistory] = []
         metadata: dict[str, int] = {"": 0}  # user_metadata strings, interned: code -> string by position
         for device, trace in enumerate(traces):
@@ -232,7 +249,7 @@ class _Builder:
         open_starts: dict[tuple[int, str], list[int]] = {}
         for a in self.data.get("external_annotations") or []:
             device = _int(a.get("device", 0), "annotation device")
-            name = str(a.get("name", ""))
+            name = text(a.get("name", ""), "annotation name")
             stage = a.get("stage")
             t_us = a.get("time_us")
             if stage == "START":

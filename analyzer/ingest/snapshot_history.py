@@ -10,13 +10,14 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import itemgetter
+from operator import is_, itemgetter
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from analyzer.ingest.columns import MISSING, to_int64
+from analyzer.ingest.columns import MAX_TOTAL_BYTES, MISSING, to_int64
+from analyzer.ingest.fields import require_strings, text
 from analyzer.stacks import top_user_frame
 from analyzer.trace import make_table
 
@@ -41,8 +42,9 @@ class StackInterner:
 
     Frame dicts are shared objects in the pickle, and every free entry reuses its alloc's list, so a stack
     is found by identity, not by reading strings: first by the id of its list, then by a probe of four
-    identities checked with list equality (which compares identical elements without looking inside them).
-    A key of all frame ids would cost a new int per frame: ~4 µs an entry."""
+    identities checked element by element with `is` (never `==`, which would look inside distinct elements:
+    a hostile pickle can make that exponential). A key of all frame ids would cost a new int per frame:
+    ~4 µs an entry."""
 
     def __init__(self) -> None:
         self._by_probe: dict[tuple[int, int, int, int], list[tuple[list, int]]] = {}
@@ -58,10 +60,10 @@ class StackInterner:
         probe = (n, id(frames[0]), id(frames[n >> 1]), id(frames[-1]))
         candidates = self._by_probe.setdefault(probe, [])
         for known, sid in candidates:
-            if known == frames:
+            if len(known) == n and all(map(is_, known, frames)):
                 return sid
-        content = tuple((str(f.get("filename", "??")), int(f.get("line", 0) or 0), str(f.get("name", "??")))
-                        for f in frames)
+        content = tuple((text(f.get("filename", "??"), "frame filename"), int(f.get("line", 0) or 0),
+                         text(f.get("name", "??"), "frame name")) for f in frames)
         sid = self._by_content.setdefault(content, len(self.frames))
         if sid == len(self.frames):
             self.frames.append(content)
@@ -110,17 +112,20 @@ CHUNK = 1 << 16  # entries read at a time: with `consume`, each chunk is release
 def _columns(chunk: list, stacks: StackInterner, out: dict[str, array], metadata: dict[str, int]) -> None:
     """Append one chunk's fields to the int64 columns in `out`. The loops run in C (map over dict.get);
     array('q') rejects anything that is not an integer, and a non-dict entry fails dict.get: both surface
-    as a corrupt file."""
+    as a corrupt file. Actions and labels must be strings before they are hashed (see analyzer.ingest.fields)."""
     get = dict.get
-    out["action"].extend(map(ACTION_CODES.get, map(itemgetter("action"), chunk), repeat(OTHER)))
+    actions = list(map(itemgetter("action"), chunk))
+    require_strings(actions, "trace entry actions")
+    out["action"].extend(map(ACTION_CODES.get, actions, repeat(OTHER)))
     out["t_us"].extend(map(get, chunk, repeat("time_us"), repeat(MISSING)))
     out["addr"].extend(map(get, chunk, repeat("addr"), repeat(0)))
     out["bytes"].extend(map(itemgetter("size"), chunk))
     out["stream"].extend(map(get, chunk, repeat("stream"), repeat(0)))
     stacks.intern_all(list(map(get, chunk, repeat("frames"))), out["stack_id"])
     if chunk and "user_metadata" in chunk[0]:  # torch >= 2.10: one label string per entry, mostly ""
-        labels = map(get, chunk, repeat("user_metadata"), repeat(""))
-        out["user_metadata"].extend([metadata.setdefault(str(m), len(metadata)) for m in labels])
+        labels = list(map(get, chunk, repeat("user_metadata"), repeat("")))
+        require_strings(labels, "trace entry user_metadata")
+        out["user_metadata"].extend([metadata.setdefault(m, len(metadata)) for m in labels])
     else:
         out["user_metadata"].extend(repeat(0, len(chunk)))
 
@@ -128,8 +133,10 @@ def _columns(chunk: list, stacks: StackInterner, out: dict[str, array], metadata
 def read_device_history(device: int, trace: list, stacks: StackInterner, metadata: dict[str, int],
                         consume: bool = False) -> DeviceHistory:
     """Columns of one device's trace, and its allocations paired. With `consume`, entries are released
-    chunk by chunk, so memory stays close to the size of the unpickled file."""
+    chunk by chunk, so memory stays close to the size of the unpickled file. Sizes must not be negative, and
+    their sum must stay within MAX_TOTAL_BYTES, so that no total built on them can wrap around."""
     n = len(trace)
+    total_bytes = 0.0
     raw = {k: array("q") for k in ("action", "t_us", "addr", "bytes", "stream", "stack_id", "user_metadata")}
     unknown: dict[str, int] = {}
     device_free: dict[int, int] = {}  # seq of each oom entry -> the free bytes it reports
@@ -137,10 +144,17 @@ def read_device_history(device: int, trace: list, stacks: StackInterner, metadat
         chunk = trace[start:start + CHUNK]
         _columns(chunk, stacks, raw, metadata)
         codes = to_int64(raw["action"][start:])  # a copy: a view would pin the growing array
+        sizes = to_int64(raw["bytes"][start:])
+        if len(sizes) and sizes.min() < 0:
+            first = int(np.argmax(sizes < 0))
+            raise ValueError(f"device {device}: trace entry {start + first} has a negative size ({sizes[first]})")
+        total_bytes += float(sizes.sum(dtype=np.float64))
+        if total_bytes > MAX_TOTAL_BYTES:
+            raise ValueError(f"device {device}: trace entry sizes add up to more than {MAX_TOTAL_BYTES} bytes")
         for i in np.flatnonzero(codes == OOM):
             device_free[start + int(i)] = chunk[i].get("device_free", MISSING)
         for i in np.flatnonzero(codes == OTHER):
-            name = str(chunk[i]["action"])[:40]
+            name = chunk[i]["action"][:40]
             unknown[name] = unknown.get(name, 0) + 1
         if consume:
             trace[start:start + len(chunk)] = [None] * len(chunk)
