@@ -62,8 +62,6 @@ by the rank in distributedInfo, because every rank numbers its own GPUs from 0.
 """
 from __future__ import annotations
 
-import gzip
-import io
 import json
 import re
 import tarfile
@@ -82,6 +80,9 @@ import pandas as pd
 
 from analyzer.errors import AnalyzerError, CorruptInput, ResourceLimit, UnsupportedFormat
 from analyzer.ingest import sniff
+from analyzer.ingest.columns import MAX_TOTAL_BYTES
+from analyzer.ingest.json_depth import DepthLimitedStream
+from analyzer.ingest.limits import check_devices
 from analyzer.stacks import top_user_frame
 from analyzer.trace import UNATTRIBUTED, DeviceInfo, MemoryTrace, MultiRankTrace, empty_table, make_table
 
@@ -113,6 +114,7 @@ _NONE = -(2**63)                           # "absent" in the integer arrays belo
 _FRAME = re.compile(r"^(.*)\((\d+)\): (.*)$")
 _MODULE_MARK = "nn.Module: "
 _HEAD_BYTES = 8 << 20
+_MAX_TS_US = 2.0**53                       # ~285 years: times beyond it are corrupt (and would overflow int64)
 _TAIL_BYTES = 8 << 20
 
 
@@ -179,12 +181,11 @@ def _check_archive_size(path: Path, total: int) -> int:
 
 
 def _open_member(archive: tarfile.TarFile, member: tarfile.TarInfo, name: str) -> IO[bytes]:
-    """A buffered stream of one archive member, gunzipped (with the package's size limit) when it is gzip."""
+    """A buffered stream of one archive member, gunzipped (with the package's limits) when it is gzip."""
     stream = archive.extractfile(member)
     assert stream is not None  # regular files always have content
     if stream.peek(2)[:2] == b"\x1f\x8b":
-        limited = sniff._LimitedReader(gzip.GzipFile(fileobj=stream), sniff.max_decompressed_bytes(), name)
-        return io.BufferedReader(limited, buffer_size=1 << 20)
+        return sniff.gunzip(stream, name)
     return stream
 
 
@@ -195,7 +196,7 @@ def parse_chrome_trace(stream: IO[bytes], name: str, reopen: Callable[[], IO[byt
     if first_byte(stream) not in (b"{", b""):
         raise CorruptInput(name, "the top level is not a JSON object, so this is not a Chrome trace", _HINT)
     backend, warnings = ijson_backend()
-    recorder = _Recorder(stream)
+    recorder = _Recorder(DepthLimitedStream(stream, name))
     kept = _Kept()
     with reading(name, _HINT):
         floor = kept.collect(backend.items(recorder, "traceEvents.item", use_float=True), recorder)
@@ -767,13 +768,17 @@ class _Assembler:
         self.base_ns = int(base_ns) if isinstance(base_ns, (int, float)) else None
 
     def epoch_us(self, ts: np.ndarray) -> np.ndarray:
-        """Floored epoch microseconds: relative float µs plus baseTimeNanoseconds where the trace has it."""
+        """Floored epoch microseconds: relative float µs plus baseTimeNanoseconds where the trace has it.
+        A time that is not finite or beyond ±2**53 µs is refused rather than cast into a nonsense integer."""
+        if len(ts) and not (np.abs(ts) < _MAX_TS_US).all():
+            raise ValueError(f"event times outside ±{_MAX_TS_US:.0f} µs (not finite, or absurdly far)")
         if self.base_ns is None:
             return np.floor(ts).astype(np.int64)
         return np.floor(ts + (self.base_ns % 1000) / 1000).astype(np.int64) + self.base_ns // 1000
 
     def build(self) -> MemoryTrace:
         k = self.kept
+        check_devices({*np.unique(_array(k.m_device, "q")).tolist(), *k.kernel_devices}, self.name)
         ts, tid = _array(k.m_ts, "d"), _array(k.m_tid, "q")
         stacks = _Stacks(k, self.names)
         builder = self._replay(ts, tid, stacks.of_events(ts, tid))
@@ -815,6 +820,7 @@ class _Assembler:
     def _replay_device(self, builder: HistoryBuilder, device: int, columns: list[np.ndarray],
                        stacks: list[int | None]) -> None:
         t, tid, addr, nbytes, allocated, reserved, oom = columns
+        _check_sizes(nbytes, allocated, reserved)
         memory = oom == 0
         by_address = bool(memory.any()) and bool((addr[memory] != _NONE).all())
         has_reserved = device != HOST and bool(memory.any()) and bool((reserved[memory] != _NONE).all())
@@ -910,6 +916,15 @@ def _annotations(spans: pd.DataFrame, device: int) -> pd.DataFrame:
     return make_table("annotations", {"device": np.full(len(chosen), device, dtype=np.int64),
                                       "name": names[keep].tolist(), "start_us": chosen["start_us"],
                                       "end_us": chosen["end_us"], "thread": chosen["thread"]})
+
+
+def _check_sizes(nbytes: np.ndarray, allocated: np.ndarray, reserved: np.ndarray) -> None:
+    """No negative total, and no sum of sizes past MAX_TOTAL_BYTES (the timeline's int64 sums would wrap)."""
+    totals = np.concatenate([allocated, reserved])
+    if ((totals < 0) & (totals != _NONE)).any():
+        raise ValueError("a Total Allocated or Total Reserved is negative")
+    if np.abs(nbytes.astype(np.float64)).sum() > MAX_TOTAL_BYTES or totals.max(initial=0) > MAX_TOTAL_BYTES:
+        raise ValueError(f"sizes add up to more than {MAX_TOTAL_BYTES} bytes")
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -30,7 +30,9 @@ from typing import Any
 import numpy as np
 
 from analyzer.errors import CorruptInput
+from analyzer.ingest.columns import MAX_TOTAL_BYTES
 from analyzer.ingest import sniff
+from analyzer.ingest.json_depth import DepthLimitedStream
 from analyzer.ingest.kineto import BySize, HistoryBuilder, Pile, first_byte, ijson_backend, reading
 from analyzer.trace import UNATTRIBUTED, DeviceInfo, MemoryTrace, empty_table
 
@@ -50,7 +52,7 @@ def read_memory_timeline(path: Path) -> MemoryTrace:
         if first_byte(stream) != b"[":
             raise CorruptInput(name, "the top level is not a JSON list, so this is not a memory timeline", _HINT)
         backend, warnings = ijson_backend()
-        items = backend.items(stream, "item", use_float=True)
+        items = backend.items(DepthLimitedStream(stream, name), "item", use_float=True)
         first, second = next(items, None), next(items, None)
         if isinstance(second, list) and second and isinstance(second[0], list):
             return _curve_trace(name, first, second, warnings)
@@ -90,6 +92,8 @@ def _raw_columns(rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
         raise ValueError("a PREEXISTING or CREATE row frees bytes, or a DESTROY row adds them")
     if ((category < 0) | (category >= len(CATEGORIES))).any():
         raise ValueError(f"category indices outside 0..{len(CATEGORIES) - 1}")
+    if np.abs(nbytes.astype(np.float64)).sum() > MAX_TOTAL_BYTES:
+        raise ValueError(f"sizes add up to more than {MAX_TOTAL_BYTES} bytes")
     return t_ns, action, nbytes, category
 
 
@@ -99,6 +103,8 @@ def _curve_trace(name: str, times: Any, sizes: list, warnings: list[str]) -> Mem
     if not isinstance(times, list) or levels.ndim != 2 or levels.shape != (len(times), len(CATEGORIES) + 1):
         raise ValueError(f"expected [times, sizes] with {len(CATEGORIES) + 1} sizes per time")
     levels = levels[:, 1:]  # column 0 is never written by torch
+    if (levels < 0).any() or levels.astype(np.float64).sum(axis=1).max(initial=0) > MAX_TOTAL_BYTES:
+        raise ValueError(f"category sizes must not be negative nor add up to more than {MAX_TOTAL_BYTES} bytes")
     t_us = np.array(times, dtype=np.int64)
     builder = HistoryBuilder()
     builder.start_device(DEVICE, Pile)

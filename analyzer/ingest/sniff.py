@@ -18,6 +18,11 @@ from analyzer.errors import CorruptInput, InputNotFound, ResourceLimit, Unsuppor
 
 #: decompressed bytes we accept from one gzip member stream; set ANALYZER_MAX_DECOMPRESSED_BYTES to change
 DEFAULT_MAX_DECOMPRESSED_BYTES = 32 * 2**30
+#: decompressed bytes per compressed byte past which a stream is taken for a gzip bomb, once RATIO_FLOOR_BYTES
+#: have come out (real traces and snapshots expand 5-30 times, deflate at most ~1000); set
+#: ANALYZER_MAX_COMPRESSION_RATIO to change
+DEFAULT_MAX_COMPRESSION_RATIO = 200
+RATIO_FLOOR_BYTES = 64 << 20
 
 SNAPSHOT = "snapshot"
 KINETO = "kineto"
@@ -40,11 +45,23 @@ def max_decompressed_bytes() -> int:
     return int(os.environ.get("ANALYZER_MAX_DECOMPRESSED_BYTES", DEFAULT_MAX_DECOMPRESSED_BYTES))
 
 
-class _LimitedReader(io.RawIOBase):
-    """Counts decompressed bytes and stops a gzip bomb at the configured limit."""
+def max_compression_ratio() -> int:
+    return int(os.environ.get("ANALYZER_MAX_COMPRESSION_RATIO", DEFAULT_MAX_COMPRESSION_RATIO))
 
-    def __init__(self, inner: IO[bytes], limit: int, path: str) -> None:
-        self._inner, self._limit, self._path, self._count = inner, limit, path, 0
+
+def gunzip(compressed: IO[bytes], path: str) -> IO[bytes]:
+    """A buffered stream of the gzip data in `compressed`, stopped by both limits above."""
+    return io.BufferedReader(_LimitedReader(gzip.GzipFile(fileobj=compressed), compressed, path), buffer_size=1 << 20)
+
+
+class _LimitedReader(io.RawIOBase):
+    """Counts decompressed bytes and stops a gzip bomb: at the configured size, or as soon as the stream has
+    expanded past the configured ratio (so a small bomb is stopped after RATIO_FLOOR_BYTES, not after
+    gigabytes that a pickle would hold in memory)."""
+
+    def __init__(self, inner: IO[bytes], compressed: IO[bytes], path: str) -> None:
+        self._inner, self._compressed, self._path, self._count = inner, compressed, path, 0
+        self._limit, self._ratio = max_decompressed_bytes(), max_compression_ratio()
 
     def readable(self) -> bool:
         return True
@@ -58,6 +75,9 @@ class _LimitedReader(io.RawIOBase):
         if self._count > self._limit:
             raise ResourceLimit(self._path, f"decompresses to more than {self._limit} bytes",
                                 "Raise ANALYZER_MAX_DECOMPRESSED_BYTES if the file is genuine.")
+        if self._count > RATIO_FLOOR_BYTES and self._count > self._ratio * max(self._compressed.tell(), 1):
+            raise ResourceLimit(self._path, f"decompresses to more than {self._ratio} times its compressed size "
+                                "(a gzip bomb?)", "Raise ANALYZER_MAX_COMPRESSION_RATIO if the file is genuine.")
         return n
 
     def close(self) -> None:
@@ -89,8 +109,7 @@ def open_input(path: Path) -> IO[bytes]:
     for listener in OPEN_LISTENERS:
         listener(raw, path.stat().st_size)
     if raw.peek(2)[:2] == _GZIP_MAGIC:
-        limited = _LimitedReader(gzip.GzipFile(fileobj=raw), max_decompressed_bytes(), str(path))
-        return io.BufferedReader(limited, buffer_size=1 << 20)
+        return gunzip(raw, str(path))
     return raw
 
 
