@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.errors import CorruptInput, UnsupportedFormat
+from analyzer.ingest.limits import check_devices
 from analyzer.trace import DeviceInfo, MemoryTrace, empty_table, make_table
 
 #: one row per GPU activity (`MemoryTrace.kernels`); times are epoch µs like every other table
@@ -127,7 +128,7 @@ def _parse_marker(text: str) -> Any:
         pass
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -136,7 +137,8 @@ class _Export:
 
     def __init__(self, db: sqlite3.Connection, path: str) -> None:
         self.db, self.path = db, path
-        self.tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+        # tables only: nsys writes no views, and a view can be an endless recursive query (a hang on SELECT)
+        self.tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         self._columns: dict[str, set[str]] = {}
 
     def columns(self, table: str) -> set[str]:
@@ -425,6 +427,7 @@ class _Reader:
             devices.setdefault(int(device), DeviceInfo(int(device)))
         for device, n in events["device"].value_counts().items():
             devices[int(device)].trace_entries = int(n)
+        check_devices(devices, self.x.path)
         return MemoryTrace(
             source_path=self.x.path, source_kind="nsys", allocations=empty_table("allocations"),
             segments=segments, blocks=empty_table("blocks"), events=events, stacks=empty_table("stacks"),
