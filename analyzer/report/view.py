@@ -392,7 +392,8 @@ def _sites(trace: MemoryTrace, live: pd.DataFrame) -> list[Site]:
     if live.empty:
         return []
     frames = trace.stacks["top_user_frame"]
-    where = live["stack_id"].map(lambda s: None if pd.isna(s) else frames.iat[int(s)])
+    # object dtype first: mapping an all-NA Int64 column keeps Int64, which cannot be filled with ""
+    where = live["stack_id"].astype(object).map(lambda s: None if pd.isna(s) else frames.iat[int(s)])
     grouped = live.assign(where=where.fillna("")).groupby("where")["allocated_bytes"].agg(["count", "sum"])
     grouped = grouped.sort_values("sum", ascending=False).head(SITES_SHOWN)
     total = int(live["allocated_bytes"].sum())
