@@ -125,7 +125,9 @@ def _columns(chunk: list, stacks: StackInterner, out: dict[str, array], metadata
     if chunk and "user_metadata" in chunk[0]:  # torch >= 2.10: one label string per entry, mostly ""
         labels = list(map(get, chunk, repeat("user_metadata"), repeat("")))
         require_strings(labels, "trace entry user_metadata")
-        out["user_metadata"].extend([metadata.setdefault(m, len(metadata)) for m in labels])
+        for label in set(labels).difference(metadata):  # new labels get the next codes; lookups stay in C
+            metadata[label] = len(metadata)
+        out["user_metadata"].extend(map(metadata.__getitem__, labels))
     else:
         out["user_metadata"].extend(repeat(0, len(chunk)))
 
