@@ -75,7 +75,6 @@ def analyze_command(argv: list[str]) -> int:
     from analyzer.trace import MultiRankTrace
     from analyzer.progress import reading_progress
     from analyzer.report.trace_export import export_trace
-    from analyzer.report.text import print_summary
 
     args = _parser().parse_args(argv)
     json_to_stdout = args.format == "json" and args.output is None
@@ -88,7 +87,7 @@ def analyze_command(argv: list[str]) -> int:
     out = args.output if args.output or json_to_stdout else default_output(args.file, args.format)
     if len(analyses) > 1 and args.format == "json":  # one document for the job, each device tagged with its rank
         for a in analyses:
-            print_summary(a, console)
+            _summary(a, console)
         text = json.dumps(combine_json(str(args.file), analyses), indent=2)
         if out is None:
             sys.stdout.write(text + "\n")
@@ -105,11 +104,18 @@ def analyze_command(argv: list[str]) -> int:
     for a in analyses:
         if len(analyses) > 1:
             console.rule(f"rank {a.trace.rank}")
-        print_summary(a, console)
+        _summary(a, console)
         target = out if len(analyses) == 1 else out.with_name(f"{out.stem}.rank{a.trace.rank}{out.suffix}")
         for path in reporter(args.format)(a, target):
             console.print(f"\nreport written to [bold]{path}[/bold]")
     return 0
+
+
+def _summary(analysis, console: Console) -> None:
+    """The terminal summary, not even built when nothing would be printed (-q, JSON on stdout)."""
+    if not console.quiet:
+    
+        print_summary(analysis, console)
 
 
 def _run_subcommand(name: str, argv: list[str]) -> int:
