@@ -114,7 +114,8 @@ def analyze_command(argv: list[str]) -> int:
 def _summary(analysis, console: Console) -> None:
     """The terminal summary, not even built when nothing would be printed (-q, JSON on stdout)."""
     if not console.quiet:
-    
+        from analyzer.report.text import print_summary
+
         print_summary(analysis, console)
 
 
