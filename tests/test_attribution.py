@@ -1,5 +1,5 @@
 """Attribution against ground truth on the simulated fixtures, and each attribution signal on its own on a
-hand-written snapshot of a few allocations (docs/accuracy.md has the measured levels)."""
+hand-written snapshot of a few allocations (the README's Accuracy section has the measured levels)."""
 from __future__ import annotations
 
 from collections.abc import Iterable

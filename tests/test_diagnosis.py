@@ -7,7 +7,7 @@ at the true peak, `optimizer_spike` where the true peak of an optimizer step is 
 The `fragmentation` finding (informational: reserved minus allocated over 5% of reserved) is expected only
 where the scenario is about fragmentation; elsewhere it is listed, not scored.
 
-    python tests/test_diagnosis.py    # prints the expected-vs-reported table of docs/accuracy.md
+    python tests/test_diagnosis.py    # prints the expected-vs-reported table of the README's Accuracy section
 """
 from __future__ import annotations
 
