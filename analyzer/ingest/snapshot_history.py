@@ -56,11 +56,15 @@ class StackInterner:
         """Stack id of `frames`, or MISSING when there are none."""
         if not frames:
             return MISSING
-        n = len(frames)
-        probe = (n, id(frames[0]), id(frames[n >> 1]), id(frames[-1]))
-        candidates = self._by_probe.setdefault(probe, [])
+        return self._find(frames, (len(frames), id(frames[0]), id(frames[len(frames) >> 1]), id(frames[-1])))
+
+    def _find(self, frames: Any, probe: tuple[int, int, int, int]) -> int:
+        """The id of a known stack with the same frame objects (the probe holds the length), else a new one."""
+        candidates = self._by_probe.get(probe)
+        if candidates is None:
+            candidates = self._by_probe[probe] = []
         for known, sid in candidates:
-            if len(known) == n and all(map(is_, known, frames)):
+            if all(map(is_, known, frames)):
                 return sid
         content = tuple((text(f.get("filename", "??"), "frame filename"), int(f.get("line", 0) or 0),
                          text(f.get("name", "??"), "frame name")) for f in frames)
@@ -73,15 +77,17 @@ class StackInterner:
     def intern_all(self, frame_lists: list[Any], out: array) -> None:
         """Append the stack ids of many entries to `out`, caching by list id. That is safe even as entries
         are released: every list looked up was made by the unpickler before any was freed, so no two of
-        them ever share an id. Lists without frames map to id 0, cached as MISSING."""
-        by_list = self._by_list
+        them ever share an id. Lists without frames map to id 0, cached as MISSING. The probes of the new
+        lists are computed in one comprehension: this runs once per allocation of large snapshots."""
+        by_list, find = self._by_list, self._find
         by_list[0] = MISSING
         list_ids = [id(f) if f else 0 for f in frame_lists]
         unseen = [i for i in dict.fromkeys(list_ids) if i not in by_list]
         if unseen:
             frames_by_id = dict(zip(list_ids, frame_lists))
-            for list_id in unseen:
-                by_list[list_id] = self.intern(frames_by_id[list_id])
+            lists = list(map(frames_by_id.__getitem__, unseen))
+            probes = [(len(f), id(f[0]), id(f[len(f) >> 1]), id(f[-1])) for f in lists]
+            by_list.update(zip(unseen, map(find, lists, probes)))
         out.extend(map(by_list.__getitem__, list_ids))
 
     def table(self) -> pd.DataFrame:
