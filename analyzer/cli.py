@@ -101,12 +101,13 @@ def analyze_command(argv: list[str]) -> int:
                                     "Pass one rank's .json(.gz) trace.")
         for path in export_trace(analyses[0], args.export_trace):
             console.print(f"trace with memory counters written to [bold]{path}[/bold]")
-    for a in analyses:
+    for a in analyses:  # the report first: a closed pipe on stdout (| head) must not cost the user the file
+        target = out if len(analyses) == 1 else out.with_name(f"{out.stem}.rank{a.trace.rank}{out.suffix}")
+        written = reporter(args.format)(a, target)
         if len(analyses) > 1:
             console.rule(f"rank {a.trace.rank}")
         _summary(a, console)
-        target = out if len(analyses) == 1 else out.with_name(f"{out.stem}.rank{a.trace.rank}{out.suffix}")
-        for path in reporter(args.format)(a, target):
+        for path in written:
             console.print(f"\nreport written to [bold]{path}[/bold]")
     return 0
 
