@@ -14,6 +14,7 @@ from analyzer.stacks import short_frame
 
 TOP_MODULES = 5
 TOP_REMEDIES = 3
+TOP_LIVE = 5
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "dim"}
 
 
@@ -25,6 +26,18 @@ def _shares(rows: list[Share], title: str) -> Table:
     for r in rows:
         table.add_row(Text(r.label), human_bytes(r.bytes), f"{r.share:.0%}")
     return table
+
+
+def _largest(d: DeviceView) -> Group:
+    """The largest allocations live at the peak, each with the user line that made it."""
+    table = Table(box=None, pad_edge=False, header_style="dim", show_edge=False)
+    table.add_column("live at the peak", justify="right", no_wrap=True)
+    table.add_column("category", no_wrap=True)
+    table.add_column("allocated by (innermost user frame)", overflow="fold")
+    for a in d.live[:TOP_LIVE]:
+        table.add_row(human_bytes(a.allocated_bytes), words(a.category),
+                      Text(short_frame(a.where)) if a.where else Text("no user frame recorded", style="dim"))
+    return Group(table)
 
 
 def _findings(d: DeviceView) -> Table:
@@ -76,6 +89,8 @@ def _device(d: DeviceView, console: Console, several: bool) -> None:
     if d.by_category:
         console.print(Columns([_shares(d.by_category, "category"), _shares(d.by_phase, "phase"),
                                _shares(d.by_module[:TOP_MODULES], "top modules")], padding=(0, 4)))
+    if d.live:
+        console.print(_largest(d))
     if d.findings:
         console.print(Group(Text("findings", style="dim"), _findings(d)))
     if d.remedies:
