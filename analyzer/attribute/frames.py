@@ -41,7 +41,6 @@ class StackFacts:
     phase: str | None          # what torch frames say, or None
     phase_signal: str | None
     module: str | None         # "Class.forward" (or "file:line forward") of the innermost user forward frame
-    user_frame: str | None
 
 
 def stack_facts(frames: tuple[Frame, ...]) -> StackFacts:
@@ -58,8 +57,7 @@ def stack_facts(frames: tuple[Frame, ...]) -> StackFacts:
     module = next((resolve_method(f) for f in frames if is_user_frame(f) and f[2] == "forward"), None)
     if phase is None and module is not None:
         phase, signal = "forward", "frames:user-forward"
-    user = next((format_frame(f) for f in frames if is_user_frame(f)), None)
-    return StackFacts(has_python, phase, signal, module, user)
+    return StackFacts(has_python, phase, signal, module)
 
 
 _MAX_SOURCE_BYTES = 4 << 20  # no real source file is larger; bigger ones are not read

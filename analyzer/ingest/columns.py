@@ -1,5 +1,5 @@
-"""Compact column builders for readers: int64 arrays with a sentinel for "missing", turned into pandas
-nullable columns without copying. A Python list of a million ints costs ~36 MB; an array costs 8 MB, and
+"""Compact columns for readers: int64 arrays (`array('q')`) with a sentinel for "missing", turned into numpy
+and pandas nullable columns. A Python list of a million ints costs ~36 MB; an array costs 8 MB, and
 appending to it is as fast, so large inputs stay within a small multiple of their own size in memory."""
 from __future__ import annotations
 
@@ -10,15 +10,11 @@ import pandas as pd
 
 from analyzer.trace import MISSING  # never a real size, address, time or index
 
-__all__ = ["MAX_TOTAL_BYTES", "MISSING", "int_column", "to_int64", "to_nullable"]
+__all__ = ["MAX_TOTAL_BYTES", "MISSING", "to_int64", "to_nullable"]
 
 #: the most bytes a reader accepts in any sum of sizes (1 EiB, beyond any device): totals and timelines are
 #: int64, and a hostile input's sizes must not wrap them around into negative or tiny numbers
 MAX_TOTAL_BYTES = 2**60
-
-
-def int_column() -> array:
-    return array("q")
 
 
 def to_int64(column: array) -> np.ndarray:
