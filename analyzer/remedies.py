@@ -38,6 +38,8 @@ class Demand:
     expandable_segments: bool | None = None
     recoverable_fragmentation: int = 0       # reserved bytes expandable segments would give back
     checkpointable: int | None = None        # activations inside repeated blocks minus the blocks' inputs
+    first_step_excess: int | None = None     # how much higher the first optimizer step peaks than later ones
+    lazy_state_trouble: bool = False         # the first optimizer step (lazy state creation) OOMed or peaks highest
     triage: str | None = None                # analyzer.diagnose.triage verdict
     leak_bytes: int = 0                      # leaked memory alive at the worst moment
     leak_stacks: list[str] = field(default_factory=list)   # where the leaked memory was allocated, with its rate
@@ -132,6 +134,14 @@ REMEDIES: list[Remedy] = [
     Remedy("sharded_save", "Save a sharded checkpoint (torch.distributed.checkpoint)", "a directory of shards instead of one file",
            "import torch.distributed.checkpoint as dcp\ndcp.save({'model': model.state_dict()}, checkpoint_id=path)",
            lambda d: (int(d.bytes("other") * (1 - 1 / _shards(d))), "medium"), lambda d: "checkpoint_gather" in d.findings),
+    # story 5: the first optimizer step OOMs while later ones would fit: create Adam's state up front, in a clean
+    # allocator, instead of lazily on top of the first step's gradients and temporaries
+    Remedy("init_optimizer_state", "Create the optimizer state before the first batch", "one extra step at lr 0 "
+           "(Adam's step counter starts at 1: the first bias correction differs slightly)",
+           "for p in model.parameters():\n    p.grad = torch.zeros_like(p)\nlrs = [g['lr'] for g in optimizer.param_groups]\n"
+           "for g in optimizer.param_groups:\n    g['lr'] = 0.0\noptimizer.step(); optimizer.zero_grad(set_to_none=True)\n"
+           "for g, lr in zip(optimizer.param_groups, lrs):\n    g['lr'] = lr",
+           lambda d: (d.first_step_excess, "low"), lambda d: d.lazy_state_trouble),
     Remedy("micro_batch", "Halve the micro-batch", "instant; lower throughput; very small batches can hurt convergence",
            "batch_size = batch_size // 2   # keep the global batch with gradient accumulation (next remedy)",
            lambda d: (_batch_scaled(d) // 2, "high"), _batch_advice),

@@ -80,6 +80,7 @@ def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str
     d = ctx.d
     oom_finding = next((f for f in findings if f["kind"] == "oom"), None)
     leak_finding = next((f for f in findings if f["kind"] == "leak"), None)
+    spike = next((f for f in findings if f["kind"] == "optimizer_spike"), None)
     worst = d.oom.event_index if oom_finding is not None else d.peak.event_index
     live = live_at(ctx.trace, ctx.device, d.oom.event_index) if oom_finding is not None else d.peak.live
     if oom_finding is not None:
@@ -98,6 +99,9 @@ def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str
                                                        [str(m) for m in ctx.allocations["module"].unique()]),
         findings={f["kind"] for f in findings}, oom_verdict=oom_finding["verdict"] if oom_finding else None,
         mixed_precision=None if regime is None else regime.startswith("mixed"), checkpointable=checkpointable_bytes(live),
+        first_step_excess=spike.get("first_step_excess_bytes") if spike else None,
+        lazy_state_trouble=bool(spike and spike["lazy_state_bytes"] and (
+            spike["oom_in_first_step"] or (spike.get("first_step_excess_bytes") or 0) > 0)),
         expandable_segments=ctx.expandable_segments(),
         recoverable_fragmentation=int(picture.get("inactive_bytes") or 0),
         triage=triaged, leak_bytes=leak.leaked_bytes_at(ctx, worst),

@@ -46,6 +46,8 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     return [{
         "kind": "optimizer_spike", "severity": "warning", "bytes": raise_bytes, "optimizer": name,
         "lazy_state_bytes": lazy_bytes, "temporary_bytes": temp_bytes, "first_step": first_step,
+        "first_step_excess_bytes": _first_step_excess(ctx, first_step),
+        "oom_in_first_step": bool(oom_in_optimizer and labels_at(ctx.labels, ctx.d.oom.event_index)[0] == first_step),
         "summary": (f"{name}.step raises the peak by {gib(raise_bytes)} (to {gib(peak.bytes)}; {gib(peak.elsewhere)} "
                     f"elsewhere): {gib(lazy_bytes)} of state created lazily at step {first_step} (persistent"
                     + (f", {lazy_bytes / parameters:.1f}x the parameters" if parameters else "")
@@ -55,6 +57,19 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
                                  "lazy_state_bytes": lazy_bytes, "temporary_bytes": temp_bytes,
                                  "parameter_bytes": parameters}},
     }]
+
+
+def _first_step_excess(ctx: DeviceContext, first_step: int | None) -> int | None:
+    """How much higher the first optimizer step peaks than the later ones (None: no later step recorded)."""
+    events = ctx.timeline[ctx.timeline["seq"] >= 0]
+    labels = ctx.labels.iloc[: len(events)]
+    optimizer = (labels["phase"] == "optimizer").to_numpy()
+    if first_step is None or not optimizer.any():
+        return None
+    peaks = pd.Series(events["allocated_bytes"].to_numpy()[optimizer]).groupby(
+        labels["step"].to_numpy()[optimizer]).max()
+    later = peaks[peaks.index > first_step]
+    return None if later.empty else max(0, int(peaks.get(first_step, 0) - later.max()))
 
 
 def _first_optimizer_step(allocations: pd.DataFrame) -> int | None:
