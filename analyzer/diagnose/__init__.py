@@ -124,8 +124,7 @@ def verdict(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[d
             f"Memory grows on {ctx.trace.device_label(d.device)}"
         return f"{opening}: a leak, not the size of the work: {_leak_clause(leak_finding)}.{advice}"
     if oom_finding is not None:
-        reason = {"fragmentation": "fragmentation, not capacity", "outside_pytorch": "memory outside PyTorch",
-                  "capacity": "the work does not fit"}[oom_finding["verdict"]]
+        reason = _oom_reason(oom_finding)
         composition = d.composition()
         return (f"Out of memory on {ctx.trace.device_label(d.device)}{' ' + where if where else ''}: {reason}"
                 f"{'; ' + composition if composition else ''}.{advice}")
@@ -133,6 +132,19 @@ def verdict(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[d
     composition = d.composition()
     return (f"Peak {gib(d.peak.allocated_bytes)} allocated on {ctx.trace.device_label(d.device)}{' ' + place if place else ''}"
             f"{': ' + composition if composition else ''}.{advice}")
+
+
+def _oom_reason(finding: dict[str, Any]) -> str:
+    """Why the OOM happened, with the numbers that show it (story 4: plenty of free memory, still OOM)."""
+    facts = finding["evidence"]["details"]
+    if finding["verdict"] == "fragmentation":
+        expandable = {True: "on", False: "off"}.get(facts.get("expandable_segments"), "not recorded")
+        return (f"fragmentation, not capacity (reserved {gib(facts['reserved_bytes'])}, allocated "
+                f"{gib(facts['allocated_bytes'])}, largest free block {gib(facts['largest_free_block_bytes'])} < the "
+                f"{gib(facts['requested_bytes'])} request; expandable_segments {expandable})")
+    if finding["verdict"] == "outside_pytorch":
+        return f"memory outside PyTorch ({gib(facts['outside_pytorch_bytes'])} neither free nor PyTorch's)"
+    return "the work does not fit"
 
 
 def _leak_clause(finding: dict[str, Any]) -> str:
