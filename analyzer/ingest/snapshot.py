@@ -229,7 +229,7 @@ class _Builder:
             start = open_ranges.pop(key, None)
             seq0, t0, size0, stream0, mapped = start if start else (None, None, size, stream, action == "segment_unmap")
             self._append_segment(columns, device, addr, size0, stream0, mapped, seq0, t0, seq, t_us)
-        for (device, addr), (seq0, t0, size, stream, mapped) in open_ranges.items():
+        for (device, addr), (seq0, t0, *_) in open_ranges.items():  # still reserved at the end: a final segment
             i = final_index.get((device, addr))
             if i is not None and columns["seq_alloc"][i] is None:
                 columns["seq_alloc"][i], columns["t_alloc_us"][i] = seq0, t0
