@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 UNATTRIBUTED = "unattributed"
@@ -123,6 +124,8 @@ MISSING = -(2**63)  # readers may store this in nullable columns for NA (see ana
 def _column(values: Any, dtype: str) -> Any:
     if dtype == "object":
         return pd.Series(values, dtype=object)
+    if dtype == "Int64" and isinstance(values, np.ndarray) and values.dtype == np.int64:
+        return pd.arrays.IntegerArray(values, values == MISSING)  # the readers' int64 columns: one pass, no copy
     column = pd.array(values, dtype=dtype)
     if dtype == "Int64" and len(column):
         column[(column == MISSING).fillna(False)] = pd.NA

@@ -82,10 +82,9 @@ class StackInterner:
         by_list, find = self._by_list, self._find
         by_list[0] = MISSING
         list_ids = [id(f) if f else 0 for f in frame_lists]
-        unseen = [i for i in dict.fromkeys(list_ids) if i not in by_list]
+        unseen = {i: f for i, f in zip(list_ids, frame_lists) if i not in by_list}
         if unseen:
-            frames_by_id = dict(zip(list_ids, frame_lists))
-            lists = list(map(frames_by_id.__getitem__, unseen))
+            lists = list(unseen.values())
             probes = [(len(f), id(f[0]), id(f[len(f) >> 1]), id(f[-1])) for f in lists]
             by_list.update(zip(unseen, map(find, lists, probes)))
         out.extend(map(by_list.__getitem__, list_ids))
