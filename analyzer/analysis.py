@@ -14,6 +14,7 @@ import pandas as pd
 
 from analyzer.attribute import attribute
 from analyzer.breakdown import TOP_MODULES, event_labels, labels_at, split, step_peaks
+from analyzer.gc_pause import gc_paused
 from analyzer.stacks import short_frame
 from analyzer.timeline import Peak, find_peak
 from analyzer.trace import MemoryTrace
@@ -226,6 +227,12 @@ def analyze(source: str | Path | MemoryTrace, gpu_memory: int | None = None,
         from analyzer.ingest import load
 
         trace = load(source)
+    with gc_paused():  # millions of live objects from the reader: see analyzer.gc_pause
+        return _analyze(trace, gpu_memory, world_size, device_usage)
+
+
+def _analyze(trace: MemoryTrace, gpu_memory: int | None, world_size: int | None,
+             device_usage: MemoryTrace | None) -> Analysis:
     devices = []
     warnings = list(trace.warnings)
     attribute(trace)

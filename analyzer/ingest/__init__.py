@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from analyzer.errors import UnsupportedFormat
+from analyzer.gc_pause import gc_paused
 from analyzer.ingest import sniff as formats
 from analyzer.trace import MemoryTrace
 
@@ -62,4 +63,6 @@ def load_with_companion(path: str | Path, companion: str | Path | None) -> tuple
 def load(path: str | Path) -> MemoryTrace:
     """Read any supported input into a MemoryTrace; raises an AnalyzerError subclass on bad input."""
     p = formats.check_path(path)
-    return reader_for(formats.sniff(p), p)(p)
+    reader = reader_for(formats.sniff(p), p)
+    with gc_paused():
+        return reader(p)
