@@ -30,15 +30,17 @@ def number_steps(annotations: pd.DataFrame, t_alloc: np.ndarray, phase: np.ndarr
 
 
 def _phase_cycles(times: np.ndarray, phase: np.ndarray) -> np.ndarray:
-    """Without annotations: a step begins at each forward allocation that follows backward/optimizer work."""
+    """Without annotations: a step begins at each forward allocation that follows backward/optimizer work
+    (in time order, looking only at allocations of those three phases)."""
     order = np.argsort(times, kind="stable")
-    steps = np.zeros(len(times), dtype=np.int64)
-    step, previous = 1, None
-    for i in order:
-        p = phase[i]
-        if p == "forward" and previous in ("backward", "optimizer"):
-            step += 1
-        if p in ("forward", "backward", "optimizer"):
-            previous = p
-        steps[i] = step
+    ordered = phase[order]
+    training = np.isin(ordered, ["forward", "backward", "optimizer"])
+    kinds = ordered[training]
+    starts = (kinds[1:] == "forward") & np.isin(kinds[:-1], ["backward", "optimizer"])
+    step_of_training = 1 + np.concatenate([[0], np.cumsum(starts)]) if len(kinds) else np.ones(1, dtype=np.int64)
+    # every allocation takes the step of the latest training-phase allocation at or before it (1 before any)
+    latest = np.cumsum(training) - 1
+    steps_ordered = np.where(latest >= 0, step_of_training[np.maximum(latest, 0)], 1)
+    steps = np.empty(len(times), dtype=np.int64)
+    steps[order] = steps_ordered
     return steps
