@@ -63,6 +63,7 @@ class DeviceAnalysis:
     theory: dict[str, Any] = field(default_factory=dict)          # measured model states vs 16Ψ
     fragmentation: dict[str, Any] | None = None                   # at the OOM, else at the reserved peak
     demand_bytes: int | None = None     # what the run needed: peak, or allocated + request at the OOM
+    labels: pd.DataFrame | None = field(default=None, repr=False)  # step and phase after each event
     triage: dict[str, str] | None = None  # {verdict: outside_pytorch | leak | phase_spike | steady_state, reason}
 
     def headline(self) -> str:
@@ -251,7 +252,7 @@ def _analyze(trace: MemoryTrace, gpu_memory: int | None, world_size: int | None,
             oom=_oom(trace, device), capacity_bytes=info.capacity_bytes,
             by_category=split(peak.live, "category"), by_phase=split(peak.live, "phase"),
             by_module=split(peak.live, "module", TOP_MODULES), peak_step=step, peak_phase=phase,
-            peak_module=str(made["module"].iloc[0]) if len(made) else None, steps=step_peaks(labels, tl),
+            peak_module=str(made["module"].iloc[0]) if len(made) else None, steps=step_peaks(labels, tl), labels=labels,
         )
         devices.append(d)
         warnings.extend(_device_warnings(d, tl))

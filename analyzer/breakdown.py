@@ -46,14 +46,19 @@ def step_peaks(labels: pd.DataFrame, timeline: pd.DataFrame) -> list[dict[str, A
     events = timeline[timeline["seq"] >= 0].reset_index(drop=True)
     if events.empty or labels.empty:
         return []
-    frame = events.assign(step=labels["step"].to_numpy()[: len(events)], phase=labels["phase"].to_numpy()[: len(events)])
-    frame = frame[frame["step"].notna() & (frame["step"] >= 0)]
+    steps = labels["step"].to_numpy()[: len(events)]
+    phases = labels["phase"].to_numpy(dtype=object)[: len(events)]
+    allocated = events["allocated_bytes"].to_numpy()
+    keep = np.flatnonzero(~np.isnan(steps) & (np.nan_to_num(steps, nan=-1) >= 0))
+    if not len(keep):
+        return []
+    peaks = pd.Series(allocated[keep]).groupby(steps[keep]).idxmax()  # position in `keep` of each step's peak
     out = []
-    for step, rows in frame.groupby("step"):
-        top = rows.loc[rows["allocated_bytes"].idxmax()]
-        out.append({"step": int(step), "peak_allocated_bytes": int(top["allocated_bytes"]),
-                    "phase": top["phase"], "event_index": int(top["seq"]),
-                    "time_us": None if pd.isna(top["t_us"]) else int(top["t_us"])})
+    for step, position in peaks.items():
+        i = keep[position]
+        t_us = events["t_us"].iat[i]
+        out.append({"step": int(step), "peak_allocated_bytes": int(allocated[i]), "phase": phases[i],
+                    "event_index": int(events["seq"].iat[i]), "time_us": None if pd.isna(t_us) else int(t_us)})
     return out
 
 

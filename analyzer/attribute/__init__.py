@@ -98,7 +98,7 @@ def _attribute_device(trace: MemoryTrace, device: int) -> dict[str, np.ndarray]:
 
     phase = np.full(len(a), None, dtype=object)
     source = np.full(len(a), None, dtype=object)
-    metadata = a["user_metadata"].to_numpy(dtype=object)
+    metadata = a["user_metadata"].array
     _fill(phase, source, *metadata_labels(metadata, "phase"))
     for kind in ("tag", "annotation"):
         values, signals = annotation_labels(ann, times, kind, "phase")

@@ -67,14 +67,15 @@ def annotation_labels(annotations: pd.DataFrame, times: np.ndarray, kind: str,
     return values, signals
 
 
-def metadata_labels(metadata: np.ndarray, field: str) -> tuple[np.ndarray, np.ndarray]:
+def metadata_labels(metadata: pd.Categorical, field: str) -> tuple[np.ndarray, np.ndarray]:
     """Phase or module from the allocator's per-allocation user_metadata (torch >= 2.10; analyzer.tag_modules
     writes the same names there as in its annotations): the strongest signal, it cannot fall out of a ring
-    buffer of annotations."""
+    buffer of annotations. Each distinct label is read once, then taken by the categorical's codes."""
     index = 1 if field == "phase" else 2
-    meanings = {m: classify(m) for m in set(metadata) if m}
-    values = np.asarray([meanings[m][index] if m and meanings[m][0] == "tag" else None for m in metadata], dtype=object)
-    signals = np.asarray(["tag:user_metadata" if v is not None else None for v in values], dtype=object)
+    meanings = [classify(m) if m else None for m in metadata.categories]
+    by_label = np.asarray([m[index] if m is not None and m[0] == "tag" else None for m in meanings] + [None], dtype=object)
+    values = by_label[np.where(metadata.codes < 0, len(meanings), metadata.codes)]
+    signals = np.where(pd.isna(values), None, "tag:user_metadata").astype(object)
     return values, signals
 
 

@@ -46,7 +46,7 @@ class DeviceContext:
 def make_context(trace: MemoryTrace, d: DeviceAnalysis, gpu_memory: int | None, world_size: int | None) -> DeviceContext:
     timeline = trace.timeline[trace.timeline["device"] == d.device]
     capacity, source = _capacity(trace, d, gpu_memory)
-    return DeviceContext(trace=trace, d=d, timeline=timeline, labels=event_labels(trace, d.device),
+    return DeviceContext(trace=trace, d=d, timeline=timeline, labels=d.labels if d.labels is not None else event_labels(trace, d.device),
                          capacity_bytes=capacity, capacity_source=source, world_size=world_size)
 
 
