@@ -48,8 +48,10 @@ def default_output(source: Path, fmt: str) -> Path:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="analyze",
-        description="Explain why a PyTorch run ran out of GPU memory, from a CUDA memory snapshot "
-                    "(torch.cuda.memory._dump_snapshot). Prints a summary and writes a report.",
+        description="Explain why a PyTorch run ran out of GPU memory, and what to change first, from what it "
+                    "recorded: a CUDA memory snapshot (torch.cuda.memory._dump_snapshot), a PyTorch Profiler trace "
+                    "(.json/.json.gz, a directory or .tar.gz of ranks), an export_memory_timeline file or an Nsight "
+                    "Systems export (.sqlite). Prints a summary and writes a report.",
         epilog="Subcommands: " + (", ".join(sorted(SUBCOMMANDS)) or "none yet") + " (analyze SUBCOMMAND --help).",
     )
     parser.add_argument("file", type=Path, help="the recording to analyse")
