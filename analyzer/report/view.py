@@ -263,13 +263,14 @@ def build_view(analysis: Analysis) -> ReportView:
 
 
 def _lead_device(devices: list[DeviceAnalysis]) -> DeviceAnalysis | None:
-    """The device a reader asks about first: the one that ran out of memory (the earliest), else the fullest."""
+    """The device a reader asks about first: the one that ran out of memory (the earliest), else the fullest GPU
+    (host memory, device -1 in profiler traces, only when no GPU was recorded)."""
     if not devices:
         return None
     ooms = [d for d in devices if d.oom is not None]
     if ooms:
         return min(ooms, key=lambda d: (d.oom.time_us is None, d.oom.time_us or 0, d.device))
-    return max(devices, key=lambda d: (d.peak.allocated_bytes, -d.device))
+    return max(devices, key=lambda d: (d.device >= 0, d.peak.allocated_bytes, -d.device))
 
 
 def fallback_verdict(d: DeviceAnalysis) -> str:
