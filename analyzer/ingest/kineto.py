@@ -84,7 +84,7 @@ from analyzer.ingest.columns import MAX_TOTAL_BYTES
 from analyzer.ingest.json_depth import DepthLimitedStream
 from analyzer.ingest.limits import check_devices
 from analyzer.stacks import top_user_frame
-from analyzer.trace import UNATTRIBUTED, DeviceInfo, MemoryTrace, MultiRankTrace, empty_table, make_table
+from analyzer.trace import MISSING, UNATTRIBUTED, DeviceInfo, MemoryTrace, MultiRankTrace, empty_table, make_table
 
 HOST = -1
 RECORD_HINT = ("Record it again with torch.profiler.profile(profile_memory=True, record_shapes=True, "
@@ -110,7 +110,6 @@ _SPAN_CATS = {"user_annotation": _USER, "python_function": _PYTHON, "cpu_op": _C
 _CAT_NAMES = list(_SPAN_CATS)
 _BACKWARD = "autograd::engine::evaluate_function"
 _KERNEL_CATS = frozenset({"kernel", "Kernel"})
-_NONE = -(2**63)                           # "absent" in the integer arrays below
 _FRAME = re.compile(r"^(.*)\((\d+)\): (.*)$")
 _MODULE_MARK = "nn.Module: "
 _HEAD_BYTES = 8 << 20
@@ -306,10 +305,10 @@ class _Kept:
         self.m_ts.append(event["ts"])
         self.m_tid.append(_thread(event.get("tid")))
         self.m_device.append(HOST if device_type in _HOST_TYPES else args["Device Id"])
-        self.m_addr.append(args.get("Addr", _NONE))
+        self.m_addr.append(args.get("Addr", MISSING))
         self.m_bytes.append(args["Bytes"])
-        self.m_allocated.append(args.get("Total Allocated", _NONE))
-        self.m_reserved.append(args.get("Total Reserved", _NONE))
+        self.m_allocated.append(args.get("Total Allocated", MISSING))
+        self.m_reserved.append(args.get("Total Reserved", MISSING))
         self.m_oom.append(oom)
 
     def _span(self, event: dict, code: int, name: str) -> None:
@@ -332,7 +331,7 @@ def _thread(tid: Any) -> int:
 
 
 def _optional_int(value: Any) -> int:
-    return _NONE if value is None else value
+    return MISSING if value is None else value
 
 
 def _array(values: array, dtype: str) -> np.ndarray:
@@ -449,7 +448,7 @@ class _Stacks:
         self._tid = _array(kept.s_tid, "q")[python]
         self._name = [names[i] for i in _array(kept.s_name, "q")[python]]
         ids = _array(kept.s_python, "q")[python].tolist()
-        by_id = {pid: i for i, pid in enumerate(ids) if pid != _NONE}
+        by_id = {pid: i for i, pid in enumerate(ids) if pid != MISSING}
         # Python ids grow in call order, so a caller's id is smaller: requiring it keeps any input acyclic.
         self._parent = np.array([by_id.get(parent, -1) if parent < pid else -1
                                  for pid, parent in zip(ids, _array(kept.s_parent, "q")[python].tolist())],
@@ -822,12 +821,12 @@ class _Assembler:
         t, tid, addr, nbytes, allocated, reserved, oom = columns
         _check_sizes(nbytes, allocated, reserved)
         memory = oom == 0
-        by_address = bool(memory.any()) and bool((addr[memory] != _NONE).all())
-        has_reserved = device != HOST and bool(memory.any()) and bool((reserved[memory] != _NONE).all())
+        by_address = bool(memory.any()) and bool((addr[memory] != MISSING).all())
+        has_reserved = device != HOST and bool(memory.any()) and bool((reserved[memory] != MISSING).all())
         builder.start_device(device, ByAddress if by_address else BySize)
         for t_i, tid_i, addr_i, bytes_i, reserved_i, oom_i, stack in zip(
                 t.tolist(), tid.tolist(), addr.tolist(), nbytes.tolist(), reserved.tolist(), oom.tolist(), stacks):
-            if has_reserved and reserved_i != _NONE:
+            if has_reserved and reserved_i != MISSING:
                 builder.reserve(t_i, reserved_i, tid_i)
             address = addr_i if by_address else 0
             if oom_i:
@@ -837,7 +836,7 @@ class _Assembler:
             elif bytes_i < 0:
                 builder.free(t_i, -bytes_i, address, stack, tid_i)
         totals = allocated[memory]
-        known = bool(len(totals)) and bool((totals != _NONE).all())
+        known = bool(len(totals)) and bool((totals != MISSING).all())
         start = builder.finish_device(int(totals[0] - nbytes[memory][0]) if known else None)
         self._check_totals(device, start, nbytes[memory], totals if known else None, by_address, has_reserved)
 
@@ -894,14 +893,14 @@ class _Assembler:
             "cat": pd.Categorical.from_codes(_array(k.s_cat, "b").astype(np.int64), categories=_CAT_NAMES),
             "start_us": self.epoch_us(start), "end_us": self.epoch_us(start + _array(k.s_dur, "d")),
             "thread": _array(k.s_tid, "q").copy(),
-            "python_id": pd.arrays.IntegerArray(python.copy(), python == _NONE),
-            "parent_id": pd.arrays.IntegerArray(parent.copy(), parent == _NONE),
-            "external_id": pd.arrays.IntegerArray(external.copy(), external == _NONE),
+            "python_id": pd.arrays.IntegerArray(python.copy(), python == MISSING),
+            "parent_id": pd.arrays.IntegerArray(parent.copy(), parent == MISSING),
+            "external_id": pd.arrays.IntegerArray(external.copy(), external == MISSING),
         }, columns=list(SPAN_COLUMNS))
 
     def _era(self) -> str:
         addr = _array(self.kept.m_addr, "q")
-        if len(addr) and (addr == _NONE).all():
+        if len(addr) and (addr == MISSING).all():
             return "kineto 2021 (torch 1.8-1.9): [memory] with Bytes only"
         if self.base_ns is not None:
             return "kineto (times relative to baseTimeNanoseconds)"
@@ -921,7 +920,7 @@ def _annotations(spans: pd.DataFrame, device: int) -> pd.DataFrame:
 def _check_sizes(nbytes: np.ndarray, allocated: np.ndarray, reserved: np.ndarray) -> None:
     """No negative total, and no sum of sizes past MAX_TOTAL_BYTES (the timeline's int64 sums would wrap)."""
     totals = np.concatenate([allocated, reserved])
-    if ((totals < 0) & (totals != _NONE)).any():
+    if ((totals < 0) & (totals != MISSING)).any():
         raise ValueError("a Total Allocated or Total Reserved is negative")
     if np.abs(nbytes.astype(np.float64)).sum() > MAX_TOTAL_BYTES or totals.max(initial=0) > MAX_TOTAL_BYTES:
         raise ValueError(f"sizes add up to more than {MAX_TOTAL_BYTES} bytes")
