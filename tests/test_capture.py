@@ -1,4 +1,4 @@
-"""analyzer.capture and `analyze run`: real recordings on the CPU, and the CUDA calls checked at the torch boundary.
+"""analyzer.recording and `analyze run`: real recordings on the CPU, and the CUDA calls checked at the torch boundary.
 
 No GPU here: the CUDA path runs against recorders put in place of torch.cuda.is_available, the allocator's OOM
 observer hook and torch.cuda.memory's history, snapshot and metadata functions, which assert the
@@ -17,10 +17,11 @@ import pytest
 import torch
 
 import analyzer
-from analyzer import capture as capture_module
-from analyzer.capture import MAX_OOM_DUMPS, Capture, CaptureWarning, tag_modules
-from analyzer.capture_run import child_command
+from analyzer.commands.run import child_command
 from analyzer.ingest import load
+from analyzer.recording import oom, phases, session
+from analyzer.recording.modules import tag_modules
+from analyzer.recording.session import MAX_OOM_DUMPS, Capture, CaptureWarning
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "scripts" / "capture_example.py"
@@ -58,7 +59,7 @@ class FakeCuda:
         monkeypatch.setattr(torch.cuda.memory, "_snapshot", self.recorder("snapshot", fake_snapshot))
         monkeypatch.setattr(torch.cuda.memory, "_set_memory_metadata",
                             lambda label: self.metadata.append((label, threading.get_ident())))
-        monkeypatch.setattr(capture_module, "_OBSERVER_ATTACHED", False)
+        monkeypatch.setattr(oom, "_OBSERVER_ATTACHED", False)
 
     def recorder(self, name: str, result=lambda: None):
         def call(*args, **kwargs):
@@ -89,7 +90,7 @@ SAFE_DEFAULTS = {"enabled": "all", "context": "all", "stacks": "python", "max_en
 def test_records_with_safe_defaults_dumps_at_steps_and_at_exit(cuda: FakeCuda, tmp_path: Path) -> None:
     with analyzer.capture(tmp_path, dump_at_steps=(1, 3)) as cap:
         written = [cap.step() for _ in range(4)]
-    assert cuda.calls[:2] == [("attach_oom_observer", (capture_module._on_allocator_oom,), {}),
+    assert cuda.calls[:2] == [("attach_oom_observer", (session._on_allocator_oom,), {}),
                               ("record_memory_history", (), SAFE_DEFAULTS)]
     assert cuda.names()[2:] == ["snapshot", "snapshot", "snapshot", "record_memory_history"]
     assert cuda.calls[-1] == ("record_memory_history", (), {"enabled": None})
@@ -161,7 +162,7 @@ def test_wrapped_oom_is_dumped_before_history_is_switched_off_and_re_raised(cuda
         with Capture(tmp_path, dump_at_steps=()) as cap:
             cap.step()
             raise_error()
-    assert capture_module.find_oom(raised.value) is not None
+    assert oom.find_oom(raised.value) is not None
     assert cuda.names()[2:] == ["snapshot", "record_memory_history"]  # dump first, then history off
     assert cuda.calls[-1][2] == {"enabled": None}
     assert cap.files == [tmp_path / "rank0_step1_oom1.pickle"]  # the OOM dump stands for the exit dump
@@ -299,7 +300,7 @@ def test_phase_opens_a_profiler_range_and_an_nvtx_range(monkeypatch: pytest.Monk
         def end_range(range_id) -> None:
             opened.append(("end", range_id))
 
-    monkeypatch.setattr(capture_module, "_nvtx", lambda: FakeNvtx)
+    monkeypatch.setattr(phases, "_nvtx", lambda: FakeNvtx)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
         with analyzer.phase("forward"):
             torch.ones(4).sum()
@@ -309,23 +310,23 @@ def test_phase_opens_a_profiler_range_and_an_nvtx_range(monkeypatch: pytest.Monk
 
 def test_missing_nvtx_is_said_once_and_phases_still_work(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "nvtx", None)  # `import nvtx` raises ImportError
-    capture_module._nvtx.cache_clear()
+    phases._nvtx.cache_clear()
     try:
         with pytest.warns(CaptureWarning, match="nvtx package is not installed"):
             with analyzer.phase("forward"), analyzer.phase("inner"):
                 pass
     finally:
-        capture_module._nvtx.cache_clear()
+        phases._nvtx.cache_clear()
 
 
 def test_find_oom_walks_causes_and_contexts() -> None:
-    assert capture_module.find_oom(None) is None
-    assert capture_module.find_oom(KeyError("x")) is None
-    oom = _oom()
+    assert oom.find_oom(None) is None
+    assert oom.find_oom(KeyError("x")) is None
+    error = _oom()
     outer = RuntimeError("outer")
     outer.__context__ = ValueError("middle")
-    outer.__context__.__cause__ = oom
-    assert capture_module.find_oom(outer) is oom
+    outer.__context__.__cause__ = error
+    assert oom.find_oom(outer) is error
 
 
 # ---- real recordings on the CPU -------------------------------------------------------------------------
@@ -372,7 +373,7 @@ def test_example_records_module_ranges_inside_their_phase(example_trace) -> None
 
 def test_analyze_run_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "analyzer.cli", "run", "--out", str(out), "--",
+    done = subprocess.run([sys.executable, "-m", "analyzer", "run", "--out", str(out), "--",
                            sys.executable, str(EXAMPLE), "--steps", "2"],
                           capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -384,7 +385,7 @@ def test_analyze_run_end_to_end(tmp_path: Path) -> None:
 
 
 def test_analyze_run_without_a_command_is_bad_input() -> None:
-    done = subprocess.run([sys.executable, "-m", "analyzer.cli", "run", "--"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "analyzer", "run", "--"], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip() == ("analyze: error: no command to run. "
@@ -392,11 +393,11 @@ def test_analyze_run_without_a_command_is_bad_input() -> None:
 
 
 @pytest.mark.parametrize(("command", "expected"), [
-    (["python", "train.py", "--lr", "1"], ["python", "-m", "analyzer.capture_run", "train.py", "--lr", "1"]),
+    (["python", "train.py", "--lr", "1"], ["python", "-m", "analyzer.recording.run", "train.py", "--lr", "1"]),
     (["python3.11", "-u", "-X", "dev", "train.py"],
-     ["python3.11", "-u", "-X", "dev", "-m", "analyzer.capture_run", "train.py"]),
+     ["python3.11", "-u", "-X", "dev", "-m", "analyzer.recording.run", "train.py"]),
     (["/usr/bin/python", "-m", "pkg.train", "-m", "x"],
-     ["/usr/bin/python", "-m", "analyzer.capture_run", "-m", "pkg.train", "-m", "x"]),
+     ["/usr/bin/python", "-m", "analyzer.recording.run", "-m", "pkg.train", "-m", "x"]),
     (["python", "-c", "print(1)"], ["python", "-c", "print(1)"]),
     (["torchrun", "--nproc-per-node", "2", "train.py"], ["torchrun", "--nproc-per-node", "2", "train.py"]),
 ])
@@ -405,15 +406,13 @@ def test_child_command(command: list[str], expected: list[str]) -> None:
 
 
 def test_importing_analyzer_and_its_capture_helpers_does_not_import_torch() -> None:
-    code = ("import sys, analyzer, analyzer.capture, analyzer.capture_run; "
-            "analyzer.phase, analyzer.tag_modules, analyzer.capture; "
+    code = ("import sys, analyzer, analyzer.recording.run, analyzer.commands.run; "
+            "analyzer.capture, analyzer.phase, analyzer.tag_modules; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
 
 
-def test_analyzer_capture_is_callable_as_module_or_helper() -> None:
-    import analyzer.capture as module
-
-    assert callable(module) and callable(analyzer.capture)
+def test_analyzer_capture_is_the_capture_class() -> None:
+    assert analyzer.capture is analyzer.recording.capture is Capture
     assert isinstance(analyzer.capture("unused"), Capture)
