@@ -4,12 +4,13 @@ Public API:
 - `load(path)` -> MemoryTrace: the input as pandas tables (allocations, segments, blocks, events, stacks,
   annotations, ooms, timeline).
 - `analyze(path_or_trace)` -> Analysis: peaks, OOMs, findings and remedies; `Analysis.to_json()`.
-- `capture(run_dir)`, `phase(name)`, `tag_modules(model)`: record a run well (analyzer.capture; imports torch
+- `capture(run_dir)`, `phase(name)`, `tag_modules(model)`: record a run well (analyzer.recording.capture; imports torch
   only when used).
 """
-from analyzer.analysis import Analysis, analyze
+from analyzer.result import Analysis
+from analyzer.pipeline import analyze
 from analyzer.ingest import load
-from analyzer.trace import MemoryTrace
+from analyzer.core.trace import MemoryTrace
 
 __all__ = ["load", "analyze", "MemoryTrace", "Analysis", "capture", "phase", "tag_modules"]
 __version__ = "0.1.0"
@@ -22,5 +23,5 @@ def __getattr__(name: str) -> object:
     if name in _CAPTURE_NAMES:
         import importlib
 
-        return getattr(importlib.import_module("analyzer.capture"), name)
+        return getattr(importlib.import_module("analyzer.recording"), name)
     raise AttributeError(f"module 'analyzer' has no attribute {name!r}")

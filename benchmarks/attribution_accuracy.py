@@ -1,7 +1,7 @@
 """Issue 5 benchmark: how much of the peak does attribution label, and how often is the label right?
 
 - simulated snapshots (fixtures/traces/sim): share of peak bytes whose category, phase and module match the
-  ground truth (`analyzer.attribute.accuracy.peak_agreement`), with analyzer's capture tags and without them
+  ground truth (`analyzer.evaluate.accuracy.peak_agreement`), with analyzer's capture tags and without them
   (the same file as a plain `_record_memory_history` recording would have it);
 - real snapshots (../shared/real): no truth, so the share of peak bytes that gets a phase, a category and a
   module other than `unattributed`, with what the file gave to work with (history, stacks, annotations).
@@ -17,11 +17,11 @@ from pathlib import Path
 import pandas as pd
 
 import analyzer
-from analyzer.analysis import active_devices
+from analyzer.pipeline import active_devices
 from analyzer.attribute import attribute
-from analyzer.attribute.accuracy import peak_agreement
-from analyzer.timeline import find_peak
-from analyzer.trace import UNATTRIBUTED
+from analyzer.evaluate.accuracy import peak_agreement
+from analyzer.core.timeline import find_peak
+from analyzer.core.trace import UNATTRIBUTED
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = ROOT / "fixtures" / "traces" / "sim"
@@ -55,8 +55,7 @@ def attributed_share(live: pd.DataFrame, field: str) -> str:
 
 def real_rows(path: Path) -> list[list[str]]:
     """One row per active device of a real snapshot (one row saying so when none holds memory)."""
-    trace = analyzer.load(path)
-    attribute(trace)
+    trace = attribute(analyzer.load(path))
     has_python = any(frame[0].endswith(".py") for frames in trace.stacks["frames"] for frame in frames)
     facts = ["yes" if trace.has_history else "no", "yes" if has_python else "no", str(len(trace.annotations))]
     name = str(path.relative_to(REAL))

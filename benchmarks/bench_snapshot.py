@@ -31,7 +31,7 @@ def main() -> None:
     python = sys.executable
     results = compare({
         "pickle.load (baseline)": [python, "-c", f"import pickle; pickle.load(open({str(path)!r}, 'rb'))"],
-        "analyze FILE --format json": [python, "-m", "analyzer.cli", str(path), "--format", "json", "-o",
+        "analyze FILE --format json": [python, "-m", "analyzer", str(path), "--format", "json", "-o",
                                        str(DATA / "out.json"), "-q"],
         "torch.cuda._memory_viz stats": [python, "-m", "torch.cuda._memory_viz", "stats", str(path)],
     }, args.repeats)

@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from analyzer.analysis import DeviceAnalysis, analyze
+from analyzer.result import DeviceAnalysis
+from analyzer.pipeline import analyze
 from analyzer.simulate import run
 from analyzer.simulate.gpt import GPT, Attention, Block, GPTConfig
 
@@ -205,10 +206,10 @@ def measure(setups: list[Setup], folder: Path) -> list[Row]:
     rows = []
     for setup in setups:
         before = simulate(setup, folder)
-        estimates = {r["id"]: r["saved_bytes"] for r in before.remedies}
+        estimates = {r["id"]: r["saved_bytes"] for r in before.diagnosis.remedies}
         for remedy, label, apply in REMEDIES:
             after = simulate(apply(setup), folder)
-            rows.append(Row(setup.name, remedy, label, estimates.get(remedy), before.demand_bytes - after.demand_bytes))
+            rows.append(Row(setup.name, remedy, label, estimates.get(remedy), before.diagnosis.demand_bytes - after.diagnosis.demand_bytes))
             print(f"  {setup.name}: {label} done", file=sys.stderr)
     return rows
 

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from analyzer.allocator_rules import LARGE_BUFFER, SMALL_BUFFER
+from analyzer.core.allocator_rules import LARGE_BUFFER, SMALL_BUFFER
 from analyzer.ingest.safe_pickle import load_untrusted
 from analyzer.simulate.allocator import AllocatorSettings, CachingAllocator, SimulatedOutOfMemory
 from analyzer.simulate.device import DeviceMemory

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 import analyzer
-from analyzer.timeline import live_at
-from analyzer.trace import TABLES
+from analyzer.core.timeline import live_at
+from analyzer.core.trace import TABLES
 from conftest import FIXTURES
 
 SIM = FIXTURES / "sim"
@@ -45,7 +45,7 @@ def test_notebook_groupby_matches_the_report() -> None:
 
 def test_json_contract(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    run = subprocess.run([sys.executable, "-m", "analyzer.cli", str(SIM / "capacity_oom.pickle"), "--format", "json",
+    run = subprocess.run([sys.executable, "-m", "analyzer", str(SIM / "capacity_oom.pickle"), "--format", "json",
                           "-o", str(out), "-q"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     doc = json.loads(out.read_text())

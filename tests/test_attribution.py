@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from analyzer.attribute import attribute
-from analyzer.attribute.accuracy import peak_agreement
+from analyzer.evaluate.accuracy import peak_agreement
 from analyzer.ingest.snapshot import snapshot_to_trace
 
 SIM = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "sim"
@@ -83,8 +83,7 @@ def labels(allocs: list[Alloc], annotations: Iterable[tuple[str, int, int]] = ()
              for name, start, end in annotations for stage, t in (("START", start), ("END", end))]
     recording = snapshot_to_trace({"segments": [segment], "device_traces": [trace],
                                    "external_annotations": sorted(marks, key=lambda m: m["time_us"])}, "hand-written")
-    attribute(recording)
-    return recording.allocations.sort_values("addr").reset_index(drop=True)
+    return attribute(recording).allocations.sort_values("addr").reset_index(drop=True)
 
 
 def test_optimizer_step_annotation_makes_the_optimizer_phase():

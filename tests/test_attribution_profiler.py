@@ -2,7 +2,7 @@
 export_memory_timeline of the same run, recorded by scripts/record_kineto_fixtures.py)."""
 from __future__ import annotations
 
-from analyzer.attribute.accuracy import profiler_agreement
+from analyzer.evaluate.accuracy import profiler_agreement
 from conftest import FIXTURES
 
 KINETO = FIXTURES / "kineto"

@@ -13,7 +13,7 @@ PLANTED_OUTSIDE = 1536 * 2**20   # the NCCL buffer scripts/make_nsys_fixtures.py
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "analyzer.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "analyzer", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_snapshot_with_its_nsys_export_finds_the_planted_outside_memory(tmp_path: Path) -> None:

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.analysis import Analysis, analyze
-from analyzer.diff import compare
-from analyzer.estimate import Shape, estimate
-from analyzer.remedies import Demand, rank_remedies
+from analyzer.result import Analysis
+from analyzer.pipeline import analyze
+from analyzer.commands.diff import compare
+from analyzer.commands.estimate import Shape, estimate
+from analyzer.diagnose.remedies import Demand, rank_remedies
 
 SIM = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "sim"
 INFORMATIONAL = "fragmentation"
@@ -81,7 +82,7 @@ def expected(name: str) -> dict[str, str | None]:
 
 def reported(name: str) -> dict[str, str | None]:
     """Finding kind -> OOM verdict (None for other kinds) that `analyze` reports."""
-    return {f["kind"]: f.get("verdict") for f in analysis(name).devices[0].findings}
+    return {f["kind"]: f.get("verdict") for f in analysis(name).devices[0].diagnosis.findings}
 
 
 def score(name: str) -> dict[str, set[str]]:
@@ -138,7 +139,7 @@ def test_an_oom_is_reported_with_its_verdict_exactly_where_the_truth_has_one(nam
 
 
 def _try_first(name: str) -> str:
-    return next(r["id"] for r in analysis(name).devices[0].remedies if r["try_first"])
+    return next(r["id"] for r in analysis(name).devices[0].diagnosis.remedies if r["try_first"])
 
 
 def test_fragmentation_oom_tries_expandable_segments_first():

@@ -127,10 +127,10 @@ def test_payloads_would_run_under_plain_pickle(tmp_path: Path) -> None:
 
 
 def test_the_installed_entry_point(tmp_path: Path) -> None:
-    """`python -m analyzer.cli` itself (default HTML report) on a payload, a bomb and deep JSON."""
+    """`python -m analyzer.commands.analyze` itself (default HTML report) on a payload, a bomb and deep JSON."""
     for name in ("code_global_reduce.pickle", "bomb_pickle.pickle.gz", "chrome_deep_nesting_in_event.json.gz"):
         out = tmp_path / "report.html"
-        run = subprocess.run([sys.executable, "-m", "analyzer.cli", str(CORPUS / name), "-o", str(out)],
+        run = subprocess.run([sys.executable, "-m", "analyzer", str(CORPUS / name), "-o", str(out)],
                              capture_output=True, text=True, cwd=tmp_path, timeout=60, preexec_fn=_limit_memory,
                              env=_env())
         assert run.returncode == 2 and len(run.stderr.splitlines()) == 1 and name in run.stderr, run.stderr

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.analysis import Analysis, analyze
+from analyzer.result import Analysis
+from analyzer.pipeline import analyze
 from analyzer.report import REPORTERS, reporter
 from conftest import FIXTURES
 from hostile.make_corpus import chrome_trace, tiny_snapshot

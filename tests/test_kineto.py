@@ -19,8 +19,8 @@ from analyzer.errors import CorruptInput
 from analyzer.ingest import kineto, load
 from analyzer.ingest.kineto import HOST, SPAN_COLUMNS, read_kineto
 from analyzer.ingest.memory_timeline import read_memory_timeline
-from analyzer.timeline import find_peak
-from analyzer.trace import MemoryTrace, MultiRankTrace
+from analyzer.core.timeline import find_peak
+from analyzer.core.trace import MemoryTrace, MultiRankTrace
 from conftest import FIXTURES
 
 KINETO_FIXTURES = FIXTURES / "kineto"

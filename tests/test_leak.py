@@ -40,7 +40,7 @@ def analyses() -> dict[str, analyzer.Analysis]:
 
 
 def _kinds(analysis: analyzer.Analysis, kind: str) -> list[dict]:
-    return [f for d in analysis.devices for f in d.findings if f["kind"] == kind]
+    return [f for d in analysis.devices for f in d.diagnosis.findings if f["kind"] == kind]
 
 
 def _truth_growth(name: str) -> float:
@@ -68,7 +68,7 @@ def test_leak_precision_and_recall(analyses):
 def test_real_snapshots_have_no_leak(real_dir, snapshot):
     analysis = analyzer.analyze(snapshot)
     assert not _kinds(analysis, "leak")
-    assert all(d.triage["verdict"] != "leak" for d in analysis.devices)
+    assert all(d.diagnosis.triage["verdict"] != "leak" for d in analysis.devices)
 
 
 @pytest.mark.parametrize("name", ["leak", "activation_cache"])
@@ -117,35 +117,35 @@ EXPECTED_TRIAGE = {"sim/healthy": "steady_state", "sim/adam_first_step": "phase_
 @pytest.mark.parametrize("case", CASES)
 def test_triage_says_leak_exactly_for_the_leaks(analyses, case):
     for d in analyses[case].devices:
-        assert d.triage["verdict"] in ("outside_pytorch", "leak", "phase_spike", "steady_state") and d.triage["reason"]
-        assert (d.triage["verdict"] == "leak") == (case in LEAKS)
+        assert d.diagnosis.triage["verdict"] in ("outside_pytorch", "leak", "phase_spike", "steady_state") and d.diagnosis.triage["reason"]
+        assert (d.diagnosis.triage["verdict"] == "leak") == (case in LEAKS)
         if case in EXPECTED_TRIAGE:
-            assert d.triage["verdict"] == EXPECTED_TRIAGE[case]
+            assert d.diagnosis.triage["verdict"] == EXPECTED_TRIAGE[case]
 
 
 @pytest.mark.parametrize("case", sorted(LEAKS))
 def test_a_leak_gets_fix_the_leak_first_and_no_batch_size_advice(analyses, case):
     (d,) = analyses[case].devices
     (finding,) = _kinds(analyses[case], "leak")
-    first = d.remedies[0]
-    assert first["id"] == "fix_leak" and first["try_first"] and sum(r["try_first"] for r in d.remedies) == 1
+    first = d.diagnosis.remedies[0]
+    assert first["id"] == "fix_leak" and first["try_first"] and sum(r["try_first"] for r in d.diagnosis.remedies) == 1
     assert all(leak.place(s) in first["how"] for s in finding["stacks"])
-    assert not BATCH_SIZE_REMEDIES & {r["id"] for r in d.remedies}
-    assert "a leak, not the size of the work" in d.verdict and "per step" in d.verdict
-    assert "batch" not in d.verdict.split("Try first")[1]
+    assert not BATCH_SIZE_REMEDIES & {r["id"] for r in d.diagnosis.remedies}
+    assert "a leak, not the size of the work" in d.diagnosis.verdict and "per step" in d.diagnosis.verdict
+    assert "batch" not in d.diagnosis.verdict.split("Try first")[1]
 
 
 def test_the_story_sentence(analyses):
     """Story 7: leak, not size; bytes per step; the allocating stack; steps to OOM; no batch-size advice."""
     d = analyses["sim/leak"].devices[0]
     (finding,) = _kinds(analyses["sim/leak"], "leak")
-    print(d.verdict)
-    assert "+500.0 MiB per step" in d.verdict and "scenarios.py" in d.verdict
-    assert f"out of memory in about {finding['steps_to_oom']} more steps at this rate" in d.verdict
+    print(d.diagnosis.verdict)
+    assert "+500.0 MiB per step" in d.diagnosis.verdict and "scenarios.py" in d.diagnosis.verdict
+    assert f"out of memory in about {finding['steps_to_oom']} more steps at this rate" in d.diagnosis.verdict
 
 
 def test_healthy_runs_keep_their_batch_size_advice(analyses):
-    assert {"micro_batch"} <= {r["id"] for r in analyses["sim/healthy"].devices[0].remedies}
+    assert {"micro_batch"} <= {r["id"] for r in analyses["sim/healthy"].devices[0].diagnosis.remedies}
 
 
 def test_leak_json_fields(analyses):
@@ -202,8 +202,8 @@ def test_reserved_growth_is_reported_apart_from_a_leak(tmp_path):
     print(finding["summary"])
     assert finding["bytes_per_step"] == 64 * MiB
     assert finding["steps_to_oom"] == math.ceil((1024 - 32 - 6 * 64) * MiB / (64 * MiB))
-    assert not _kinds(analysis, "leak") and d.triage["verdict"] != "leak"
-    assert "expandable_segments" in {r["id"] for r in d.remedies}
+    assert not _kinds(analysis, "leak") and d.diagnosis.triage["verdict"] != "leak"
+    assert "expandable_segments" in {r["id"] for r in d.diagnosis.remedies}
 
 
 @pytest.mark.parametrize("case", sorted(LEAKS | {"sim/healthy"}))

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.combine import outside_pytorch
+from analyzer.diagnose.outside_pytorch import outside_pytorch
 from analyzer.errors import AnalyzerError, CorruptInput, UnsupportedFormat
 from analyzer.ingest import load
 from analyzer.ingest.nsys import annotation_name, decode_global_tid
 from analyzer.ingest.safe_pickle import load_untrusted
 from analyzer.ingest.snapshot import snapshot_to_trace
-from analyzer.trace import empty_table
+from analyzer.core.trace import empty_table
 from conftest import FIXTURES
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -67,7 +67,7 @@ def variant(tmp_path: Path, *statements: str) -> Path:
 
 
 def run_cli(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "analyzer.cli", str(path), "--format", "json", "-q"],
+    return subprocess.run([sys.executable, "-m", "analyzer", str(path), "--format", "json", "-q"],
                           capture_output=True, text=True, timeout=120)
 
 

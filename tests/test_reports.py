@@ -9,14 +9,15 @@ import pickle
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 import analyzer
-from analyzer.analysis import Analysis
-from analyzer.cli import main
+from analyzer.result import Analysis, Diagnosis
+from analyzer.commands import main
 from analyzer.report.html import render_html, write_html
 from analyzer.report.markdown import md_code, md_text, render_markdown, write_markdown
 from analyzer.report.module_tree import OWN, module_tree
@@ -94,8 +95,8 @@ def realistic(a: Analysis) -> Analysis:
     out of order, on the first device."""
     d = a.devices[0]
     t0 = a.trace.time_origin_us
-    d.verdict = "Out of memory in the forward pass of step 1 (layers.4.attn): activations are 85% of the peak."
-    d.findings = [
+    verdict = "Out of memory in the forward pass of step 1 (layers.4.attn): activations are 85% of the peak."
+    findings = [
         {"kind": "fragmentation", "severity": "info", "bytes": 512 << 20, "summary": "512 MiB cached but free",
          "evidence": {"event_index": [380, 380], "details": {"inactive_bytes": 512 << 20, "free_share": 0.02}}},
         {"kind": "oom", "severity": "critical", "bytes": 2 << 30, "summary": "2 GiB asked, 1.8 GiB free",
@@ -104,7 +105,7 @@ def realistic(a: Analysis) -> Analysis:
                                        "module": "layers.0.attn", "category": "activation"}],
                       "details": {"requested_bytes": 2 << 30, "capacity_source": "reserved + free", "retries": 1}}},
     ]
-    d.remedies = [
+    remedies = [
         {"id": "activation_checkpointing", "rank": 4, "title": "Activation checkpointing", "saved_bytes": 15 << 30,
          "new_peak_bytes": 7 << 30, "fits": True, "confidence": "medium", "try_first": False,
          "how": "x = checkpoint(block, x, use_reentrant=False)", "cost": "20-30% more compute",
@@ -113,17 +114,24 @@ def realistic(a: Analysis) -> Analysis:
          "new_peak_bytes": 12 << 30, "fits": True, "confidence": "high", "try_first": True,
          "how": "batch_size //= 2", "cost": "instant", "addresses": ["oom", "activation_peak"]},
     ]
-    d.fragmentation = {"reserved_bytes": 22 << 30, "allocated_bytes": 21 << 30, "inactive_bytes": 1 << 30,
+    fragmentation = {"reserved_bytes": 22 << 30, "allocated_bytes": 21 << 30, "inactive_bytes": 1 << 30,
                        "largest_free_block_bytes": 256 << 20, "request_bytes": 512 << 20, "expandable_segments": False,
                        "internal_bytes": 2 << 20,
                        "segments": [{"addr": 1, "bytes": 1 << 30, "used_bytes": 1 << 29, "free_bytes": 1 << 29,
                                      "largest_free_bytes": 256 << 20},
                                     {"addr": 2, "bytes": 1 << 30, "used_bytes": 1 << 30, "free_bytes": 0,
                                      "largest_free_bytes": 0}]}
-    d.theory = {"parameter_bytes": 800 << 20, "expected_parameter_bytes": 832 << 20, "optimizer_state_bytes": 0,
-                "regime": "mixed-precision Adam", "notes": ["no optimizer state was seen"],
-                "regimes": [{"name": "fp32 Adam", "expected_model_states_bytes": 3 << 30, "agrees": False}]}
-    return a
+    theory = {"parameter_bytes": 800 << 20, "expected_parameter_bytes": 832 << 20, "optimizer_state_bytes": 0,
+              "regime": "mixed-precision Adam", "notes": ["no optimizer state was seen"],
+              "regimes": [{"name": "fp32 Adam", "expected_model_states_bytes": 3 << 30, "agrees": False}]}
+    diagnosis = replace(d.diagnosis, verdict=verdict, findings=findings, remedies=remedies,
+                        fragmentation=fragmentation, theory=theory)
+    return with_diagnosis(a, diagnosis)
+
+
+def with_diagnosis(a: Analysis, diagnosis: Diagnosis) -> Analysis:
+    """The analysis with its first device diagnosed as given."""
+    return replace(a, devices=[replace(a.devices[0], diagnosis=diagnosis), *a.devices[1:]])
 
 
 # --- content, on the view-model ---------------------------------------------------------------------------------
@@ -182,14 +190,9 @@ def test_module_tree_nests_by_fqn_and_folds_the_tail() -> None:
     assert roots["/very/long/path/to/train.py:12 forward"].label == "…/path/to/train.py:12 forward"
 
 
-def test_verdict_is_the_diagnosed_one_or_built_from_the_measurements() -> None:
+def test_verdict_is_the_diagnosed_one() -> None:
     a = realistic(analysis(SIM / "capacity_oom.pickle"))
-    assert build_view(a).verdict == a.devices[0].verdict
-    a.devices[0].verdict = None
-    view = build_view(a)
-    d = a.devices[0]
-    assert view.verdict.startswith("Out of memory")
-    assert human_bytes(d.oom.requested_bytes) in view.verdict and human_bytes(d.peak.allocated_bytes) in view.verdict
+    assert build_view(a).verdict == a.devices[0].diagnosis.verdict
 
 
 def test_the_verdict_of_several_devices_is_about_the_one_that_ran_out(real_dir: Path) -> None:
@@ -223,7 +226,7 @@ def test_fragmentation_and_theory_views() -> None:
     assert rows == {"parameter": (800 << 20, 832 << 20), "optimizer state": (0, None)}
     assert d.theory.tables[0].rows == [["fp32 Adam", "3.00 GiB", "no"]]
     assert d.theory.notes == ["no optimizer state was seen"]
-    a.devices[0].fragmentation = None
+    a = with_diagnosis(a, replace(a.devices[0].diagnosis, fragmentation=None))
     end = build_view(a).devices[0].fragmentation
     assert end.where == "at the end of the recording" and end.reserved_bytes == a.devices[0].end["reserved_bytes"]
 
@@ -233,7 +236,7 @@ def test_terminal_summary_leads_with_the_verdict() -> None:
     console = Console(record=True, width=140, force_terminal=False)
     print_summary(a, console)
     text = console.export_text()
-    assert text.startswith(a.devices[0].verdict[:60])
+    assert text.startswith(a.devices[0].diagnosis.verdict[:60])
     for expected in ("category", "phase", "top modules", "critical", "Halve the micro-batch",
                      "Activation checkpointing", human_bytes(a.devices[0].peak.allocated_bytes)):
         assert expected in text
@@ -298,7 +301,8 @@ def test_html_of_a_three_gpu_oom_and_of_a_profiler_trace(browser: Chromium, tmp_
 
 
 def test_hostile_strings_are_text_in_html(browser: Chromium, tmp_path: Path, hostile: Analysis) -> None:
-    realistic(hostile).devices[0].remedies[0]["how"] = f"print('{SCRIPT}')"
+    hostile = realistic(hostile)
+    hostile.devices[0].diagnosis.remedies[0]["how"] = f"print('{SCRIPT}')"
     _open(browser, hostile, tmp_path, "hostile")  # no dialog, no error, no request
     assert browser.evaluate("document.querySelectorAll('img').length") == 0
     assert browser.evaluate("document.scripts.length") == 1  # ours, allowed by its hash

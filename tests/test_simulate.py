@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import analyzer
-from analyzer.timeline import find_peak
+from analyzer.core.timeline import find_peak
 from conftest import FIXTURES, ROOT
 
 SIM = FIXTURES / "sim"
@@ -219,14 +219,14 @@ def test_run_traces_a_users_step_with_labels(tmp_path):
 
 
 def test_simulate_command_on_a_user_file(tmp_path, capsys):
-    from analyzer.simulate.cli import simulate_command
+    from analyzer.commands import main
 
     source = tmp_path / "train_fns.py"
     source.write_text(USER_FILE)
     out = tmp_path / "tiny.pickle"
-    assert simulate_command([str(source), "--gpu-memory", "1MiB", "-o", str(out), "--steps", "2"]) == 0
+    assert main(["simulate", str(source), "--gpu-memory", "1MiB", "-o", str(out), "--steps", "2"]) == 0
     assert "out of memory" in capsys.readouterr().out and not analyzer.load(out).ooms.empty
-    assert simulate_command(["--scenario", "no_such_thing"]) == 2
+    assert main(["simulate", "--scenario", "no_such_thing"]) == 2
 
 
 def test_analysing_a_simulated_file_never_imports_torch():

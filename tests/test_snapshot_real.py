@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import analyzer
-from analyzer.trace import TABLES
+from analyzer.core.trace import TABLES
 from independent import read_snapshot, requested_peak, segment_sums
 from conftest import REAL, real_snapshots
 
@@ -50,7 +50,7 @@ def test_real_snapshot_matches_independent_replay(path: Path) -> None:
 def test_oom_found_on_device_1(real_dir: Path, tmp_path: Path) -> None:
     path = real_dir / "constructor-sun-code_location" / "memory_snapshot.pickle"
     out = tmp_path / "r.json"
-    run = subprocess.run([sys.executable, "-m", "analyzer.cli", str(path), "--format", "json", "-o", str(out), "-q"],
+    run = subprocess.run([sys.executable, "-m", "analyzer", str(path), "--format", "json", "-o", str(out), "-q"],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     report = json.loads(out.read_text())

@@ -37,7 +37,7 @@ def test_real_trace_keeps_every_event_and_gains_counters(real_dir: Path, tmp_pat
 
 
 def test_export_needs_a_profiler_trace(tmp_path: Path) -> None:
-    run = subprocess.run([sys.executable, "-m", "analyzer.cli", str(FIXTURES / "sim" / "capacity_oom.pickle"),
+    run = subprocess.run([sys.executable, "-m", "analyzer", str(FIXTURES / "sim" / "capacity_oom.pickle"),
                           "--export-trace", str(tmp_path / "x.json"), "-q"], capture_output=True, text=True)
     assert run.returncode == 2 and "Kineto" in run.stderr
     assert not (tmp_path / "x.json").exists()

@@ -19,6 +19,8 @@ Where nothing decides, the label is `unattributed`: a guess is never shown as a 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 
@@ -27,7 +29,7 @@ from analyzer.attribute.category import categorise
 from analyzer.attribute.frames import stack_facts
 from analyzer.attribute.modules import assign_modules
 from analyzer.attribute.steps import number_steps
-from analyzer.trace import UNATTRIBUTED, MemoryTrace
+from analyzer.core.trace import UNATTRIBUTED, MemoryTrace
 
 CONFIDENCE = {"tag": 1.0, "annotation": 0.95, "frames": 0.9, "timing": 0.7, "lifetime": 0.8, "size-match": 0.6}
 
@@ -69,18 +71,20 @@ def _label_sources(phase: np.ndarray, category: np.ndarray, module: np.ndarray) 
 
 
 def attribute(trace: MemoryTrace) -> MemoryTrace:
-    """Fill module, phase, category, step, label_source and confidence of `trace.allocations` (in place)."""
-    a = trace.allocations
+    """The trace with module, phase, category, step, label_source and confidence filled in for every
+    allocation (a new MemoryTrace: the one given is left as it was, and the new one's timeline is built from
+    the labels on first use)."""
+    a = trace.allocations.copy(deep=False)
     parts = [_attribute_device(trace, d) for d in sorted(a["device"].unique())]
     if not parts:
-        return trace
+        return replace(trace, allocations=a)
     order = np.argsort(np.concatenate([np.flatnonzero(a["device"].to_numpy() == d) for d in sorted(a["device"].unique())]))
     labels = {k: np.concatenate([p[k] for p in parts])[order] for k in parts[0]}
     for column in ("module", "phase", "category", "label_source"):
         a[column] = _categorical(labels[column])
     a["step"] = pd.arrays.IntegerArray(labels["step"].astype(np.int64), labels["step"] < 0)
     a["confidence"] = labels["confidence"].astype(np.float64)
-    return trace
+    return replace(trace, allocations=a)
 
 
 def _attribute_device(trace: MemoryTrace, device: int) -> dict[str, np.ndarray]:

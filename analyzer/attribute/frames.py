@@ -9,7 +9,7 @@ import stat
 from dataclasses import dataclass
 from functools import lru_cache
 
-from analyzer.stacks import Frame, format_frame, is_user_frame
+from analyzer.core.stacks import Frame, format_frame, is_user_frame
 
 # (pattern on "file function", phase, signal name), checked innermost frame first; the first match wins
 _PHASE_RULES: list[tuple[re.Pattern[str], str, str]] = [

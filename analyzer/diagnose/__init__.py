@@ -9,45 +9,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.analysis import Analysis
 from analyzer.diagnose import (activation_peak, checkpoint_gather, fragmentation, leak, oom, optimizer_spike, outside,
                                reserved_growth)
-from analyzer.diagnose.context import DeviceContext, make_context
+from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import gib, oom_where
 from analyzer.diagnose.step_levels import size
 from analyzer.diagnose.triage import triage
-from analyzer.remedies import Demand, checkpointable_bytes, count_layers, describe, rank_remedies
-from analyzer.theory import explain_model_states
-from analyzer.timeline import live_at
-from analyzer.trace import MemoryTrace
+from analyzer.diagnose.remedies import Demand, checkpointable_bytes, count_layers, describe, rank_remedies
+from analyzer.diagnose.theory import explain_model_states
+from analyzer.result import Diagnosis
 
 DETECTORS = [outside, oom, leak, reserved_growth, activation_peak, optimizer_spike, checkpoint_gather, fragmentation]
 _REQUEST_CATEGORY = {"forward": "activation", "backward": "temporary", "optimizer": "optimizer_state",
                      "load": "parameter", "checkpoint_save": "other"}
 
 
-def diagnose(analysis: Analysis, gpu_memory: int | None = None, world_size: int | None = None,
-             device_usage: MemoryTrace | None = None) -> Analysis:
-    """Fill findings, theory, fragmentation, remedies and verdict of every device (in place). `device_usage`
-    is a second recording of the same run that shows the device's memory (an Nsight export)."""
-    for d in analysis.devices:
-        ctx = make_context(analysis.trace, d, gpu_memory or _recorded_capacity(device_usage, d.device), world_size)
-        ctx.extras["device_usage"] = device_usage
-        d.findings = [f for detector in DETECTORS for f in detector.detect(ctx)]
-        d.fragmentation = ctx.extras.get("fragmentation_at_oom") or ctx.extras.get("fragmentation_at_peak")
-        d.theory = theory_check(ctx)
-        d.capacity_bytes = d.capacity_bytes or ctx.capacity_bytes
-        d.triage = triage(ctx, d.findings)
-        demand = _demand(ctx, d.findings, d.theory, d.triage["verdict"])
-        d.demand_bytes = demand.total
-        d.remedies = rank_remedies(demand)
-        d.verdict = verdict(ctx, d.findings, d.remedies, demand)
-    return analysis
-
-
-def _recorded_capacity(device_usage: MemoryTrace | None, device: int) -> int | None:
-    info = device_usage.devices.get(device) if device_usage is not None else None
-    return info.capacity_bytes if info is not None else None
+def diagnose(ctx: DeviceContext) -> Diagnosis:
+    """Findings, theory, fragmentation, triage, remedies and verdict of one device."""
+    findings = [f for detector in DETECTORS for f in detector.detect(ctx)]
+    fragmentation = ctx.fragmentation_at_oom or ctx.fragmentation_at_peak
+    theory = theory_check(ctx)
+    triaged = triage(ctx, findings)
+    demand = _demand(ctx, findings, theory, triaged["verdict"], fragmentation)
+    remedies = rank_remedies(demand)
+    return Diagnosis(findings=findings, remedies=remedies, theory=theory, fragmentation=fragmentation, triage=triaged,
+                     demand_bytes=demand.total, verdict=verdict(ctx, findings, remedies, demand, triaged),
+                     capacity_bytes=ctx.capacity_bytes, capacity_source=ctx.capacity_source)
 
 
 def theory_check(ctx: DeviceContext) -> dict[str, Any]:
@@ -75,14 +62,15 @@ def theory_check(ctx: DeviceContext) -> dict[str, Any]:
     return out
 
 
-def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str, Any], triaged: str) -> Demand:
+def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str, Any], triaged: str,
+            fragmentation: dict[str, Any] | None) -> Demand:
     """What the run needed: at an OOM, what was allocated plus the failed request; else the peak."""
     d = ctx.d
     oom_finding = next((f for f in findings if f["kind"] == "oom"), None)
     leak_finding = next((f for f in findings if f["kind"] == "leak"), None)
     spike = next((f for f in findings if f["kind"] == "optimizer_spike"), None)
     worst = d.oom.event_index if oom_finding is not None else d.peak.event_index
-    live = live_at(ctx.trace, ctx.device, d.oom.event_index) if oom_finding is not None else d.peak.live
+    live = ctx.live_at(d.oom.event_index) if oom_finding is not None and d.oom is not None else d.peak.live
     if oom_finding is not None:
         by_category = live.groupby("category", observed=True)["allocated_bytes"].sum().to_dict()
         extra = _REQUEST_CATEGORY.get(oom_finding.get("phase") or "", "other")
@@ -91,7 +79,7 @@ def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str
     else:
         by_category = {r["name"]: r["bytes"] for r in d.by_category}
         total = d.peak.allocated_bytes
-    picture = d.fragmentation or {}
+    picture = fragmentation or {}
     regime = theory.get("regime")
     return Demand(
         total=total, by_category={k: int(v) for k, v in by_category.items()}, capacity=ctx.capacity_bytes,
@@ -110,7 +98,8 @@ def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str
     )
 
 
-def verdict(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[dict[str, Any]], demand: Demand) -> str:
+def verdict(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[dict[str, Any]], demand: Demand,
+            triaged: dict[str, str]) -> str:
     """One sentence: what ran out, where, why, what to try first."""
     d = ctx.d
     first = next((r for r in remedies if r["try_first"]), None)
@@ -119,7 +108,7 @@ def verdict(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[d
     where = "" if oom_finding is None else oom_where(oom_finding.get("phase"), oom_finding.get("module"),
                                                      oom_finding.get("step"))
     leak_finding = next((f for f in findings if f["kind"] == "leak"), None)
-    if leak_finding is not None and d.triage and d.triage["verdict"] == "leak":
+    if leak_finding is not None and triaged["verdict"] == "leak":
         opening = f"Out of memory on {ctx.trace.device_label(d.device)}{' ' + where if where else ''}" if oom_finding else \
             f"Memory grows on {ctx.trace.device_label(d.device)}"
         return f"{opening}: a leak, not the size of the work: {_leak_clause(leak_finding)}.{advice}"

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.breakdown import split
+from analyzer.core.breakdown import split
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import gib, top_allocations
-from analyzer.stacks import short_frame
+from analyzer.core.stacks import short_frame
 
 
 def detect(ctx: DeviceContext) -> list[dict[str, Any]]:

@@ -7,14 +7,13 @@ from typing import Any
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import gib, top_allocations
 from analyzer.diagnose.phase_peaks import phase_peak
-from analyzer.timeline import live_at
 
 
 def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     peak = phase_peak(ctx, "checkpoint_save")
     if peak is None or peak.bytes <= peak.elsewhere:
         return []
-    live = live_at(ctx.trace, ctx.device, peak.seq)
+    live = ctx.live_at(peak.seq)
     saving = live[live["phase"] == "checkpoint_save"]
     gathered = int(saving["allocated_bytes"].sum())
     return [{

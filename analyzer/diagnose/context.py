@@ -1,26 +1,35 @@
-"""What every detector and remedy needs to know about one device, computed once."""
+"""What every detector and remedy needs to know about one device, computed once and shared between them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from analyzer.analysis import DeviceAnalysis
-from analyzer.breakdown import event_labels
-from analyzer.trace import MemoryTrace
+from analyzer.core.timeline import live_at
+from analyzer.core.trace import MemoryTrace
+from analyzer.result import DeviceMeasures
+
+if TYPE_CHECKING:
+    from analyzer.diagnose.step_levels import StepLevel
 
 
 @dataclass
 class DeviceContext:
     trace: MemoryTrace
-    d: DeviceAnalysis
+    d: DeviceMeasures
     timeline: pd.DataFrame            # this device's rows
     labels: pd.DataFrame              # step and phase after each event
     capacity_bytes: int | None        # usable device memory, if known
     capacity_source: str              # where that number came from
     world_size: int | None = None     # GPUs the job could shard over (for ZeRO / TP / PP estimates)
-    extras: dict[str, Any] = field(default_factory=dict)
+    device_usage: MemoryTrace | None = None  # a second recording of the run that sees the device (Nsight)
+    # what one detector measured and a later one (or the remedies) reads, set once by the detector named
+    fragmentation_at_oom: dict[str, Any] | None = None      # oom
+    fragmentation_at_peak: dict[str, Any] | None = None     # fragmentation, at the reserved peak
+    leaked_allocations: pd.DataFrame | None = None          # leak
+    step_levels: list[StepLevel] | None = None              # step_levels, on first use
+    _live: dict[int, pd.DataFrame] = field(default_factory=dict, repr=False)
 
     @property
     def device(self) -> int:
@@ -29,6 +38,15 @@ class DeviceContext:
     @property
     def allocations(self) -> pd.DataFrame:
         return self.trace.allocations[self.trace.allocations["device"] == self.device]
+
+    def live_at(self, seq: int) -> pd.DataFrame:
+        """Allocations alive just after event `seq`, largest first; computed once per moment (the OOM, the
+        reserved peak, a phase peak are each asked for by several detectors)."""
+        if seq == self.d.peak.event_index:
+            return self.d.peak.live
+        if seq not in self._live:
+            self._live[seq] = live_at(self.trace, self.device, seq)
+        return self._live[seq]
 
     def at(self, seq: int) -> pd.Series:
         """The timeline row just after event `seq`."""
@@ -43,19 +61,20 @@ class DeviceContext:
         return None if value is None else bool(value)
 
 
-def make_context(trace: MemoryTrace, d: DeviceAnalysis, gpu_memory: int | None, world_size: int | None) -> DeviceContext:
+def make_context(trace: MemoryTrace, d: DeviceMeasures, gpu_memory: int | None, world_size: int | None,
+                 device_usage: MemoryTrace | None = None) -> DeviceContext:
     timeline = trace.timeline[trace.timeline["device"] == d.device]
     capacity, source = _capacity(trace, d, gpu_memory)
-    return DeviceContext(trace=trace, d=d, timeline=timeline, labels=d.labels if d.labels is not None else event_labels(trace, d.device),
-                         capacity_bytes=capacity, capacity_source=source, world_size=world_size)
+    return DeviceContext(trace=trace, d=d, timeline=timeline, labels=d.labels, capacity_bytes=capacity,
+                         capacity_source=source, world_size=world_size, device_usage=device_usage)
 
 
-def _capacity(trace: MemoryTrace, d: DeviceAnalysis, gpu_memory: int | None) -> tuple[int | None, str]:
+def _capacity(trace: MemoryTrace, d: DeviceMeasures, gpu_memory: int | None) -> tuple[int | None, str]:
     """--gpu-memory, else what the input records, else what the OOM shows PyTorch could have had."""
     if gpu_memory:
         return gpu_memory, "--gpu-memory"
-    if d.capacity_bytes:
-        return d.capacity_bytes, "recorded device memory"
+    if d.recorded_capacity_bytes:
+        return d.recorded_capacity_bytes, "recorded device memory"
     if d.oom is not None and d.oom.device_free_bytes is not None:
         reserved = int(trace.timeline.loc[(trace.timeline["device"] == d.device)
                                           & (trace.timeline["seq"] == d.oom.event_index), "reserved_bytes"].iloc[0])

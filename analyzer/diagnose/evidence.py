@@ -5,8 +5,8 @@ from typing import Any
 
 import pandas as pd
 
-from analyzer.stacks import short_frame
-from analyzer.trace import UNATTRIBUTED, MemoryTrace
+from analyzer.core.stacks import short_frame
+from analyzer.core.trace import UNATTRIBUTED, MemoryTrace
 
 
 def top_allocations(trace: MemoryTrace, rows: pd.DataFrame, n: int = 5) -> list[dict[str, Any]]:

@@ -16,7 +16,6 @@ import pandas as pd
 
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import gib
-from analyzer.timeline import live_at
 
 RECOVERY_THRESHOLD = 0.05  # free cached memory worth reporting: at least this share of what is reserved
 
@@ -28,7 +27,7 @@ def segments_at(ctx: DeviceContext, seq: int) -> pd.DataFrame:
     born = s["seq_alloc"].isna() & (s["alive_at_end"] | s["seq_free"].notna()) | (s["seq_alloc"] <= seq)
     alive = s["seq_free"].isna() & s["alive_at_end"] | (s["seq_free"] > seq)
     segments = s[(born & alive).fillna(False).astype(bool)].sort_values("addr").reset_index(drop=True)
-    live = live_at(ctx.trace, ctx.device, seq)[["addr", "allocated_bytes"]].sort_values("addr")
+    live = ctx.live_at(seq)[["addr", "allocated_bytes"]].sort_values("addr")
     segments["end"] = segments["addr"] + segments["bytes"]
     if segments.empty:
         return segments.assign(used_bytes=0, free_bytes=0, largest_free_bytes=0)
@@ -63,7 +62,7 @@ def fragmentation_at(ctx: DeviceContext, seq: int, request: int | None = None) -
     segments = segments_at(ctx, seq)
     partly_used = segments["used_bytes"] > 0
     expandable = bool(segments["expandable"].any()) if len(segments) else False
-    live = live_at(ctx.trace, ctx.device, seq)
+    live = ctx.live_at(seq)
     return {
         "event_index": int(seq),
         "reserved_bytes": int(row["reserved_bytes"]),
@@ -85,7 +84,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     """Reserved memory holding no tensor at the reserved peak, when it is a meaningful share."""
     seq = int(ctx.timeline.loc[ctx.timeline["reserved_bytes"].idxmax(), "seq"])
     picture = fragmentation_at(ctx, seq)
-    ctx.extras["fragmentation_at_peak"] = picture
+    ctx.fragmentation_at_peak = picture
     reserved, unused = picture["reserved_bytes"], picture["inactive_bytes"]
     if not reserved or unused < RECOVERY_THRESHOLD * reserved:
         return []

@@ -20,7 +20,7 @@ import pandas as pd
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import top_allocations
 from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, MODEL_STATES, as_json, measured, size, step_levels
-from analyzer.trace import UNATTRIBUTED
+from analyzer.core.trace import UNATTRIBUTED
 
 MIN_SHARE_OF_PEAK = 0.001   # a rate below this share of the largest step peak is noise, not a leak
 LEVEL_AGREEMENT = 0.5       # the step-start levels must grow by at least this share of the kept rate
@@ -67,7 +67,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
         return []
     keys = set(zip(groups["frame"], groups["module"]))
     leaked = kept[[k in keys for k in zip(kept["frame"], kept["module"])]]
-    ctx.extras["leaked_allocations"] = leaked
+    ctx.leaked_allocations = leaked
     steps_to_oom = _steps_to_oom(ctx, rate)
     oom_step = None if steps_to_oom is None else levels[-1].step + steps_to_oom
     stacks = [{"top_user_frame": g.frame, "module": g.module, "bytes_per_step": int(g.bytes_per_step),
@@ -109,7 +109,7 @@ def runway(steps_to_oom: int | None, oom_step: int | None) -> str:
 
 def leaked_bytes_at(ctx: DeviceContext, seq: int) -> int:
     """Leaked memory alive just after event `seq` (what `detect` found leaking lives to the end once made)."""
-    leaked = ctx.extras.get("leaked_allocations")
+    leaked = ctx.leaked_allocations
     return 0 if leaked is None else int(leaked.loc[leaked["seq_alloc"] <= seq, "allocated_bytes"].sum())
 
 

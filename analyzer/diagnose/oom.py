@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.breakdown import labels_at
+from analyzer.core.breakdown import labels_at
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import gib, oom_where, top_allocations
 from analyzer.diagnose.fragmentation import RECOVERY_THRESHOLD, fragmentation_at
-from analyzer.timeline import live_at
 
 OUTSIDE_THRESHOLD = 0.10  # share of the device that must be outside PyTorch before we blame it
 
@@ -27,9 +26,9 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
         return []
     seq = oom.event_index
     picture = fragmentation_at(ctx, seq, oom.requested_bytes)
-    ctx.extras["fragmentation_at_oom"] = picture
+    ctx.fragmentation_at_oom = picture
     step, phase = labels_at(ctx.labels, seq)
-    live = live_at(ctx.trace, ctx.device, seq)
+    live = ctx.live_at(seq)
     module = _module_at(ctx, seq)
     free = oom.device_free_bytes or 0
     cached = picture["inactive_bytes"]

@@ -7,11 +7,10 @@ from typing import Any
 
 import pandas as pd
 
-from analyzer.breakdown import labels_at
+from analyzer.core.breakdown import labels_at
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import gib, top_allocations
 from analyzer.diagnose.phase_peaks import phase_peak
-from analyzer.timeline import live_at
 
 _OPTIMIZER_ANNOTATION = re.compile(r"^Optimizer\.step#(\w+)\.step$")
 _OPTIMIZER_FRAME = re.compile(r"torch[\\/]optim[\\/](\w+)\.py$")
@@ -34,7 +33,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     oom_in_optimizer = ctx.d.oom is not None and labels_at(ctx.labels, ctx.d.oom.event_index)[1] == "optimizer"
     if peak is None or (peak.bytes < peak.elsewhere and not oom_in_optimizer):
         return []
-    live = live_at(ctx.trace, ctx.device, peak.seq)
+    live = ctx.live_at(peak.seq)
     in_optimizer = live[live["phase"] == "optimizer"]
     first_step = _first_optimizer_step(ctx.allocations)
     lazy = in_optimizer[(in_optimizer["category"] == "optimizer_state") & (in_optimizer["step"] == first_step)]

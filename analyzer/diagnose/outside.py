@@ -1,11 +1,11 @@
 """Memory outside PyTorch, when a second source shows the device's usage (an Nsight export of the same run
 beside the snapshot): every cudaMalloc the caching allocator did not make (NCCL, cuBLAS/cuDNN workspaces,
-extensions), measured by analyzer.combine, at the OOM (else the peak)."""
+extensions), measured by analyzer.diagnose.outside_pytorch, at the OOM (else the peak)."""
 from __future__ import annotations
 
 from typing import Any
 
-from analyzer.combine import outside_pytorch
+from analyzer.diagnose.outside_pytorch import outside_pytorch
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import gib
 
@@ -14,11 +14,10 @@ SIGNIFICANT_SHARE = 0.10  # above this share of the device it is the first thing
 
 
 def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
-    companion = ctx.extras.get("device_usage")
+    companion = ctx.device_usage
     if companion is None or ctx.device not in companion.devices:
         return []
     measured = outside_pytorch(ctx.trace, companion, ctx.device)
-    ctx.extras["outside"] = measured
     outside = measured["outside_bytes_at_peak"]
     reference = ctx.capacity_bytes or measured["pytorch_reserved_bytes_at_peak"] or 1
     if outside < OUTSIDE_SHARE * reference:

@@ -36,9 +36,9 @@ class StepLevel:
 def step_levels(ctx: DeviceContext) -> list[StepLevel]:
     """One level per training step (step >= 1), in order; steps whose first allocation does not come after the
     previous step's (mislabelled or interleaved) are left out. Computed once per device."""
-    if "step_levels" not in ctx.extras:
-        ctx.extras["step_levels"] = _levels(ctx)
-    return ctx.extras["step_levels"]
+    if ctx.step_levels is None:
+        ctx.step_levels = _levels(ctx)
+    return ctx.step_levels
 
 
 def _levels(ctx: DeviceContext) -> list[StepLevel]:

@@ -11,9 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from analyzer.errors import UnsupportedFormat
-from analyzer.gc_pause import gc_paused
+from analyzer.core.gc_pause import gc_paused
 from analyzer.ingest import sniff as formats
-from analyzer.trace import MemoryTrace
+from analyzer.core.trace import MemoryTrace, MultiRankTrace
+
+Loaded = MemoryTrace | MultiRankTrace  # one recording, or a set of ranks (a directory or .tar.gz of traces)
 
 #: kind -> "module:function" of the reader (imported on use, so one format's dependencies never slow another)
 READERS: dict[str, str] = {
@@ -30,7 +32,7 @@ _NOT_YET = {
 }
 
 
-def reader_for(kind: str, path: Path) -> Callable[[Path], MemoryTrace]:
+def reader_for(kind: str, path: Path) -> Callable[[Path], Loaded]:
     if kind == formats.NSYS_REP:
         sqlite = path.with_suffix(".sqlite")
         raise UnsupportedFormat(path, "this is a binary Nsight Systems report (.nsys-rep), which only nsys can read",
@@ -44,7 +46,7 @@ def reader_for(kind: str, path: Path) -> Callable[[Path], MemoryTrace]:
     return getattr(importlib.import_module(module), function)
 
 
-def load_with_companion(path: str | Path, companion: str | Path | None) -> tuple[MemoryTrace, MemoryTrace | None]:
+def load_with_companion(path: str | Path, companion: str | Path | None) -> tuple[Loaded, MemoryTrace | None]:
     """The recording to analyse and, optionally, an Nsight export of the same run that shows the device's
     memory (in either order)."""
     first = load(path)
@@ -60,8 +62,8 @@ def load_with_companion(path: str | Path, companion: str | Path | None) -> tuple
     return (second, first) if kinds[0] == "nsys" else (first, second)
 
 
-def load(path: str | Path) -> MemoryTrace:
-    """Read any supported input into a MemoryTrace; raises an AnalyzerError subclass on bad input."""
+def load(path: str | Path) -> Loaded:
+    """Read any supported input into a MemoryTrace (a MultiRankTrace for a set of ranks); raises an AnalyzerError subclass on bad input."""
     p = formats.check_path(path)
     reader = reader_for(formats.sniff(p), p)
     with gc_paused():

@@ -8,7 +8,7 @@ from array import array
 import numpy as np
 import pandas as pd
 
-from analyzer.trace import MISSING  # never a real size, address, time or index
+from analyzer.core.trace import MISSING  # never a real size, address, time or index
 
 __all__ = ["MAX_TOTAL_BYTES", "MISSING", "to_int64", "to_nullable"]
 

@@ -32,9 +32,10 @@ import numpy as np
 from analyzer.errors import CorruptInput
 from analyzer.ingest.columns import MAX_TOTAL_BYTES
 from analyzer.ingest import sniff
+from analyzer.ingest.history import BySize, HistoryBuilder, Pile
 from analyzer.ingest.json_depth import DepthLimitedStream
-from analyzer.ingest.kineto import BySize, HistoryBuilder, Pile, first_byte, ijson_backend, reading
-from analyzer.trace import UNATTRIBUTED, DeviceInfo, MemoryTrace, empty_table
+from analyzer.ingest.json_stream import first_byte, ijson_backend, reading
+from analyzer.core.trace import UNATTRIBUTED, DeviceInfo, MemoryTrace, empty_table
 
 #: torch's category index -> our category name
 CATEGORIES = ("parameter", "optimizer_state", "input", "temporary", "activation", "gradient", "autograd_detail",

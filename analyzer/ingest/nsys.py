@@ -49,7 +49,7 @@ import pandas as pd
 
 from analyzer.errors import CorruptInput, UnsupportedFormat
 from analyzer.ingest.limits import check_devices
-from analyzer.trace import DeviceInfo, MemoryTrace, empty_table, make_table
+from analyzer.core.trace import DeviceInfo, MemoryTrace, empty_table, make_table
 
 #: one row per GPU activity (`MemoryTrace.kernels`); times are epoch µs like every other table
 GPU_ACTIVITY_COLUMNS: dict[str, str] = {
@@ -421,7 +421,7 @@ class _Reader:
             self.warnings.append("Nsight records cudaMalloc/cudaFree calls, i.e. PyTorch's reserved segments (and "
                                  "memory of NCCL and other libraries), not tensors: reserved bytes are the device "
                                  "usage Nsight saw and the allocations table is empty. For tensor-level detail record "
-                                 "a snapshot of the same run and combine both (analyzer.combine.outside_pytorch)")
+                                 "a snapshot of the same run and combine both (analyze SNAPSHOT.pickle RUN.sqlite)")
         devices = dict(self.devices)
         for device in {*events["device"], *annotations["device"], *kernels["device"]}:
             devices.setdefault(int(device), DeviceInfo(int(device)))

@@ -18,8 +18,8 @@ import pandas as pd
 
 from analyzer.ingest.columns import MAX_TOTAL_BYTES, MISSING, to_int64
 from analyzer.ingest.fields import require_strings, text
-from analyzer.stacks import top_user_frame
-from analyzer.trace import make_table
+from analyzer.core.stacks import top_user_frame
+from analyzer.core.trace import make_table
 
 #: trace actions, in the order of their codes in the events table
 ACTIONS = ["alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jinja2
 
-from analyzer.analysis import Analysis
+from analyzer.result import Analysis
 from analyzer.report.plots import figure_svg, memory_figure
 from analyzer.report.units import human_bytes
 from analyzer.report.view import ReportView, build_view, words

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from analyzer.analysis import Analysis
+from analyzer.result import Analysis
 
 
 def write_json(analysis: Analysis, out: Path | None) -> list[Path]:

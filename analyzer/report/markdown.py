@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from urllib.parse import quote
 
-from analyzer.analysis import Analysis
+from analyzer.result import Analysis
 from analyzer.report.plots import memory_figure, save_png
 from analyzer.report.units import human_bytes
 from analyzer.report.view import DeviceView, RemedyView, ReportView, Share, build_view, words

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from analyzer.stacks import short_frame
+from analyzer.core.stacks import short_frame
 
 #: a module FQN (`encoder.layers.3.mlp`); other module labels (a frame such as `train.py:12 forward`, `(root module)`,
 #: `unattributed`) are leaves at the top

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from analyzer.analysis import Analysis
+from analyzer.result import Analysis
 from analyzer.errors import AnalyzerError
 from analyzer.report.html import render_html
 

@@ -7,10 +7,10 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from analyzer.analysis import Analysis
+from analyzer.result import Analysis
 from analyzer.report.units import human_bytes
 from analyzer.report.view import DeviceView, Share, build_view, words
-from analyzer.stacks import short_frame
+from analyzer.core.stacks import short_frame
 
 TOP_MODULES = 5
 TOP_REMEDIES = 3

@@ -16,10 +16,10 @@ import ijson
 import numpy as np
 import orjson
 
-from analyzer.analysis import Analysis
+from analyzer.result import Analysis
 from analyzer.errors import UnsupportedFormat
 from analyzer.ingest.sniff import open_input
-from analyzer.timeline import allocated_by, downsample
+from analyzer.core.timeline import allocated_by, downsample
 
 MAX_POINTS = 20_000
 COUNTER_PID = 2**31 - 7  # a process id of its own, named below, so the tracks sit together

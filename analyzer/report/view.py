@@ -14,14 +14,14 @@ from typing import Any
 import pandas as pd
 
 from analyzer import __version__
-from analyzer.analysis import Analysis, DeviceAnalysis
-from analyzer.breakdown import event_labels
+from analyzer.result import Analysis, DeviceAnalysis
+from analyzer.core.breakdown import event_labels
 from analyzer.report.module_tree import ModuleNode, module_label, module_tree
 from analyzer.report.palette import category_color, category_rank, phase_color
 from analyzer.report.units import human_bytes, relative_seconds
-from analyzer.stacks import format_frame, is_user_frame, short_frame
-from analyzer.timeline import downsample
-from analyzer.trace import MemoryTrace
+from analyzer.core.stacks import format_frame, is_user_frame, short_frame
+from analyzer.core.timeline import downsample
+from analyzer.core.trace import MemoryTrace
 
 LIVE_SHOWN = 25          # allocations live at the peak listed with their stacks
 FRAMES_SHOWN = 40        # frames of one stack, innermost first
@@ -273,18 +273,6 @@ def _lead_device(devices: list[DeviceAnalysis]) -> DeviceAnalysis | None:
     return max(devices, key=lambda d: (d.device >= 0, d.peak.allocated_bytes, -d.device))
 
 
-def fallback_verdict(d: DeviceAnalysis) -> str:
-    """One sentence from the measured facts, for analyses that carry no diagnosed verdict."""
-    made_of = d.headline()
-    peak = f"the peak of {human_bytes(d.peak.allocated_bytes)} is {made_of}" if made_of else \
-        f"the peak is {human_bytes(d.peak.allocated_bytes)}"
-    if d.oom is None:
-        return f"No out-of-memory recorded; {peak}."
-    where = f" at {short_frame(d.oom.top_user_frame)}" if d.oom.top_user_frame else ""
-    return (f"Out of memory{where}: the allocator asked for {human_bytes(d.oom.requested_bytes)} with "
-            f"{human_bytes(d.oom.device_free_bytes)} free on the device; {peak}.")
-
-
 def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> DeviceView:
     trace = analysis.trace
     origin = trace.time_origin_us
@@ -293,9 +281,9 @@ def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> De
     steps = d.steps[:STEPS_SHOWN]
     return DeviceView(
         device=d.device, name=trace.device_label(d.device),
-        verdict=getattr(d, "verdict", None) or fallback_verdict(d), headline=d.headline(),
+        verdict=d.diagnosis.verdict, headline=d.headline(),
         peak_allocated_bytes=d.peak.allocated_bytes,
-        demand_bytes=getattr(d, "demand_bytes", None) or d.peak.allocated_bytes,
+        demand_bytes=d.diagnosis.demand_bytes,
         peak_requested_bytes=d.peak.requested_bytes,
         peak_reserved_bytes=d.peak.reserved_bytes, reserved_peak_bytes=d.reserved_peak_bytes,
         peak_when=relative_seconds(d.peak.time_us, origin), peak_event=d.peak.event_index,
@@ -309,12 +297,12 @@ def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> De
         live=[_live_allocation(trace, r, origin) for r in shown.itertuples(index=False)],
         live_left_out=(len(live) - len(shown), int(live["allocated_bytes"].sum() - shown["allocated_bytes"].sum())),
         sites=_sites(trace, live),
-        findings=sorted((_finding_view(f, origin) for f in d.findings),
+        findings=sorted((_finding_view(f, origin) for f in d.diagnosis.findings),
                         key=lambda f: (SEVERITY_ORDER.get(f.severity, 3), -(f.bytes or 0))),
-        remedies=sorted((_remedy_view(r) for r in d.remedies),
+        remedies=sorted((_remedy_view(r) for r in d.diagnosis.remedies),
                         key=lambda r: (r.rank is None, r.rank or 0, -(r.saved_bytes or 0))),
         fragmentation=_fragmentation_view(d, trace),
-        theory=_theory_view(getattr(d, "theory", None)),
+        theory=_theory_view(d.diagnosis.theory),
         steps=steps, steps_left_out=len(d.steps) - len(steps),
     )
 
@@ -468,7 +456,7 @@ _FRAGMENTATION_SHOWN = {"reserved_bytes", "allocated_bytes", "inactive_bytes", "
 def _fragmentation_view(d: DeviceAnalysis, trace: MemoryTrace) -> FragmentationView:
     """The diagnosed fragmentation when there is one; else the end state, which is the state at an OOM that
     ended the run (the allocator has released its cached segments by then)."""
-    measured = getattr(d, "fragmentation", None)
+    measured = d.diagnosis.fragmentation
     if measured:
         segments = sorted(measured.get("segments") or [], key=lambda s: -int(s.get("free_bytes", 0)))
         shown = [{**s, "used_share": (s["used_bytes"] / s["bytes"]) if s.get("bytes") else 0.0}

@@ -5,7 +5,7 @@ written (`torch.cuda.memory._dump_snapshot`), with a ground-truth sidecar of wha
 Modules, one job each: `tracer` (torch dispatch mode + module/phase tracking), `allocator` (the caching
 allocator's rules, over `blocks`, `device`, `expandable`), `snapshot_writer` (torch's dict layout), `truth`
 (the sidecar), `replay` (recorded requests through the model), `scenarios` (built-in workloads), `runner`
-(`run()`), `cli` (`simulate_command`). Only `tracer`, `scenarios`, `runner` and `cli` import torch, and only
+(`run()`); the command is `analyzer.commands.simulate`. Only `tracer`, `scenarios` and `runner` import torch, and only
 when used: importing this package, or the allocator model, does not.
 """
 from __future__ import annotations

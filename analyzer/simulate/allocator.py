@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from analyzer.allocator_rules import LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, round_size, segment_size
+from analyzer.core.allocator_rules import LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, round_size, segment_size
 from analyzer.simulate.blocks import NO_CONTEXT, Block, BlockPool, CallContext
 from analyzer.simulate.device import DeviceMemory
 from analyzer.simulate.expandable import ExpandableSegment

@@ -1,4 +1,4 @@
-"""Run the CLI (`analyzer.cli.main`) on many files in one process, one JSON line per file on stdout.
+"""Run the CLI (`analyzer.commands.analyze.main`) on many files in one process, one JSON line per file on stdout.
 
     python tests/hostile/cli_batch.py OUT_DIR FILE...
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from make_corpus import register_extensions
 
-from analyzer.cli import main
+from analyzer.commands import main
 
 
 def run(path: str, out_dir: Path) -> dict:

@@ -13,11 +13,12 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
-from analyzer.analysis import Analysis, analyze
+from analyzer.result import Analysis
+from analyzer.pipeline import analyze
 from analyzer.errors import AnalyzerError
 from analyzer.ingest import load
 from analyzer.report.text import print_summary
-from analyzer.trace import MemoryTrace, MultiRankTrace
+from analyzer.core.trace import MemoryTrace, MultiRankTrace
 
 
 def analyse_file(path: Path) -> list[Analysis]:

@@ -55,7 +55,7 @@ def cases() -> list[Case]:
 
 def run(case: Case) -> dict[str, Any]:
     """The exit code, the error line (if any) and the JSON document of one case, in canonical form."""
-    from analyzer.cli import main
+    from analyzer.commands import main
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "analysis.json"
@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         old = json.loads(path.read_text()) if path.exists() else None
         if old != stored:
             changed += 1
-            print(f"{'updated' if args.update else 'differs'}: {case.name}")
+            fields = "new" if old is None else ", ".join(differences(old, stored)[:10])
+            print(f"{'updated' if args.update else 'differs'}: {case.name}: {fields}")
             if args.update:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n", encoding="utf-8")

@@ -9,24 +9,26 @@ import argparse
 import json
 from typing import Any
 
-from analyzer.analysis import Analysis, DeviceAnalysis, analyze
+from analyzer.result import Analysis, DeviceAnalysis
+from analyzer.pipeline import analyze
 from analyzer.diagnose.evidence import gib
-from analyzer.remedies import LAYOUT_ONLY
-from analyzer.sizes import parse_bytes
+from analyzer.diagnose.remedies import LAYOUT_ONLY
+from analyzer.core.units import parse_bytes
+from analyzer.errors import UnsupportedFormat
 
 
 def compare_device(before: DeviceAnalysis, after: DeviceAnalysis, remedy_id: str | None) -> dict[str, Any]:
-    measured = (before.demand_bytes or before.peak.allocated_bytes) - (after.demand_bytes or after.peak.allocated_bytes)
+    measured = (before.diagnosis.demand_bytes or before.peak.allocated_bytes) - (after.diagnosis.demand_bytes or after.peak.allocated_bytes)
     b_cat = {r["name"]: r["bytes"] for r in before.by_category}
     a_cat = {r["name"]: r["bytes"] for r in after.by_category}
     categories = {name: {"before": b_cat.get(name, 0), "after": a_cat.get(name, 0),
                          "change": (a_cat.get(name, 0) - b_cat.get(name, 0)) / b_cat[name] if b_cat.get(name) else None}
                   for name in sorted(set(b_cat) | set(a_cat))}
-    estimated = [r for r in before.remedies if r.get("saved_bytes") is not None]
+    estimated = [r for r in before.diagnosis.remedies if r.get("saved_bytes") is not None]
     chosen, how = None, None
-    layout = [r for r in before.remedies if r["id"] in LAYOUT_ONLY]
+    layout = [r for r in before.diagnosis.remedies if r["id"] in LAYOUT_ONLY]
     if remedy_id:
-        chosen, how = next((r for r in before.remedies if r["id"] == remedy_id), None), "given"
+        chosen, how = next((r for r in before.diagnosis.remedies if r["id"] == remedy_id), None), "given"
     elif layout and before.oom is not None and after.oom is None and abs(measured) < 0.01 * before.peak.allocated_bytes:
         chosen, how = layout[0], "the OOM is gone while the memory needed did not change: an allocator setting"
     elif estimated:
@@ -39,10 +41,10 @@ def compare_device(before: DeviceAnalysis, after: DeviceAnalysis, remedy_id: str
     return {
         "device": before.device,
         "peak_before_bytes": before.peak.allocated_bytes, "peak_after_bytes": after.peak.allocated_bytes,
-        "needed_before_bytes": before.demand_bytes, "needed_after_bytes": after.demand_bytes,
+        "needed_before_bytes": before.diagnosis.demand_bytes, "needed_after_bytes": after.diagnosis.demand_bytes,
         "saving_bytes": measured, "by_category": categories,
-        "findings_before": sorted({f["kind"] for f in before.findings}),
-        "findings_after": sorted({f["kind"] for f in after.findings}),
+        "findings_before": sorted({f["kind"] for f in before.diagnosis.findings}),
+        "findings_after": sorted({f["kind"] for f in after.diagnosis.findings}),
         "oom_before": before.oom is not None, "oom_after": after.oom is not None, "remedy_check": check,
     }
 
@@ -73,15 +75,26 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def diff_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="analyze diff", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("before")
-    parser.add_argument("after")
-    parser.add_argument("--remedy", help="the remedy id applied between the runs (see `analyze FILE --format json`)")
-    parser.add_argument("--gpu-memory", type=parse_bytes)
-    parser.add_argument("--format", choices=("text", "json"), default="text")
-    args = parser.parse_args(argv)
-    result = compare(analyze(args.before, args.gpu_memory), analyze(args.after, args.gpu_memory), args.remedy)
-    print(json.dumps(result, indent=2) if args.format == "json" else render(result))
-    return 0
+class DiffCommand:
+    description = __doc__
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("before")
+        parser.add_argument("after")
+        parser.add_argument("--remedy", help="the remedy id applied between the runs (see `analyze FILE --format json`)")
+        parser.add_argument("--gpu-memory", type=parse_bytes)
+        parser.add_argument("--format", choices=("text", "json"), default="text")
+
+    def run(self, args: argparse.Namespace) -> int:
+        result = compare(_one(args.before, args.gpu_memory), _one(args.after, args.gpu_memory), args.remedy)
+        print(json.dumps(result, indent=2) if args.format == "json" else render(result))
+        return 0
+
+
+def _one(path: str, gpu_memory: int | None) -> Analysis:
+    """The analysis of one recording (diff compares two runs, not two sets of ranks)."""
+    analysis = analyze(path, gpu_memory)
+    if not isinstance(analysis, Analysis):
+        raise UnsupportedFormat(path, "analyze diff compares two recordings, and this is a set of ranks",
+                                "Pass one rank's file from each run.")
+    return analysis

@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analyzer.analysis import analyze
+from analyzer.pipeline import analyze
 from analyzer.attribute import attribute
 from analyzer.attribute.annotations import ROOT_MODULE, classify
 from analyzer.ingest import load
 from analyzer.ingest.memory_timeline import CATEGORIES, CREATE
 from analyzer.ingest.sniff import open_input
-from analyzer.timeline import find_peak
-from analyzer.trace import MemoryTrace
+from analyzer.core.timeline import find_peak
+from analyzer.core.trace import MemoryTrace
 
 # parameters and buffers are both model state made at load time: the recording cannot tell them apart;
 # the truth's empty module is the root module (or no module at all, which we call unattributed)
@@ -29,7 +29,7 @@ def without_tags(trace: MemoryTrace) -> MemoryTrace:
     kinds = [classify(n)[3] for n in trace.annotations["name"]]
     keep = [k not in ("tag:phase", "tag:module", "tag:tensor") for k in kinds]
     return replace(trace, annotations=trace.annotations[keep].reset_index(drop=True),
-                   allocations=trace.allocations.copy(), _timeline=None)
+                   allocations=trace.allocations.copy())
 
 
 def peak_agreement(snapshot: Path, tags: bool = True) -> dict[str, float]:
@@ -38,7 +38,7 @@ def peak_agreement(snapshot: Path, tags: bool = True) -> dict[str, float]:
     trace = load(snapshot)
     if not tags:
         trace = without_tags(trace)
-    attribute(trace)
+    trace = attribute(trace)
     live = find_peak(trace, truth["device"]).live
     labels = truth["allocations"]
     weights = live["allocated_bytes"].to_numpy(dtype=np.float64)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzer.trace import MISSING
+from analyzer.core.trace import MISSING
 
 TIMELINE_COLUMNS = ["device", "t_us", "seq", "allocated_bytes", "requested_bytes", "reserved_bytes"]
 _GROW = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}

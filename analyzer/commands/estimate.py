@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.diagnose.evidence import gib
-from analyzer.sizes import parse_bytes, parse_count
-from analyzer.theory import activation_bytes, model_states_bytes
+from analyzer.core.units import parse_bytes, parse_count
+from analyzer.diagnose.theory import activation_bytes, model_states_bytes
 
 OVERHEAD = 0.10   # CUDA context, workspaces and fragmentation: keep this share of the device free
 
@@ -110,26 +110,28 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def estimate_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="analyze estimate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--params", type=parse_count, required=True, help="parameter count, e.g. 7e9 or 7B")
-    parser.add_argument("--gpus", type=int, default=1)
-    parser.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0)
-    parser.add_argument("--gpu-memory", type=parse_bytes, help="memory per GPU, e.g. 80GiB")
-    parser.add_argument("--micro-batch", type=int)
-    parser.add_argument("--seq", type=int)
-    parser.add_argument("--layers", type=int)
-    parser.add_argument("--hidden", type=int)
-    parser.add_argument("--heads", type=int)
-    parser.add_argument("--checkpointing", action="store_true", help="full activation checkpointing")
-    parser.add_argument("--attention", choices=("flash", "eager"), default="flash",
-                        help="fused attention keeps no s×s scores (default); eager does")
-    parser.add_argument("--format", choices=("text", "json"), default="text")
-    args = parser.parse_args(argv)
-    heads = args.heads or (args.hidden // 128 if args.hidden else None)
-    given = (args.micro_batch, args.seq, args.layers, args.hidden, heads)
-    shape = Shape(*given, flash_attention=args.attention == "flash") if all(given) else None
-    result = estimate(args.params, args.gpus, args.zero, args.gpu_memory, shape, args.checkpointing)
-    print(json.dumps(result, indent=2) if args.format == "json" else render(result))
-    return 0
+class EstimateCommand:
+    description = __doc__
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--params", type=parse_count, required=True, help="parameter count, e.g. 7e9 or 7B")
+        parser.add_argument("--gpus", type=int, default=1)
+        parser.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0)
+        parser.add_argument("--gpu-memory", type=parse_bytes, help="memory per GPU, e.g. 80GiB")
+        parser.add_argument("--micro-batch", type=int)
+        parser.add_argument("--seq", type=int)
+        parser.add_argument("--layers", type=int)
+        parser.add_argument("--hidden", type=int)
+        parser.add_argument("--heads", type=int)
+        parser.add_argument("--checkpointing", action="store_true", help="full activation checkpointing")
+        parser.add_argument("--attention", choices=("flash", "eager"), default="flash",
+                            help="fused attention keeps no s×s scores (default); eager does")
+        parser.add_argument("--format", choices=("text", "json"), default="text")
+
+    def run(self, args: argparse.Namespace) -> int:
+        heads = args.heads or (args.hidden // 128 if args.hidden else None)
+        given = (args.micro_batch, args.seq, args.layers, args.hidden, heads)
+        shape = Shape(*given, flash_attention=args.attention == "flash") if all(given) else None
+        result = estimate(args.params, args.gpus, args.zero, args.gpu_memory, shape, args.checkpointing)
+        print(json.dumps(result, indent=2) if args.format == "json" else render(result))
+        return 0

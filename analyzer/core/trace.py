@@ -190,7 +190,7 @@ class MemoryTrace:
     rank: int | None = None             # distributed rank and world size, where the input records them
     world_size: int | None = None
     source_time_base_us: int = 0        # t_us minus this is the input's own clock (Kineto: baseTimeNanoseconds)
-    _timeline: pd.DataFrame | None = field(default=None, repr=False)
+    _timeline: pd.DataFrame | None = field(default=None, init=False, repr=False)  # built on first use
 
     def __post_init__(self) -> None:
         for name, spec in TABLES.items():
@@ -214,9 +214,9 @@ class MemoryTrace:
 
     @property
     def timeline(self) -> pd.DataFrame:
-        """Allocated, requested and reserved bytes after every event (see analyzer.timeline)."""
+        """Allocated, requested and reserved bytes after every event (see analyzer.core.timeline)."""
         if self._timeline is None:
-            from analyzer.timeline import build_timeline
+            from analyzer.core.timeline import build_timeline
 
             self._timeline = build_timeline(self)
         return self._timeline

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.trace import MemoryTrace
+from analyzer.core.trace import MemoryTrace
 
 TOP_MODULES = 20
 

@@ -24,8 +24,8 @@ import pandas as pd
 
 from analyzer.errors import AnalyzerError
 from analyzer.ingest.nsys import RECORD_MEMORY_HINT
-from analyzer.timeline import find_peak
-from analyzer.trace import MemoryTrace
+from analyzer.core.timeline import find_peak
+from analyzer.core.trace import MemoryTrace
 
 #: how far apart (µs) the two recorders' timestamps of one cudaMalloc may be and still match
 DEFAULT_MAX_SKEW_US = 1_000_000

@@ -1,0 +1,103 @@
+"""`analyze FILE [NSYS.sqlite] [-o OUT] [--format html|json|md|pdf] [--gpu-memory SIZE] [--gpus N] [--quiet]`:
+analyse one recording (or a set of ranks), write the report and print the summary."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from analyzer import __version__
+from analyzer.core.units import parse_bytes
+from analyzer.errors import UnsupportedFormat
+from analyzer.report import REPORTERS, SUFFIXES, reporter
+from analyzer.result import Analysis
+
+_STRIP_SUFFIXES = (".gz", ".json", ".pickle", ".pkl", ".sqlite", ".tar")
+
+
+def default_output(source: Path, fmt: str) -> Path:
+    """`<input minus its data suffixes>.<format>` beside the input, or in the current folder if that is read-only."""
+    name = source.name
+    while any(name.endswith(s) for s in _STRIP_SUFFIXES) and "." in name:
+        name = name[: name.rindex(".")]
+    folder = source.parent if os.access(source.parent, os.W_OK) else Path.cwd()
+    return folder / f"{name}.analysis{SUFFIXES[fmt]}"
+
+
+class AnalyzeCommand:
+    description = ("Explain why a PyTorch run ran out of GPU memory, and what to change first, from what it "
+                   "recorded: a CUDA memory snapshot (torch.cuda.memory._dump_snapshot), a PyTorch Profiler trace "
+                   "(.json/.json.gz, a directory or .tar.gz of ranks), an export_memory_timeline file or an Nsight "
+                   "Systems export (.sqlite). Prints a summary and writes a report.")
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        from analyzer.commands import COMMANDS
+
+        parser.formatter_class = argparse.HelpFormatter
+        parser.epilog = "Subcommands: " + ", ".join(sorted(COMMANDS)) + " (analyze SUBCOMMAND --help)."
+        parser.add_argument("file", type=Path, help="the recording to analyse")
+        parser.add_argument("companion", type=Path, nargs="?",
+                            help="an Nsight Systems export (.sqlite) of the same run, to measure memory outside PyTorch")
+        parser.add_argument("-o", "--output", type=Path, help="where to write the report (default: beside the input; "
+                                                              "for json, standard output)")
+        parser.add_argument("--format", choices=sorted(REPORTERS), default="html", help="report format (default: html)")
+        parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+        parser.add_argument("--gpu-memory", type=parse_bytes, help="device memory, e.g. 80GiB (default: what the "
+                                                                    "input records, or what the OOM shows)")
+        parser.add_argument("--gpus", type=int, help="GPUs the job can shard over (for ZeRO / parallelism estimates)")
+        parser.add_argument("--export-trace", type=Path, metavar="OUT.json",
+                            help="for a profiler trace: write it again with counter tracks of allocated bytes by "
+                                 "category and by phase, for Perfetto UI / chrome://tracing (.gz to compress)")
+        parser.add_argument("--version", action="version", version=f"analyze {__version__}")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from analyzer.commands.progress import reading_progress
+        from analyzer.ingest import load_with_companion
+        from analyzer.pipeline import analyze
+        from analyzer.report.trace_export import export_trace
+        from analyzer.result import RankSetAnalysis
+
+        json_to_stdout = args.format == "json" and args.output is None
+        console = Console(stderr=json_to_stdout, quiet=args.quiet or json_to_stdout, highlight=False)
+        with reading_progress(Console(stderr=True), enabled=sys.stderr.isatty() and not args.quiet):
+            loaded, device_usage = load_with_companion(args.file, args.companion)
+        with console.status("analysing"):
+            result = analyze(loaded, args.gpu_memory, args.gpus, device_usage)
+        analyses = result.ranks if isinstance(result, RankSetAnalysis) else [result]
+        out = args.output if args.output or json_to_stdout else default_output(args.file, args.format)
+        if len(analyses) > 1 and args.format == "json":  # one document for the job, each device tagged with its rank
+            for a in analyses:
+                _summary(a, console)
+            text = result.to_json_text()
+            if out is None:
+                sys.stdout.write(text + "\n")
+            else:
+                out.write_text(text + "\n", encoding="utf-8")
+                console.print(f"\nreport written to [bold]{out}[/bold]")
+            return 0
+        if args.export_trace is not None:
+            if len(analyses) != 1:
+                raise UnsupportedFormat(args.file, "--export-trace takes one profiler trace, not a set of ranks",
+                                        "Pass one rank's .json(.gz) trace.")
+            for path in export_trace(analyses[0], args.export_trace):
+                console.print(f"trace with memory counters written to [bold]{path}[/bold]")
+        for a in analyses:  # the report first: a closed pipe on stdout (| head) must not cost the user the file
+            target = out if len(analyses) == 1 else out.with_name(f"{out.stem}.rank{a.trace.rank}{out.suffix}")
+            written = reporter(args.format)(a, target)
+            if len(analyses) > 1:
+                console.rule(f"rank {a.trace.rank}")
+            _summary(a, console)
+            for path in written:
+                console.print(f"\nreport written to [bold]{path}[/bold]")
+        return 0
+
+
+def _summary(analysis: Analysis, console: Console) -> None:
+    """The terminal summary, not even built when nothing would be printed (-q, JSON on stdout)."""
+    if not console.quiet:
+        from analyzer.report.text import print_summary
+
+        print_summary(analysis, console)

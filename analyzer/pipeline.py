@@ -1,0 +1,131 @@
+"""The one run of an analysis: read, attribute, measure, diagnose; every stage a function of the one before.
+
+    path ─► ingest.load ─► MemoryTrace ─► attribute ─► measure (peak, breakdowns, steps) ─► diagnose ─► Analysis
+
+A set of ranks (a directory or .tar.gz of per-rank traces, a `MultiRankTrace`) is analysed rank by rank into a
+`RankSetAnalysis`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from analyzer.attribute import attribute
+from analyzer.core.breakdown import TOP_MODULES, event_labels, labels_at, split, step_peaks
+from analyzer.core.gc_pause import gc_paused
+from analyzer.core.timeline import find_peak
+from analyzer.core.trace import MemoryTrace, MultiRankTrace
+from analyzer.diagnose import diagnose
+from analyzer.diagnose.context import make_context
+from analyzer.ingest import load
+from analyzer.result import TOP_ALLOCATIONS, Analysis, DeviceAnalysis, DeviceMeasures, OutOfMemory, RankSetAnalysis
+
+
+def analyze(source: str | Path | MemoryTrace | MultiRankTrace, gpu_memory: int | None = None,
+            world_size: int | None = None, device_usage: MemoryTrace | None = None) -> Analysis | RankSetAnalysis:
+    """Analyse a file (any supported format, a set of ranks included) or an already loaded trace: attribution,
+    peaks, findings, remedies. `gpu_memory` (bytes) and `world_size` sharpen the remedies' estimates;
+    `device_usage`, an Nsight export of the same run, shows the memory outside PyTorch."""
+    loaded = source if isinstance(source, (MemoryTrace, MultiRankTrace)) else load(source)
+    with gc_paused():  # millions of live objects from the reader: see analyzer.core.gc_pause
+        if isinstance(loaded, MultiRankTrace):
+            return RankSetAnalysis(source_path=loaded.source_path, warnings=list(loaded.warnings),
+                                   ranks=[analyze_trace(t, gpu_memory, world_size, device_usage) for t in loaded.traces])
+        return analyze_trace(loaded, gpu_memory, world_size, device_usage)
+
+
+def analyze_trace(trace: MemoryTrace, gpu_memory: int | None = None, world_size: int | None = None,
+                  device_usage: MemoryTrace | None = None) -> Analysis:
+    """One recording: attributed (a new trace; the given one is left as it was), measured and diagnosed."""
+    trace = attribute(trace)
+    warnings = list(trace.warnings)
+    devices = []
+    for device in active_devices(trace):
+        measures = measure(trace, device)
+        warnings.extend(_device_warnings(measures, trace.timeline[trace.timeline["device"] == device]))
+        ctx = make_context(trace, measures, gpu_memory or _recorded_capacity(device_usage, device), world_size,
+                           device_usage)
+        devices.append(DeviceAnalysis(**vars(measures), diagnosis=diagnose(ctx),
+                                      top_allocations=top_allocations(trace, measures)))
+    if not devices:
+        warnings.append("the input holds no allocations and no history on any device")
+    elif not trace.has_history:
+        warnings.append("no allocation history was recorded, so only the end state is known; record it with "
+                        "torch.cuda.memory._record_memory_history(max_entries=100000) before the step, "
+                        "then call torch.cuda.memory._dump_snapshot(path)")
+    return Analysis(trace=trace, devices=devices, warnings=warnings)
+
+
+def measure(trace: MemoryTrace, device: int) -> DeviceMeasures:
+    """The peak of one device, what it is made of, where it is, and the peak of every step."""
+    info = trace.devices[device]
+    tl = trace.timeline[trace.timeline["device"] == device]
+    peak = find_peak(trace, device)
+    labels = event_labels(trace, device)
+    step, phase = labels_at(labels, peak.event_index)
+    made = peak.live[peak.live["seq_alloc"] == peak.event_index]
+    return DeviceMeasures(
+        device=device, peak=peak, reserved_peak_bytes=int(tl["reserved_bytes"].max()),
+        end=trace.end_state(device), trace_entries=info.trace_entries, history_truncated=info.history_truncated,
+        oom=_oom(trace, device), recorded_capacity_bytes=info.capacity_bytes,
+        by_category=split(peak.live, "category"), by_phase=split(peak.live, "phase"),
+        by_module=split(peak.live, "module", TOP_MODULES), peak_step=step, peak_phase=phase,
+        peak_module=str(made["module"].iloc[0]) if len(made) else None, steps=step_peaks(labels, tl), labels=labels,
+    )
+
+
+def top_allocations(trace: MemoryTrace, d: DeviceMeasures, n: int = TOP_ALLOCATIONS) -> list[dict[str, object]]:
+    """The largest allocations live at the peak, with where they came from."""
+    rows = []
+    frames = trace.stacks["top_user_frame"]
+    for r in d.peak.live.head(n).itertuples(index=False):
+        where = None if pd.isna(r.stack_id) else frames.iat[int(r.stack_id)]
+        rows.append({
+            "allocated_bytes": int(r.allocated_bytes), "requested_bytes": int(r.requested_bytes),
+            "address": int(r.addr), "t_alloc_us": None if pd.isna(r.t_alloc_us) else int(r.t_alloc_us),
+            "origin": r.origin, "top_user_frame": where,
+            "has_frames": not pd.isna(r.stack_id),
+        })
+    return rows
+
+
+def active_devices(trace: MemoryTrace) -> list[int]:
+    """Devices that hold any memory or history; idle entries of device_traces are left out."""
+    used = {int(d) for table in (trace.segments, trace.events, trace.allocations) for d in table["device"].unique()}
+    return [d for d in trace.device_ids if d in used]
+
+
+def _oom(trace: MemoryTrace, device: int) -> OutOfMemory | None:
+    ooms = trace.ooms[trace.ooms["device"] == device]
+    if ooms.empty:
+        return None
+    last = ooms.iloc[-1]
+    stack = last["stack_id"]
+    return OutOfMemory(
+        requested_bytes=int(last["requested_bytes"]),
+        device_free_bytes=None if pd.isna(last["device_free_bytes"]) else int(last["device_free_bytes"]),
+        time_us=None if pd.isna(last["t_us"]) else int(last["t_us"]),
+        event_index=int(last["seq"]), count=len(ooms),
+        top_user_frame=None if pd.isna(stack) else trace.stacks["top_user_frame"].iat[int(stack)],
+    )
+
+
+def _recorded_capacity(device_usage: MemoryTrace | None, device: int) -> int | None:
+    info = device_usage.devices.get(device) if device_usage is not None else None
+    return info.capacity_bytes if info is not None else None
+
+
+def _device_warnings(d: DeviceMeasures, timeline: pd.DataFrame) -> list[str]:
+    """What a reader of the numbers must know about how complete and consistent they are."""
+    out = []
+    if d.history_truncated:
+        start = int(timeline["allocated_bytes"].iloc[0]) if len(timeline) else 0
+        out.append(f"device {d.device}: the history is truncated (the ring buffer wrapped or recording started late); "
+                   f"{start} bytes were already allocated before the first recorded event and are "
+                   "seeded from frees without allocs and from blocks alive at the end")
+    over = timeline["allocated_bytes"] - timeline["reserved_bytes"]
+    if len(over) and int(over.max()) > 0:
+        out.append(f"device {d.device}: allocated bytes exceed reserved bytes by up to {int(over.max())} bytes; "
+                   "the snapshot is internally inconsistent (edited or synthetic?), so reserved figures are unreliable")
+    return out

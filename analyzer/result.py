@@ -1,0 +1,200 @@
+"""The result of an analysis: what was measured on each device, what the diagnosis made of it, and the JSON
+contract behind `analyze --format json`.
+
+Made once by `analyzer.pipeline.analyze` and never changed afterwards; reporters only render it.
+`Analysis.to_json()` is versioned by `SCHEMA`: later versions add fields and never rename or drop these.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from analyzer.core.stacks import short_frame
+from analyzer.core.timeline import Peak
+from analyzer.core.trace import MemoryTrace
+
+SCHEMA = "analyzer/1"
+CATEGORY_WORDS = {"activation": "activations", "temporary": "temporaries", "parameter": "parameters",
+                  "gradient": "gradients", "optimizer_state": "optimizer states", "input": "inputs",
+                  "other": "other allocations"}
+PHASE_WORDS = {"forward": "forward", "backward": "backward", "optimizer": "optimizer step", "load": "model loading",
+               "checkpoint_save": "checkpoint save", "compile": "torch.compile", "other": "between steps"}
+TOP_ALLOCATIONS = 10
+
+
+@dataclass(frozen=True)
+class OutOfMemory:
+    """The last out-of-memory event of a device (the one that ended the run)."""
+
+    requested_bytes: int
+    device_free_bytes: int | None
+    time_us: int | None
+    event_index: int
+    count: int                      # how many OOM entries the device recorded
+    top_user_frame: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceMeasures:
+    """What the recording shows of one device once every allocation is attributed: the diagnosis's input."""
+
+    device: int
+    peak: Peak
+    reserved_peak_bytes: int
+    end: dict[str, int]
+    trace_entries: int
+    history_truncated: bool
+    oom: OutOfMemory | None
+    recorded_capacity_bytes: int | None    # what the input says the device holds, if it says
+    by_category: list[dict[str, Any]]      # at the peak, largest first
+    by_phase: list[dict[str, Any]]
+    by_module: list[dict[str, Any]]        # top 20, the rest folded
+    peak_step: int | None
+    peak_phase: str | None
+    peak_module: str | None                # module of the allocation that made the peak
+    steps: list[dict[str, Any]]
+    labels: pd.DataFrame = field(repr=False)  # step and phase after each event
+
+    def headline(self) -> str:
+        """'62% activations, forward of layers.11.mlp, step 1': what the peak is made of and where it is."""
+        parts = []
+        if self.by_category and self.by_category[0]["name"] != "unattributed":
+            top = self.by_category[0]
+            parts.append(f"{top['share']:.0%} {top['name'].replace('_', ' ')}")
+        where = PHASE_WORDS.get(self.peak_phase) if self.peak_phase not in (None, "unattributed") else None
+        module = short_frame(self.peak_module) if self.peak_module not in (None, "unattributed") else None
+        if where and module:
+            parts.append(f"{where} of {module}")
+        elif where or module:
+            parts.append(where or f"in {module}")
+        if self.peak_step is not None:
+            parts.append(f"step {self.peak_step}")
+        return ", ".join(parts)
+
+    def composition(self) -> str:
+        """'activations are 71% of the peak': the largest attributed category, in words."""
+        top = next((r for r in self.by_category if r["name"] != "unattributed"), None)
+        if top is None:
+            return ""
+        return f"{CATEGORY_WORDS.get(top['name'], top['name'])} are {top['share']:.0%} of the peak"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Diagnosis:
+    """What the detectors, the triage, the theory check and the remedies made of one device's measures."""
+
+    findings: list[dict[str, Any]]
+    remedies: list[dict[str, Any]]
+    verdict: str                          # one sentence: what ran out, where, why, what to try first
+    theory: dict[str, Any]                # measured model states vs 16Ψ
+    fragmentation: dict[str, Any] | None  # at the OOM, else at the reserved peak
+    triage: dict[str, str]                # {verdict: outside_pytorch | leak | phase_spike | steady_state, reason}
+    demand_bytes: int                     # what the run needed: peak, or allocated + request at the OOM
+    capacity_bytes: int | None            # the device memory the advice was judged against
+    capacity_source: str                  # where that number came from
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceAnalysis(DeviceMeasures):
+    """One device: its measures and their diagnosis."""
+
+    diagnosis: Diagnosis
+    top_allocations: list[dict[str, Any]]  # the largest allocations live at the peak, with where they came from
+
+    @property
+    def capacity_bytes(self) -> int | None:
+        """The device's memory: what the input records, else what the diagnosis judged against."""
+        return self.recorded_capacity_bytes or self.diagnosis.capacity_bytes
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One recording: every device that holds memory or history, and the warnings a reader of them must see."""
+
+    trace: MemoryTrace
+    devices: list[DeviceAnalysis]
+    warnings: list[str] = field(default_factory=list)  # the reader's warnings, then the analysis's
+
+    def device(self, device: int) -> DeviceAnalysis:
+        return next(d for d in self.devices if d.device == device)
+
+    def to_json(self) -> dict[str, Any]:
+        """The `analyzer/1` JSON contract (see the docs' reference)."""
+        return {
+            "schema": SCHEMA,
+            "source": {"path": self.trace.source_path, "kind": self.trace.source_kind,
+                       "torch_era": self.trace.torch_era, "has_history": self.trace.has_history},
+            "allocator_settings": _jsonable(self.trace.allocator_settings),
+            "warnings": list(self.warnings),
+            "devices": [_device_json(d) for d in self.devices],
+        }
+
+    def to_json_text(self) -> str:
+        return json.dumps(self.to_json(), indent=2)
+
+
+@dataclass(frozen=True)
+class RankSetAnalysis:
+    """A job recorded as one file per rank: one Analysis each, in rank order."""
+
+    source_path: str
+    ranks: list[Analysis]
+    warnings: list[str] = field(default_factory=list)  # about the set itself (files that are not traces, ...)
+
+    def to_json(self) -> dict[str, Any]:
+        """One analyzer/1 document for the job: every device carries its `rank`."""
+        devices, warnings = [], []
+        for a in self.ranks:
+            doc = a.to_json()
+            devices += [{**d, "rank": a.trace.rank} for d in doc["devices"]]
+            warnings += [f"rank {a.trace.rank}: {w}" for w in doc["warnings"]]
+        return {"schema": SCHEMA, "source": {"path": self.source_path, "kind": "ranks",
+                                             "ranks": [a.trace.rank for a in self.ranks]},
+                "allocator_settings": {}, "warnings": warnings, "devices": devices}
+
+    def to_json_text(self) -> str:
+        return json.dumps(self.to_json(), indent=2)
+
+
+def _device_json(d: DeviceAnalysis) -> dict[str, Any]:
+    dx = d.diagnosis
+    return {
+        "device": d.device,
+        "capacity_bytes": d.capacity_bytes,
+        "peak": {
+            "allocated_bytes": d.peak.allocated_bytes, "requested_bytes": d.peak.requested_bytes,
+            "reserved_bytes": d.peak.reserved_bytes, "time_us": d.peak.time_us, "event_index": d.peak.event_index,
+            "live_allocations": int(len(d.peak.live)),
+            "top_allocations": d.top_allocations,
+            "by_category": {r["name"]: r["bytes"] for r in d.by_category},
+            "by_phase": {r["name"]: r["bytes"] for r in d.by_phase},
+            "by_module": {r["name"]: r["bytes"] for r in d.by_module},
+            "step": d.peak_step, "phase": d.peak_phase, "module": d.peak_module,
+            "summary": d.headline(),
+        },
+        "steps": d.steps,
+        "reserved_peak_bytes": d.reserved_peak_bytes,
+        "end": d.end,
+        "trace_entries": d.trace_entries,
+        "history_truncated": d.history_truncated,
+        "oom": None if d.oom is None else {
+            "requested_bytes": d.oom.requested_bytes, "device_free_bytes": d.oom.device_free_bytes,
+            "time_us": d.oom.time_us, "event_index": d.oom.event_index, "count": d.oom.count,
+            "top_user_frame": d.oom.top_user_frame,
+        },
+        "verdict": dx.verdict,
+        "triage": dx.triage,
+        "demand_bytes": dx.demand_bytes,
+        "fragmentation": dx.fragmentation,
+        "theory": dx.theory,
+        "findings": dx.findings,
+        "remedies": dx.remedies,
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    """Allocator settings hold only plain values, but keys may be ints or tuples: make them JSON-safe."""
+    return json.loads(json.dumps(value, default=str))
