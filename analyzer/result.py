@@ -10,10 +10,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from analyzer.core.stacks import short_frame
-from analyzer.core.timeline import Peak
+from analyzer.core.timeline import Peak, allocated_by
 from analyzer.core.trace import MemoryTrace
 
 SCHEMA = "analyzer/1"
@@ -52,6 +53,7 @@ class DeviceMeasures:
     by_category: list[dict[str, Any]]      # at the peak, largest first
     by_phase: list[dict[str, Any]]
     by_module: list[dict[str, Any]]        # top 20, the rest folded
+    by_site: list[dict[str, Any]]          # the user lines that made the most of it, largest first
     peak_step: int | None
     peak_phase: str | None
     peak_module: str | None                # module of the allocation that made the peak
@@ -121,6 +123,13 @@ class Analysis:
     def device(self, device: int) -> DeviceAnalysis:
         return next(d for d in self.devices if d.device == device)
 
+    def allocated_by(self, device: int, label: str) -> dict[str, np.ndarray]:
+        """Allocated bytes of `device` per value of `label` (category, phase, module) before the first event
+        and after each event: series that sum to the timeline's allocated bytes (built when asked for: only
+        the counter tracks of --export-trace need them)."""
+        rows = self.trace.allocations[self.trace.allocations["device"] == device]
+        return allocated_by(rows, label, int((self.trace.events["device"] == device).sum()))
+
     def to_json(self) -> dict[str, Any]:
         """The `analyzer/1` JSON contract (see the docs' reference)."""
         return {
@@ -172,6 +181,7 @@ def _device_json(d: DeviceAnalysis) -> dict[str, Any]:
             "by_category": {r["name"]: r["bytes"] for r in d.by_category},
             "by_phase": {r["name"]: r["bytes"] for r in d.by_phase},
             "by_module": {r["name"]: r["bytes"] for r in d.by_module},
+            "by_site": d.by_site,
             "step": d.peak_step, "phase": d.peak_phase, "module": d.peak_module,
             "summary": d.headline(),
         },

@@ -13,6 +13,7 @@ import pandas as pd
 from analyzer.core.trace import MemoryTrace
 
 TOP_MODULES = 20
+TOP_SITES = 10
 
 
 def split(live: pd.DataFrame, column: str, top: int | None = None) -> list[dict[str, Any]]:
@@ -26,6 +27,21 @@ def split(live: pd.DataFrame, column: str, top: int | None = None) -> list[dict[
     for r in rows:
         r["share"] = r["bytes"] / total if total else 0.0
     return rows
+
+
+def by_site(trace: MemoryTrace, live: pd.DataFrame, top: int = TOP_SITES) -> list[dict[str, Any]]:
+    """[{top_user_frame, allocations, bytes, share}]: the live rows grouped by the user line that made them,
+    largest first, the `top` largest (None: allocations without Python frames)."""
+    if live.empty:
+        return []
+    frames = trace.stacks["top_user_frame"]
+    # object dtype first: mapping an all-NA Int64 column keeps Int64, which cannot be filled with ""
+    where = live["stack_id"].astype(object).map(lambda s: None if pd.isna(s) else frames.iat[int(s)])
+    grouped = live.assign(where=where.fillna("")).groupby("where")["allocated_bytes"].agg(["count", "sum"])
+    grouped = grouped.sort_values("sum", ascending=False).head(top)
+    total = int(live["allocated_bytes"].sum())
+    return [{"top_user_frame": str(w) or None, "allocations": int(row["count"]), "bytes": int(row["sum"]),
+             "share": int(row["sum"]) / total if total else 0.0} for w, row in grouped.iterrows()]
 
 
 def event_labels(trace: MemoryTrace, device: int) -> pd.DataFrame:

@@ -19,7 +19,7 @@ import orjson
 from analyzer.result import Analysis
 from analyzer.errors import UnsupportedFormat
 from analyzer.ingest.sniff import open_input
-from analyzer.core.timeline import allocated_by, downsample
+from analyzer.core.timeline import downsample
 
 MAX_POINTS = 20_000
 COUNTER_PID = 2**31 - 7  # a process id of its own, named below, so the tracks sit together
@@ -33,7 +33,6 @@ def counter_events(analysis: Analysis) -> list[dict[str, Any]]:
                                   "args": {"name": "analyzer: GPU memory"}}]
     for d in analysis.devices:
         events = trace.events[trace.events["device"] == d.device]
-        rows = trace.allocations[trace.allocations["device"] == d.device]
         times = events["t_us"].to_numpy(dtype=np.float64, na_value=np.nan)
         if not len(times) or np.isnan(times).all():
             continue
@@ -41,7 +40,7 @@ def counter_events(analysis: Analysis) -> list[dict[str, Any]]:
         kept = downsample(timeline.reset_index(drop=True), MAX_POINTS).index.to_numpy()
         label = trace.device_label(d.device)
         for column in _TRACK_ORDER:
-            series = {name: values[1:][kept] for name, values in allocated_by(rows, column, len(events)).items()}
+            series = {name: values[1:][kept] for name, values in analysis.allocated_by(d.device, column).items()}
             for j, t in enumerate(times[kept]):
                 if not np.isnan(t):
                     out.append({"ph": "C", "name": f"{label} allocated by {column}", "pid": COUNTER_PID, "tid": 0,

@@ -15,7 +15,6 @@ import pandas as pd
 
 from analyzer import __version__
 from analyzer.result import Analysis, DeviceAnalysis
-from analyzer.core.breakdown import event_labels
 from analyzer.report.module_tree import ModuleNode, module_label, module_tree
 from analyzer.report.palette import category_color, category_rank, phase_color
 from analyzer.report.units import human_bytes, relative_seconds
@@ -25,7 +24,6 @@ from analyzer.core.trace import MemoryTrace
 
 LIVE_SHOWN = 25          # allocations live at the peak listed with their stacks
 FRAMES_SHOWN = 40        # frames of one stack, innermost first
-SITES_SHOWN = 10
 SEGMENTS_SHOWN = 20
 STEPS_SHOWN = 50
 DETAIL_ITEMS = 8         # items of a list shown in a finding's details
@@ -296,7 +294,7 @@ def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> De
         chart=_chart(analysis, d, chart_points) if d.trace_entries else None,
         live=[_live_allocation(trace, r, origin) for r in shown.itertuples(index=False)],
         live_left_out=(len(live) - len(shown), int(live["allocated_bytes"].sum() - shown["allocated_bytes"].sum())),
-        sites=_sites(trace, live),
+        sites=[Site(s["top_user_frame"], s["allocations"], s["bytes"], s["share"]) for s in d.by_site],
         findings=sorted((_finding_view(f, origin) for f in d.diagnosis.findings),
                         key=lambda f: (SEVERITY_ORDER.get(f.severity, 3), -(f.bytes or 0))),
         remedies=sorted((_remedy_view(r) for r in d.diagnosis.remedies),
@@ -335,7 +333,7 @@ def _chart(analysis: Analysis, d: DeviceAnalysis, max_points: int) -> Chart:
         title=f"{trace.device_label(d.device)}: memory over time",
         points=points.reset_index(drop=True),
         categories=[(c, f"{c}_bytes", category_color(c)) for c in categories],
-        bands=_phase_bands(event_labels(trace, d.device)["phase"], points["seq"]),
+        bands=_phase_bands(d.labels["phase"], points["seq"]),
         peak_seq=d.peak.event_index, peak_bytes=d.peak.allocated_bytes,
         oom_seq=d.oom.event_index if d.oom else None, capacity_bytes=d.capacity_bytes,
     )
@@ -375,19 +373,6 @@ def _live_allocation(trace: MemoryTrace, r: Any, origin: int | None) -> LiveAllo
         frames=[Frame(format_frame(f), is_user_frame(f)) for f in frames[:FRAMES_SHOWN]],
         frames_left_out=max(len(frames) - FRAMES_SHOWN, 0), allocated_at=when,
     )
-
-
-def _sites(trace: MemoryTrace, live: pd.DataFrame) -> list[Site]:
-    if live.empty:
-        return []
-    frames = trace.stacks["top_user_frame"]
-    # object dtype first: mapping an all-NA Int64 column keeps Int64, which cannot be filled with ""
-    where = live["stack_id"].astype(object).map(lambda s: None if pd.isna(s) else frames.iat[int(s)])
-    grouped = live.assign(where=where.fillna("")).groupby("where")["allocated_bytes"].agg(["count", "sum"])
-    grouped = grouped.sort_values("sum", ascending=False).head(SITES_SHOWN)
-    total = int(live["allocated_bytes"].sum())
-    return [Site(str(w) or None, int(row["count"]), int(row["sum"]), int(row["sum"]) / total if total else 0.0)
-            for w, row in grouped.iterrows()]
 
 
 def _span(values: Any, fmt) -> str | None:

@@ -88,13 +88,13 @@ def pinned(case: Case, result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _digests(value: Any, path: str = "", depth: int = 0) -> dict[str, Any]:
-    """'devices[0].peak.by_category' -> sha256 of its canonical JSON, down to three levels."""
-    if depth < 3 and isinstance(value, dict):
+    """'json.devices[0].peak.by_category' -> sha256 of its canonical JSON, down to five levels."""
+    if depth < 5 and isinstance(value, dict):
         out: dict[str, Any] = {}
         for key, item in value.items():
             out.update(_digests(item, f"{path}.{key}" if path else str(key), depth + 1))
         return out
-    if depth < 3 and isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+    if depth < 5 and isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
         out = {}
         for i, item in enumerate(value):
             out.update(_digests(item, f"{path}[{i}]", depth + 1))
