@@ -8,6 +8,7 @@ A set of ranks (a directory or .tar.gz of per-rank traces, a `MultiRankTrace`) i
 from __future__ import annotations
 
 from pathlib import Path
+from typing import overload
 
 import pandas as pd
 
@@ -20,6 +21,21 @@ from analyzer.diagnose import diagnose
 from analyzer.diagnose.context import make_context
 from analyzer.ingest import load
 from analyzer.result import TOP_ALLOCATIONS, Analysis, DeviceAnalysis, DeviceMeasures, OutOfMemory, RankSetAnalysis
+
+
+@overload
+def analyze(source: MemoryTrace, gpu_memory: int | None = None, world_size: int | None = None,
+            device_usage: MemoryTrace | None = None) -> Analysis: ...
+
+
+@overload
+def analyze(source: MultiRankTrace, gpu_memory: int | None = None, world_size: int | None = None,
+            device_usage: MemoryTrace | None = None) -> RankSetAnalysis: ...
+
+
+@overload
+def analyze(source: str | Path, gpu_memory: int | None = None, world_size: int | None = None,
+            device_usage: MemoryTrace | None = None) -> Analysis | RankSetAnalysis: ...
 
 
 def analyze(source: str | Path | MemoryTrace | MultiRankTrace, gpu_memory: int | None = None,

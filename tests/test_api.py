@@ -76,3 +76,28 @@ def test_every_allocation_is_labelled() -> None:
         assert a[column].notna().all()
     assert isinstance(a["step"].dtype, pd.Int64Dtype)
     assert a["label_source"].astype(str).str.startswith("phase=").all()
+
+
+def test_analyze_a_set_of_ranks(tmp_path: Path) -> None:
+    """`analyzer.analyze(dir)` on a folder of per-rank traces: one Analysis per rank, the same as each rank alone."""
+    source = FIXTURES / "kineto" / "train.pt.trace.json.gz"
+    for rank in (0, 1):
+        (tmp_path / f"rank{rank}.pt.trace.json.gz").write_bytes(source.read_bytes())
+    loaded = analyzer.load(tmp_path)
+    assert isinstance(loaded, analyzer.MultiRankTrace) and len(loaded.traces) == 2
+    for given in (tmp_path, str(tmp_path), loaded):
+        result = analyzer.analyze(given)
+        assert isinstance(result, analyzer.RankSetAnalysis)
+        assert [a.trace.source_path for a in result.ranks] == [t.source_path for t in loaded.traces]
+        alone = analyzer.analyze(source)
+        assert [a.devices[0].peak.allocated_bytes for a in result.ranks] == [alone.devices[0].peak.allocated_bytes] * 2
+        doc = result.to_json()
+        assert doc["source"]["kind"] == "ranks" and len(doc["devices"]) == 2 * len(alone.devices)
+
+
+def test_analyze_leaves_the_loaded_trace_as_it_was() -> None:
+    trace = analyzer.load(SIM / "capacity_oom.pickle")
+    before = trace.allocations.copy()
+    result = analyzer.analyze(trace)
+    pd.testing.assert_frame_equal(trace.allocations, before)
+    assert result.trace is not trace and (result.trace.allocations["category"] != "unattributed").any()
