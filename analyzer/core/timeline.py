@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzer.core.trace import MISSING
-
+_NO_TIME = np.iinfo(np.int64).min  # an event without a time, while the times are a plain int64 array
 TIMELINE_COLUMNS = ["device", "t_us", "seq", "allocated_bytes", "requested_bytes", "reserved_bytes"]
 _GROW = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 
@@ -62,8 +61,8 @@ def device_timeline(trace, device: int) -> pd.DataFrame:
     alloc_start, alloc_delta = _deltas(rows, "allocated_bytes", n)
     req_start, req_delta = _deltas(rows, "requested_bytes", n)
     reserved_start, reserved_delta = _reserved_deltas(trace, device, events)
-    times = events["t_us"].to_numpy(dtype=np.int64, na_value=MISSING)
-    times = np.concatenate([times[:1], times]) if n else np.full(1, MISSING)  # the start row: the first time
+    times = events["t_us"].to_numpy(dtype=np.int64, na_value=_NO_TIME)
+    times = np.concatenate([times[:1], times]) if n else np.full(1, _NO_TIME)  # the start row: the first time
 
     def series(start: int, delta: np.ndarray) -> np.ndarray:
         return np.concatenate([[start], start + np.cumsum(delta)]).astype(np.int64)
@@ -71,7 +70,7 @@ def device_timeline(trace, device: int) -> pd.DataFrame:
     by_category = {f"{c}_bytes": values for c, values in allocated_by(rows, "category", n).items()}
     return pd.DataFrame({
         "device": np.full(n + 1, device, dtype=np.int64),
-        "t_us": pd.arrays.IntegerArray(times, times == MISSING),
+        "t_us": pd.arrays.IntegerArray(times, times == _NO_TIME),
         "seq": np.arange(-1, n, dtype=np.int64),
         "allocated_bytes": series(alloc_start, alloc_delta),
         "requested_bytes": series(req_start, req_delta),

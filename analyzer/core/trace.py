@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-UNATTRIBUTED = "unattributed"
+from analyzer.core.timeline import build_timeline
+from analyzer.core.vocabulary import UNATTRIBUTED as UNATTRIBUTED  # the label columns' value for "not known"
 
 #: one row per tensor-level allocation: an alloc paired with its free.
 ALLOCATION_COLUMNS: dict[str, str] = {
@@ -216,8 +217,6 @@ class MemoryTrace:
     def timeline(self) -> pd.DataFrame:
         """Allocated, requested and reserved bytes after every event (see analyzer.core.timeline)."""
         if self._timeline is None:
-            from analyzer.core.timeline import build_timeline
-
             self._timeline = build_timeline(self)
         return self._timeline
 
