@@ -15,6 +15,7 @@ import pandas as pd
 from analyzer.attribute import attribute
 from analyzer.core.breakdown import TOP_MODULES, by_site, event_labels, labels_at, split, step_peaks
 from analyzer.core.gc_pause import gc_paused
+from analyzer.core.module_tree import module_tree
 from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace, MultiRankTrace
 from analyzer.diagnose import diagnose
@@ -86,7 +87,8 @@ def measure(trace: MemoryTrace, device: int) -> DeviceMeasures:
         end=trace.end_state(device), trace_entries=info.trace_entries, history_truncated=info.history_truncated,
         oom=_oom(trace, device), recorded_capacity_bytes=info.capacity_bytes,
         by_category=split(peak.live, "category"), by_phase=split(peak.live, "phase"),
-        by_module=split(peak.live, "module", TOP_MODULES), by_site=by_site(trace, peak.live), peak_step=step, peak_phase=phase,
+        by_module=split(peak.live, "module", TOP_MODULES), by_site=by_site(trace, peak.live),
+        module_tree=module_tree(peak.live) if len(peak.live) else [], peak_step=step, peak_phase=phase,
         peak_module=str(made["module"].iloc[0]) if len(made) else None, steps=step_peaks(labels, tl), labels=labels,
     )
 

@@ -7,22 +7,19 @@ Made once by `analyzer.pipeline.analyze` and never changed afterwards; reporters
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from analyzer.core.module_tree import ModuleNode
 from analyzer.core.stacks import short_frame
 from analyzer.core.timeline import Peak, allocated_by
 from analyzer.core.trace import MemoryTrace
+from analyzer.core.vocabulary import UNATTRIBUTED, category_plural, phase_noun
 
 SCHEMA = "analyzer/1"
-CATEGORY_WORDS = {"activation": "activations", "temporary": "temporaries", "parameter": "parameters",
-                  "gradient": "gradients", "optimizer_state": "optimizer states", "input": "inputs",
-                  "other": "other allocations"}
-PHASE_WORDS = {"forward": "forward", "backward": "backward", "optimizer": "optimizer step", "load": "model loading",
-               "checkpoint_save": "checkpoint save", "compile": "torch.compile", "other": "between steps"}
 TOP_ALLOCATIONS = 10
 
 
@@ -54,6 +51,7 @@ class DeviceMeasures:
     by_phase: list[dict[str, Any]]
     by_module: list[dict[str, Any]]        # top 20, the rest folded
     by_site: list[dict[str, Any]]          # the user lines that made the most of it, largest first
+    module_tree: list[ModuleNode]          # the same bytes nested by module path (sums to the peak)
     peak_step: int | None
     peak_phase: str | None
     peak_module: str | None                # module of the allocation that made the peak
@@ -63,11 +61,11 @@ class DeviceMeasures:
     def headline(self) -> str:
         """'62% activations, forward of layers.11.mlp, step 1': what the peak is made of and where it is."""
         parts = []
-        if self.by_category and self.by_category[0]["name"] != "unattributed":
+        if self.by_category and self.by_category[0]["name"] != UNATTRIBUTED:
             top = self.by_category[0]
             parts.append(f"{top['share']:.0%} {top['name'].replace('_', ' ')}")
-        where = PHASE_WORDS.get(self.peak_phase) if self.peak_phase not in (None, "unattributed") else None
-        module = short_frame(self.peak_module) if self.peak_module not in (None, "unattributed") else None
+        where = phase_noun(self.peak_phase) if self.peak_phase not in (None, UNATTRIBUTED) else None
+        module = short_frame(self.peak_module) if self.peak_module not in (None, UNATTRIBUTED) else None
         if where and module:
             parts.append(f"{where} of {module}")
         elif where or module:
@@ -78,10 +76,10 @@ class DeviceMeasures:
 
     def composition(self) -> str:
         """'activations are 71% of the peak': the largest attributed category, in words."""
-        top = next((r for r in self.by_category if r["name"] != "unattributed"), None)
+        top = next((r for r in self.by_category if r["name"] != UNATTRIBUTED), None)
         if top is None:
             return ""
-        return f"{CATEGORY_WORDS.get(top['name'], top['name'])} are {top['share']:.0%} of the peak"
+        return f"{category_plural(top['name'])} are {top['share']:.0%} of the peak"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,6 +180,7 @@ def _device_json(d: DeviceAnalysis) -> dict[str, Any]:
             "by_phase": {r["name"]: r["bytes"] for r in d.by_phase},
             "by_module": {r["name"]: r["bytes"] for r in d.by_module},
             "by_site": d.by_site,
+            "module_tree": [asdict(n) for n in d.module_tree],
             "step": d.peak_step, "phase": d.peak_phase, "module": d.peak_module,
             "summary": d.headline(),
         },

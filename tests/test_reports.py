@@ -20,9 +20,9 @@ from analyzer.result import Analysis, Diagnosis
 from analyzer.commands import main
 from analyzer.report.html import render_html, write_html
 from analyzer.report.markdown import md_code, md_text, render_markdown, write_markdown
-from analyzer.report.module_tree import OWN, module_tree
+from analyzer.core.module_tree import OWN, module_tree
 from analyzer.report.text import print_summary
-from analyzer.report.units import human_bytes
+from analyzer.core.units import human_bytes
 from analyzer.report.view import CHART_POINTS, FRAMES_SHOWN, LIVE_SHOWN, build_view
 from chromium import Chromium, chromium_binary
 from conftest import FIXTURES

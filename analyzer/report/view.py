@@ -15,9 +15,9 @@ import pandas as pd
 
 from analyzer import __version__
 from analyzer.result import Analysis, DeviceAnalysis
-from analyzer.report.module_tree import ModuleNode, module_label, module_tree
+from analyzer.core.module_tree import ModuleNode, module_label
 from analyzer.report.palette import category_color, category_rank, phase_color
-from analyzer.report.units import human_bytes, relative_seconds
+from analyzer.core.units import human_bytes, relative_seconds
 from analyzer.core.stacks import format_frame, is_user_frame, short_frame
 from analyzer.core.timeline import downsample
 from analyzer.core.trace import MemoryTrace
@@ -290,7 +290,7 @@ def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> De
         by_category=_shares(d.by_category, category_color, words),
         by_phase=_shares(d.by_phase, phase_color, words),
         by_module=_shares(d.by_module, lambda _: MODULE_COLOR, module_label),
-        modules=module_tree(live) if len(live) else [],
+        modules=d.module_tree,
         chart=_chart(analysis, d, chart_points) if d.trace_entries else None,
         live=[_live_allocation(trace, r, origin) for r in shown.itertuples(index=False)],
         live_left_out=(len(live) - len(shown), int(live["allocated_bytes"].sum() - shown["allocated_bytes"].sum())),
