@@ -2,16 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from functools import cached_property
+from typing import Any
 
 import pandas as pd
 
 from analyzer.core.timeline import live_at
 from analyzer.core.trace import MemoryTrace
+from analyzer.diagnose.step_levels import StepLevel, step_levels
 from analyzer.result import DeviceMeasures
-
-if TYPE_CHECKING:
-    from analyzer.diagnose.step_levels import StepLevel
 
 
 @dataclass
@@ -28,7 +27,6 @@ class DeviceContext:
     fragmentation_at_oom: dict[str, Any] | None = None      # oom
     fragmentation_at_peak: dict[str, Any] | None = None     # fragmentation, at the reserved peak
     leaked_allocations: pd.DataFrame | None = None          # leak
-    step_levels: list[StepLevel] | None = None              # step_levels, on first use
     _live: dict[int, pd.DataFrame] = field(default_factory=dict, repr=False)
 
     @property
@@ -38,6 +36,11 @@ class DeviceContext:
     @property
     def allocations(self) -> pd.DataFrame:
         return self.trace.allocations[self.trace.allocations["device"] == self.device]
+
+    @cached_property
+    def step_levels(self) -> list[StepLevel]:
+        """Memory at the start of every step (leak, reserved growth and the triage read it)."""
+        return step_levels(self.allocations, self.timeline)
 
     def live_at(self, seq: int) -> pd.DataFrame:
         """Allocations alive just after event `seq`, largest first; computed once per moment (the OOM, the

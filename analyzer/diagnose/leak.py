@@ -19,8 +19,9 @@ import pandas as pd
 
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import top_allocations
-from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, MODEL_STATES, as_json, measured, size, step_levels
-from analyzer.core.trace import UNATTRIBUTED
+from analyzer.core.units import rate_bytes
+from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, MODEL_STATES, as_json, measured
+from analyzer.core.vocabulary import UNATTRIBUTED
 
 MIN_SHARE_OF_PEAK = 0.001   # a rate below this share of the largest step peak is noise, not a leak
 LEVEL_AGREEMENT = 0.5       # the step-start levels must grow by at least this share of the kept rate
@@ -53,7 +54,7 @@ def leaking(kept: pd.DataFrame, steps: list[int]) -> pd.DataFrame:
 
 
 def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
-    levels = step_levels(ctx)
+    levels = ctx.step_levels
     window = measured(levels)
     if not window:
         return []
@@ -83,7 +84,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
                         "capacity_bytes": ctx.capacity_bytes, "largest_step_peak_bytes": largest_peak},
         },
     }
-    finding["summary"] = (f"Memory grows by {size(rate)} every step (steps {steps[0]}-{steps[-1]}) and is never "
+    finding["summary"] = (f"Memory grows by {rate_bytes(rate)} every step (steps {steps[0]}-{steps[-1]}) and is never "
                           f"freed: {origin(finding)}{runway(steps_to_oom, oom_step)}")
     return [finding]
 

@@ -16,13 +16,14 @@ from typing import Any
 import numpy as np
 
 from analyzer.diagnose.context import DeviceContext
-from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, as_json, measured, size, step_levels
+from analyzer.core.units import rate_bytes
+from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, as_json, measured
 
 MIN_SHARE_OF_RESERVED = 0.005   # growth per step below this share of the reserved peak is noise
 
 
 def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
-    levels = step_levels(ctx)
+    levels = ctx.step_levels
     window = measured(levels)
     if not window:
         return []
@@ -43,7 +44,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     return [{
         "kind": "reserved_growth", "severity": "warning", "bytes": int(excess[-1] - excess[0]),
         "bytes_per_step": int(reserved_rate), "steps_to_oom": steps_to_oom,
-        "summary": (f"Reserved memory grows by {size(reserved_rate)} every step (steps {steps[0]}-{steps[-1]}) while "
+        "summary": (f"Reserved memory grows by {rate_bytes(reserved_rate)} every step (steps {steps[0]}-{steps[-1]}) while "
                     f"the highest allocation does not: the caching allocator keeps segments it cannot reuse "
                     f"(fragmentation, not a leak of tensors){runway}"),
         "evidence": {"event_index": [starts[0].start_seq, starts[-1].start_seq],

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from analyzer.core.vocabulary import Phase
 from analyzer.diagnose.context import DeviceContext
-from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, measured, step_levels
+from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, measured
 
-PHASE_SPIKES = {"optimizer_spike": "optimizer", "checkpoint_gather": "checkpoint_save"}  # finding -> its phase
+PHASE_SPIKES = {"optimizer_spike": Phase.OPTIMIZER, "checkpoint_gather": Phase.CHECKPOINT_SAVE}  # finding -> its phase
 
 
 def triage(ctx: DeviceContext, findings: list[dict[str, Any]]) -> dict[str, str]:
@@ -39,7 +40,7 @@ def triage(ctx: DeviceContext, findings: list[dict[str, Any]]) -> dict[str, str]
 
 
 def _steady_reason(ctx: DeviceContext, oom: dict[str, Any] | None) -> str:
-    levels = step_levels(ctx)
+    levels = ctx.step_levels
     count = f"{len(levels)} training step{'s' if len(levels) != 1 else ''} recorded"
     growth = (f"memory does not grow across steps {levels[1].step}-{levels[-1].step}" if measured(levels) else
               f"growth across steps cannot be measured ({count}; {MIN_MEASURED_STEPS + 2} or more are needed)")
