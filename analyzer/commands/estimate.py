@@ -131,7 +131,9 @@ class EstimateCommand:
     def run(self, args: argparse.Namespace) -> int:
         heads = args.heads or (args.hidden // 128 if args.hidden else None)
         given = (args.micro_batch, args.seq, args.layers, args.hidden, heads)
-        shape = Shape(*given, flash_attention=args.attention == "flash") if all(given) else None
+        shape = (Shape(args.micro_batch, args.seq, args.layers, args.hidden, heads,
+                       flash_attention=args.attention == "flash")
+                 if heads is not None and all(given) else None)
         result = estimate(args.params, args.gpus, args.zero, args.gpu_memory, shape, args.checkpointing)
         print(json.dumps(result, indent=2) if args.format == "json" else render(result))
         return 0

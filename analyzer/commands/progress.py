@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import IO
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from analyzer.ingest.sniff import OPEN_LISTENERS
 
@@ -26,7 +26,7 @@ def reading_progress(console: Console, enabled: bool) -> Iterator[None]:
     stop = threading.Event()
     threads: list[threading.Thread] = []
 
-    def poll(stream: IO[bytes], fd: int, task: int) -> None:
+    def poll(stream: IO[bytes], fd: int, task: TaskID) -> None:
         # the OS file offset, not stream.tell(): the reader holds the buffered file's lock while it reads
         while not stop.wait(0.2) and not stream.closed:
             try:

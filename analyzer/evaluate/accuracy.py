@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analyzer.errors import UnsupportedFormat
 from analyzer.pipeline import analyze
 from analyzer.attribute import attribute
 from analyzer.attribute.annotations import ROOT_MODULE, classify
@@ -17,11 +18,18 @@ from analyzer.ingest.memory_timeline import CATEGORIES, CREATE
 from analyzer.ingest.sniff import open_input
 from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace
+from analyzer.result import Analysis
 
 # parameters and buffers are both model state made at load time: the recording cannot tell them apart;
 # the truth's empty module is the root module (or no module at all, which we call unattributed)
 _SAME = {"buffer": "parameter", "": ROOT_MODULE}
 _EITHER = {("", "unattributed")}
+_ONE_RECORDING = "a set of ranks: agreement is scored for one recording"
+
+
+def _same(label: str | None) -> str | None:
+    """The label in the form truth and attribution share (None: the truth has no label here)."""
+    return None if label is None else _SAME.get(label, label)
 
 
 def without_tags(trace: MemoryTrace) -> MemoryTrace:
@@ -36,6 +44,8 @@ def peak_agreement(snapshot: Path, tags: bool = True) -> dict[str, float]:
     """Share of peak bytes whose category, phase and module match the truth; also the attributed share."""
     truth = json.loads(snapshot.with_name(snapshot.stem + ".truth.json").read_text())
     trace = load(snapshot)
+    if not isinstance(trace, MemoryTrace):
+        raise UnsupportedFormat(snapshot, _ONE_RECORDING, "pass one rank's file")
     if not tags:
         trace = without_tags(trace)
     trace = attribute(trace)
@@ -47,7 +57,7 @@ def peak_agreement(snapshot: Path, tags: bool = True) -> dict[str, float]:
     for field in ("category", "phase", "module"):
         ours = live[field].astype(str).to_numpy()
         theirs = [labels[k][field] if k in labels else None for k in keys]
-        match = np.asarray([_SAME.get(t, t) == _SAME.get(o, o) or (t, o) in _EITHER for o, t in zip(ours, theirs)])
+        match = np.asarray([_same(t) == _same(o) or (t, o) in _EITHER for o, t in zip(ours, theirs)])
         scores[field] = float(weights[match].sum() / weights.sum()) if weights.sum() else 1.0
         scores[f"{field}_attributed"] = float(weights[ours != "unattributed"].sum() / weights.sum()) if weights.sum() else 1.0
     return scores
@@ -68,6 +78,8 @@ def profiler_agreement(trace_path: Path, raw_timeline_path: Path) -> dict[str, f
                             if action == CREATE and category is not None],
                            columns=["t", "bytes", "torch"]).drop_duplicates(["t", "bytes"], keep=False)
     analysis = analyze(trace_path)
+    if not isinstance(analysis, Analysis):
+        raise UnsupportedFormat(trace_path, _ONE_RECORDING, "pass one rank's trace")
     everything = analysis.trace.allocations
     scores: dict[str, float] = {}
     for scope, rows_ in (("overall", everything),

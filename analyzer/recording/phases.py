@@ -51,7 +51,9 @@ class Range:
     def close(self) -> None:
         self._record.__exit__(None, None, None)
         if self._nvtx_id is not None:
-            _nvtx().end_range(self._nvtx_id)
+            nvtx = _nvtx()
+            assert nvtx is not None, "the range was started with nvtx, and _nvtx() is cached"
+            nvtx.end_range(self._nvtx_id)
 
 
 @contextlib.contextmanager

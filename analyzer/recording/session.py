@@ -37,7 +37,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from analyzer.recording.oom import attach_oom_observer, find_oom
 
@@ -133,7 +133,7 @@ class Capture(contextlib.ContextDecorator):
         self.start()
         return self
 
-    def __exit__(self, _type: Any, error: BaseException | None, _traceback: Any) -> bool:
+    def __exit__(self, _type: Any, error: BaseException | None, _traceback: Any) -> Literal[False]:
         self.stop(error)
         return False
 
@@ -152,7 +152,7 @@ class Capture(contextlib.ContextDecorator):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.steps, self._oom_dumps, self.unavailable = 0, 0, []
         if self.count_optimizer_steps:
-            self._optimizer_hook = register_optimizer_step_post_hook(lambda *_: self.step())
+            self._optimizer_hook = register_optimizer_step_post_hook(self._count_optimizer_step)
         if torch.cuda.is_available():
             self._start_cuda()
         else:
@@ -192,6 +192,10 @@ class Capture(contextlib.ContextDecorator):
             if self.steps >= max(self.dump_at_steps, default=sys.maxsize):
                 return self._finish_profiler()
         return None
+
+    def _count_optimizer_step(self, *_: Any) -> None:
+        """The optimizer step post-hook of `count_optimizer_steps`: each step() of an optimizer is a step."""
+        self.step()
 
     def stop_counting_optimizer_steps(self) -> None:
         if self._optimizer_hook is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 from matplotlib.axes import Axes
@@ -16,8 +17,11 @@ from matplotlib.patches import Patch
 
 from analyzer.report.view import Chart, words
 
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType   # matplotlib >= 3.9; only the type checker reads it
+
 _UNITS = ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
-_STYLE = {
+_STYLE: dict[RcKeyType, Any] = {
     "text.parse_math": False,      # a `$` in a phase name is text, not TeX
     "svg.hashsalt": "analyzer",    # the same input draws the same SVG
     "font.size": 8,

@@ -59,7 +59,7 @@ def _remedies(d: DeviceView) -> Group:
         line = Text.assemble((f"{i}. {r.title}", "bold" if r.try_first else ""))
         if r.saved_bytes is not None and r.new_peak_bytes is not None:
             line.append(f": saves {human_bytes(r.saved_bytes)}, peak {human_bytes(r.new_peak_bytes)}")
-        fits = {True: (" (fits)", "green"), False: (" (still too large)", "red")}.get(r.fits)
+        fits = None if r.fits is None else {True: (" (fits)", "green"), False: (" (still too large)", "red")}[r.fits]
         if fits:
             line.append(*fits)
         if r.try_first:

@@ -8,9 +8,10 @@ MAX_POINTS a track (each kept bucket keeps its highest point, so the peak is exa
 from __future__ import annotations
 
 import gzip
+import io
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import ijson
 import numpy as np
@@ -73,7 +74,7 @@ def export_trace(analysis: Analysis, out: Path) -> list[Path]:
     return [out]
 
 
-def _open_output(path: Path) -> IO[bytes]:
+def _open_output(path: Path) -> io.BufferedIOBase:
     return gzip.open(path, "wb") if path.suffix == ".gz" else open(path, "wb")
 
 

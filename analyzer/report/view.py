@@ -265,9 +265,9 @@ def _lead_device(devices: list[DeviceAnalysis]) -> DeviceAnalysis | None:
     (host memory, device -1 in profiler traces, only when no GPU was recorded)."""
     if not devices:
         return None
-    ooms = [d for d in devices if d.oom is not None]
+    ooms = [(d.oom, d) for d in devices if d.oom is not None]
     if ooms:
-        return min(ooms, key=lambda d: (d.oom.time_us is None, d.oom.time_us or 0, d.device))
+        return min(ooms, key=lambda od: (od[0].time_us is None, od[0].time_us or 0, od[1].device))[1]
     return max(devices, key=lambda d: (d.device >= 0, d.peak.allocated_bytes, -d.device))
 
 

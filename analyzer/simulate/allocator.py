@@ -30,7 +30,7 @@ per-process memory fractions; free-memory callbacks; IPC sharing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from analyzer.core.allocator_rules import LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, round_size, segment_size
 from analyzer.simulate.blocks import NO_CONTEXT, Block, BlockPool, CallContext
@@ -96,12 +96,12 @@ class CachingAllocator:
         alloc_size = segment_size(rounded)
         block = self._get_free_block(pool, rounded, stream)
         if block is None:
-            block = (self._alloc_block(pool, rounded, alloc_size, stream, ctx)
-                     or (self._release_available_cached_blocks(pool, rounded, stream, ctx)
-                         and self._alloc_block(pool, rounded, alloc_size, stream, ctx))
-                     or (self.release_cached_blocks(ctx)
-                         and self._alloc_block(pool, rounded, alloc_size, stream, ctx)))
-        if not block:
+            block = self._alloc_block(pool, rounded, alloc_size, stream, ctx)
+        if block is None and self._release_available_cached_blocks(pool, rounded, stream, ctx):
+            block = self._alloc_block(pool, rounded, alloc_size, stream, ctx)
+        if block is None and self.release_cached_blocks(ctx):
+            block = self._alloc_block(pool, rounded, alloc_size, stream, ctx)
+        if block is None:
             free = self.device.free
             self._record("oom", None, rounded, stream, ctx, device_free=free)
             raise SimulatedOutOfMemory(size, rounded, alloc_size, free, self.allocated_bytes, self.reserved_bytes)
@@ -265,7 +265,7 @@ class CachingAllocator:
 
     # ---- expandable segments -----------------------------------------------------------------------
     def _find_expandable_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
-        def allocatable(b: Block | None) -> bool:
+        def allocatable(b: Block | None) -> TypeGuard[Block]:
             return b is not None and not b.allocated
 
         def has_room(b: Block | None) -> bool:
@@ -291,6 +291,7 @@ class CachingAllocator:
         return block
 
     def _map_block(self, block: Block, size: int, ctx: CallContext) -> bool:
+        assert block.expandable is not None, "only ranges of expandable segments are mapped"
         addr, mapped = block.expandable.map(block.addr, size)
         if mapped == 0:
             return False
@@ -322,6 +323,7 @@ class CachingAllocator:
             return None
         while candidate.size < size:
             following = candidate.next
+            assert following is not None, "_find_expandable_block checked the room up to `size`"
             if not self._map_block(following, min(size - candidate.size, following.size), ctx):
                 return None
             candidate = following
@@ -329,6 +331,7 @@ class CachingAllocator:
         return candidate
 
     def _unmap_block(self, block: Block, ctx: CallContext) -> None:
+        assert block.expandable is not None, "only blocks of expandable segments are unmapped"
         addr, size = block.expandable.unmap(block.addr, block.size)
         if size == 0:
             return

@@ -57,9 +57,9 @@ def replay(trace: Sequence[dict[str, Any]], settings: AllocatorSettings = Alloca
             live[entry["addr"]] = block
             result.blocks[index] = block
         elif action == free_action:
-            block = live.pop(entry["addr"], None)
-            if block is not None:
-                model.free(block, ctx)
+            freed = live.pop(entry["addr"], None)
+            if freed is not None:
+                model.free(freed, ctx)
         elif action in _RELEASES and previous not in _RELEASES:
             model.empty_cache(ctx)
         previous = action

@@ -69,8 +69,8 @@ def _train_step(tracer: Tracer, loop: TrainingLoop, model: torch.nn.Module, opti
             tracer.mark([param.grad], "gradient", tracer.owner(param))
     with tracer.in_phase("optimizer"):
         optimizer.step()
-    for param, state in optimizer.state.items():
-        tracer.mark(_tensors(state), "optimizer_state", tracer.owner(param))
+    for state_param, state in optimizer.state.items():
+        tracer.mark(_tensors(state), "optimizer_state", tracer.owner(state_param))
     optimizer.zero_grad(set_to_none=True)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from analyzer.simulate.allocator import AllocatorSettings
-from analyzer.simulate.gpt import GPT, GPTConfig
+from analyzer.simulate.gpt import GPT, Block as GPTBlock, GPTConfig
 from analyzer.simulate.runner import TrainingLoop, simulate_to_files, trace_training
 from analyzer.simulate.simulation import Simulation
 
@@ -62,7 +62,7 @@ class LossLogger:
 
 
 def _keep_output(module: torch.nn.Module, _inputs: Any, output: torch.Tensor) -> None:
-    module.cache.append(output)   # `self.cache.append(x)`: nothing ever clears the list
+    _cache_of(module).append(output)   # `self.cache.append(x)`: nothing ever clears the list
 
 
 def probed_gpt(config: GPTConfig) -> GPT:
@@ -70,9 +70,18 @@ def probed_gpt(config: GPTConfig) -> GPT:
     does with a forward hook; every step's activations stay alive after backward has freed the rest."""
     model = GPT(config)
     for block in model.layers:
-        block.mlp.fc.cache = []
+        assert isinstance(block, GPTBlock)
+        # torch's stubs type Module.__setattr__'s value as Tensor | Module; any other value is a plain attribute
+        block.mlp.fc.cache = []  # type: ignore[assignment]
         block.mlp.fc.register_forward_hook(_keep_output)
     return model
+
+
+def _cache_of(module: torch.nn.Module) -> list[torch.Tensor]:
+    """The list `probed_gpt` hangs on a module (torch's stubs type an undeclared attribute as Tensor | Module)."""
+    cache = module.cache
+    assert isinstance(cache, list)
+    return cache
 
 
 @dataclass(frozen=True)

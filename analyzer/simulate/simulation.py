@@ -60,6 +60,7 @@ def simulate(run: TracedRun, capacity: int | None, settings: AllocatorSettings =
         elif isinstance(event, Free):
             block = blocks.pop(event.uid, None)
             if block is not None:
+                assert block.context is not None, "a live block keeps the context of its malloc"
                 allocator.free(block, CallContext(event.time_us, block.context.frames))
         elif isinstance(event, Annotation):
             name = _resolve_uid(event.name, blocks)

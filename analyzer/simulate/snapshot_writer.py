@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.simulate.allocator import AllocatorSettings, CachingAllocator
+from analyzer.simulate.blocks import Block
 
 PICKLE_PROTOCOL = 4
 _ROUNDUP_KEYS = [str(1 << i) for i in range(16)]   # interval starts in MiB, as torch lists them
@@ -23,7 +24,7 @@ def segment_dicts(allocator: CachingAllocator) -> list[dict[str, Any]]:
         if head.prev is not None and head.prev.mapped:
             continue
         blocks, total, allocated, active, requested = [], 0, 0, 0, 0
-        block = head
+        block: Block | None = head
         while block is not None and block.mapped:
             state = "active_allocated" if block.allocated else "inactive"
             blocks.append({"address": block.addr, "size": block.size, "requested_size": block.requested,

@@ -22,6 +22,7 @@ import sys
 import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -50,7 +51,7 @@ class _Stacks:
 
     def capture(self, outermost: Any) -> list[dict[str, Any]]:
         keys = []
-        frame = sys._getframe(2)
+        frame: FrameType | None = sys._getframe(2)
         while frame is not None:
             filename = frame.f_code.co_filename
             if filename not in _HIDDEN_FILES:

@@ -72,6 +72,7 @@ def truth_dict(simulation: Simulation, scenario: str, gpu_memory: int | None, st
     oom = None
     if simulation.oom is not None:
         error, label = simulation.oom_error, simulation.oom
+        assert error is not None, "simulate() sets oom and oom_error together"
         oom = {"trace_index": len(simulation.allocator.trace) - 1, "requested_bytes": error.requested,
                "rounded_bytes": error.rounded, "segment_bytes": error.alloc_size, "device_free": error.device_free,
                "allocated_bytes": error.allocated, "reserved_bytes": error.reserved,
