@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ADAM_BYTES_PER_PARAM = 16
+AGREEMENT_TOLERANCE = 0.1   # measured model states agree with 16Ψ when within this share of it
 
 
 def model_states_bytes(params: float, zero: int = 0, gpus: int = 1) -> float:
@@ -60,5 +61,6 @@ def explain_model_states(parameter_bytes: int, gradient_bytes: int, optimizer_by
     for name, bytes_per_param in (("fp32 Adam", 4), ("mixed-precision Adam", 2)):
         psi = parameter_bytes / bytes_per_param
         expected = ADAM_BYTES_PER_PARAM * psi
-        regimes.append(Regime(name, psi, expected, measured, abs(measured - expected) <= 0.1 * expected if expected else False))
+        agrees = abs(measured - expected) <= AGREEMENT_TOLERANCE * expected if expected else False
+        regimes.append(Regime(name, psi, expected, measured, agrees))
     return regimes
