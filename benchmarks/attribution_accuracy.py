@@ -21,7 +21,7 @@ from analyzer.pipeline import active_devices
 from analyzer.attribute import attribute
 from analyzer.evaluate.accuracy import peak_agreement
 from analyzer.core.timeline import find_peak
-from analyzer.core.trace import UNATTRIBUTED
+from analyzer.core.vocabulary import UNATTRIBUTED
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = ROOT / "fixtures" / "traces" / "sim"

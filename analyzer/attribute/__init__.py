@@ -29,7 +29,8 @@ from analyzer.attribute.category import categorise
 from analyzer.attribute.frames import stack_facts
 from analyzer.attribute.modules import assign_modules
 from analyzer.attribute.steps import number_steps
-from analyzer.core.trace import UNATTRIBUTED, MemoryTrace
+from analyzer.core.trace import MemoryTrace
+from analyzer.core.vocabulary import UNATTRIBUTED, Phase, Role
 
 CONFIDENCE = {"tag": 1.0, "annotation": 0.95, "frames": 0.9, "timing": 0.7, "lifetime": 0.8, "size-match": 0.6}
 
@@ -110,14 +111,15 @@ def _attribute_device(trace: MemoryTrace, device: int) -> dict[str, np.ndarray]:
     _fill(phase, source, frame_phase, frame_signal)
     recorded_python = bool(has_python[timed].any())
     frameless = timed & ~has_python & recorded_python
-    _fill(phase, source, np.where(frameless, "backward", None), np.where(frameless, "timing:no-python-frames", None))
+    # numpy's stubs leave None out of ArrayLike; np.where takes it as an object scalar
+    _fill(phase, source, np.where(frameless, Phase.BACKWARD.value, None), np.where(frameless, "timing:no-python-frames", None))  # type: ignore[call-overload]
     _fill(phase, source, *_between_neighbours(phase, t_alloc))
 
     step = number_steps(ann, t_alloc, phase)
     marked_role, marked_module = _marked_tensors(a, tensor_marks(ann))
     category, category_source = categorise(a, phase, step, ann)
     has_mark = ~pd.isna(marked_role)
-    category[has_mark] = np.where(marked_role[has_mark] == "buffer", "parameter", marked_role[has_mark])
+    category[has_mark] = np.where(marked_role[has_mark] == Role.BUFFER, Role.BUFFER.category.value, marked_role[has_mark])
     category_source[has_mark] = "tag:tensor"
     module, module_source = assign_modules(a, ann, times, frame_module, category, metadata_labels(metadata, "module"))
     module[has_mark], module_source[has_mark] = marked_module[has_mark], "tag:tensor"
@@ -143,9 +145,11 @@ def _marked_tensors(a: pd.DataFrame, marks: pd.DataFrame) -> tuple[np.ndarray, n
     return role, module
 
 
-_NEIGHBOUR_RULES = {("forward", "forward"): "forward", ("forward", "backward"): "forward",
-                    ("backward", "backward"): "backward", ("optimizer", "optimizer"): "optimizer",
-                    ("load", "load"): "load", (None, "load"): "load", ("load", "forward"): "load"}
+_NEIGHBOUR_RULES: dict[tuple[str | None, str], str] = {  # (phase before, phase after) -> phase between
+    (Phase.FORWARD, Phase.FORWARD): Phase.FORWARD.value, (Phase.FORWARD, Phase.BACKWARD): Phase.FORWARD.value,
+    (Phase.BACKWARD, Phase.BACKWARD): Phase.BACKWARD.value, (Phase.OPTIMIZER, Phase.OPTIMIZER): Phase.OPTIMIZER.value,
+    (Phase.LOAD, Phase.LOAD): Phase.LOAD.value, (None, Phase.LOAD): Phase.LOAD.value,
+    (Phase.LOAD, Phase.FORWARD): Phase.LOAD.value}
 
 
 def _between_neighbours(phase: np.ndarray, t_alloc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -160,7 +164,7 @@ def _between_neighbours(phase: np.ndarray, t_alloc: np.ndarray) -> tuple[np.ndar
     decided = np.where(pd.isna(ordered.to_numpy(dtype=object)), decided, None)
     values = np.full(len(phase), None, dtype=object)
     values[order[timed]] = decided
-    return values, np.where(pd.isna(values), None, "timing:neighbours")
+    return values, np.where(pd.isna(values), None, "timing:neighbours")  # type: ignore[call-overload]  # numpy's ArrayLike omits None
 
 
 def _fill(target: np.ndarray, source: np.ndarray, values: np.ndarray, signals: np.ndarray) -> None:

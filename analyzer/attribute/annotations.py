@@ -7,38 +7,41 @@ import numpy as np
 import pandas as pd
 
 from analyzer.attribute.ranges import innermost
+from analyzer.core.vocabulary import (OPTIMIZER_STEP_PREFIX, OPTIMIZER_ZERO_GRAD_PREFIX, PROFILER_STEP_PREFIX,
+                                      ROOT_MODULE, TENSOR_PREFIX, Phase, parse_module_label, parse_phase_label,
+                                      parse_tensor_mark)
 
 _FSDP = re.compile(r"^FSDP::(pre_forward|post_forward|pre_backward|post_backward|forward|backward)\s*\((.*)\)\s*$")
-_MODULE_TAG = re.compile(r"^module::(forward|backward)::(.*)$")
-ROOT_MODULE = "(root module)"  # the root module's FQN is the empty string
-_PHASE_TAG = re.compile(r"^phase::(\w+)$")
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
-_PHASE_WORDS = {"forward": "forward", "fwd": "forward", "backward": "backward", "bwd": "backward",
-                "optimizer": "optimizer", "optimizer_step": "optimizer", "optim": "optimizer",
-                "checkpoint": "checkpoint_save", "save": "checkpoint_save", "save_checkpoint": "checkpoint_save",
-                "load": "load", "load_model": "load"}
+_STEP = re.compile(rf"^{re.escape(PROFILER_STEP_PREFIX)}(\d+)$")
+# how people name their own ranges -> the phase they mean
+_USER_RANGE_PHASES: dict[str, str] = {
+    "forward": Phase.FORWARD, "fwd": Phase.FORWARD, "backward": Phase.BACKWARD, "bwd": Phase.BACKWARD,
+    "optimizer": Phase.OPTIMIZER, "optimizer_step": Phase.OPTIMIZER, "optim": Phase.OPTIMIZER,
+    "checkpoint": Phase.CHECKPOINT_SAVE, "save": Phase.CHECKPOINT_SAVE, "save_checkpoint": Phase.CHECKPOINT_SAVE,
+    "load": Phase.LOAD, "load_model": Phase.LOAD}
 
 
 def classify(name: str) -> tuple[str, str | None, str | None, str]:
     """(kind, phase, module, signal) for one annotation name. kind: tag | annotation | step | user."""
-    if m := _PHASE_TAG.match(name):
-        return "tag", m.group(1), None, "tag:phase"
-    if m := _MODULE_TAG.match(name):
-        return "tag", m.group(1), m.group(2) or ROOT_MODULE, "tag:module"
+    if (phase := parse_phase_label(name)) is not None:
+        return "tag", phase, None, "tag:phase"
+    if (module := parse_module_label(name)) is not None:
+        return "tag", module[0], module[1] or ROOT_MODULE, "tag:module"
     if m := _FSDP.match(name):
-        return "tag", "forward" if "forward" in m.group(1) else "backward", m.group(2) or None, "tag:FSDP"
-    if name.startswith("tensor::"):
+        fsdp_phase = Phase.FORWARD if "forward" in m.group(1) else Phase.BACKWARD
+        return "tag", fsdp_phase.value, m.group(2) or None, "tag:FSDP"
+    if name.startswith(TENSOR_PREFIX):
         return "tag", None, None, "tag:tensor"
-    if name.startswith("Optimizer.step#") or name.startswith("Optimizer.zero_grad#"):
-        return "annotation", "optimizer", None, "annotation:" + name.split("#")[0]
+    if name.startswith(OPTIMIZER_STEP_PREFIX) or name.startswith(OPTIMIZER_ZERO_GRAD_PREFIX):
+        return "annotation", Phase.OPTIMIZER.value, None, "annotation:" + name.split("#")[0]
     if name.startswith("enumerate(DataLoader)#"):
-        return "annotation", "other", None, "annotation:DataLoader"
+        return "annotation", Phase.OTHER.value, None, "annotation:DataLoader"
     if "(dynamo_timed)" in name:
-        return "annotation", "compile", None, "annotation:torch.compile"
+        return "annotation", Phase.COMPILE.value, None, "annotation:torch.compile"
     if _STEP.match(name):
         return "step", None, None, "annotation:ProfilerStep"
-    if name.strip().lower() in _PHASE_WORDS:
-        return "annotation", _PHASE_WORDS[name.strip().lower()], None, "annotation:user-range"
+    if name.strip().lower() in _USER_RANGE_PHASES:
+        return "annotation", str(_USER_RANGE_PHASES[name.strip().lower()]), None, "annotation:user-range"
     return "user", None, None, ""
 
 
@@ -75,19 +78,18 @@ def metadata_labels(metadata: pd.Categorical, field: str) -> tuple[np.ndarray, n
     meanings = [classify(m) if m else None for m in metadata.categories]
     by_label = np.asarray([m[index] if m is not None and m[0] == "tag" else None for m in meanings] + [None], dtype=object)
     values = by_label[np.where(metadata.codes < 0, len(meanings), metadata.codes)]
-    signals = np.where(pd.isna(values), None, "tag:user_metadata").astype(object)
+    # numpy's stubs leave None out of ArrayLike; np.where takes it as an object scalar
+    signals = np.where(pd.isna(values), None, "tag:user_metadata").astype(object)  # type: ignore[call-overload]
     return values, signals
-
-
-_TENSOR_MARK = re.compile(r"^tensor::(parameter|buffer|gradient|optimizer_state)::(.*)::(0x[0-9a-fA-F]+)$")
 
 
 def tensor_marks(annotations: pd.DataFrame) -> pd.DataFrame:
     """`tensor::<role>::<fqn>::<0xaddr>` marks (analyzer.tag_modules): columns addr, t_us, role, module."""
     rows = []
     for name, start in zip(annotations["name"], annotations["start_us"]):
-        if name.startswith("tensor::") and (m := _TENSOR_MARK.match(name)) and not pd.isna(start):
-            rows.append((int(m.group(3), 16), float(start), m.group(1), m.group(2) or ROOT_MODULE))
+        if (mark := parse_tensor_mark(name)) is not None and not pd.isna(start):
+            role, fqn, address = mark
+            rows.append((address, float(start), role, fqn or ROOT_MODULE))
     return pd.DataFrame(rows, columns=["addr", "t_us", "role", "module"])
 
 
@@ -103,5 +105,5 @@ def profiler_steps(annotations: pd.DataFrame, times: np.ndarray) -> np.ndarray:
 
 def optimizer_step_ends(annotations: pd.DataFrame) -> np.ndarray:
     """End times of Optimizer.step ranges, in order: each one closes a training step."""
-    steps = annotations[annotations["name"].str.startswith("Optimizer.step#")]
+    steps = annotations[annotations["name"].str.startswith(OPTIMIZER_STEP_PREFIX)]
     return np.sort(steps["end_us"].dropna().to_numpy(dtype=np.float64))

@@ -13,8 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analyzer.core.vocabulary import OPTIMIZER_STEP_PREFIX, Category, Phase
 
-_LONG_LIVED = {"load": "parameter", "forward": "activation", "backward": "gradient", "optimizer": "optimizer_state"}
+_LONG_LIVED: dict[str, str] = {Phase.LOAD: Category.PARAMETER.value, Phase.FORWARD: Category.ACTIVATION.value,
+                               Phase.BACKWARD: Category.GRADIENT.value, Phase.OPTIMIZER: Category.OPTIMIZER_STATE.value}
 
 
 def _per_step(step: np.ndarray, mask: np.ndarray, values: np.ndarray, reducer) -> dict[int, float]:
@@ -30,12 +32,12 @@ def categorise(a: pd.DataFrame, phase: np.ndarray, step: np.ndarray,
     t_alloc = a["t_alloc_us"].to_numpy(dtype=np.float64, na_value=np.nan)
     t_free = a["t_free_us"].to_numpy(dtype=np.float64, na_value=np.inf)  # alive at the end: forever
     timed = ~np.isnan(t_alloc)
-    forward_end = _per_step(step, phase == "forward", t_alloc, "max")
-    for s, start in _per_step(step, phase == "backward", t_alloc, "min").items():
+    forward_end = _per_step(step, phase == Phase.FORWARD, t_alloc, "max")
+    for s, start in _per_step(step, phase == Phase.BACKWARD, t_alloc, "min").items():
         forward_end[s] = start  # the forward pass ends where backward begins (the loss belongs to forward)
-    forward_start = _per_step(step, phase == "forward", t_alloc, "min")
-    backward_end = _per_step(step, phase == "optimizer", t_alloc, "min")
-    optimizer_end = _per_step(step, phase == "optimizer", t_alloc, "max")
+    forward_start = _per_step(step, phase == Phase.FORWARD, t_alloc, "min")
+    backward_end = _per_step(step, phase == Phase.OPTIMIZER, t_alloc, "min")
+    optimizer_end = _per_step(step, phase == Phase.OPTIMIZER, t_alloc, "max")
     for s, end in _optimizer_ranges(annotations, step, t_alloc).items():
         optimizer_end[s] = max(optimizer_end.get(s, -np.inf), end)
     next_start = _per_step(step, timed, t_alloc, "min")
@@ -54,16 +56,18 @@ def categorise(a: pd.DataFrame, phase: np.ndarray, step: np.ndarray,
     o_end = lookup(optimizer_end, np.inf)
     first_forward = min(forward_start.values(), default=np.inf)
     long_lived = np.asarray([_LONG_LIVED.get(p) for p in phase], dtype=object)
+    temporary = Category.TEMPORARY.value
     rules = [
         # allocated before the recording: only the phase is known, and the allocation outlived it
         (~timed & (long_lived != None), long_lived, "lifetime:allocated-before-recording"),  # noqa: E711
-        (phase == "load", np.where(t_free > first_forward, "parameter", "temporary"), "lifetime:load"),
-        (phase == "forward", np.where(t_free > f_end, "activation", "temporary"), "lifetime:forward"),
-        (phase == "backward", np.where(t_free > b_end, "gradient", "temporary"), "lifetime:backward"),
-        (phase == "optimizer", np.where(t_free > o_end, "optimizer_state", "temporary"), "lifetime:optimizer"),
-        (np.isin(phase, [None, "other"]) & timed & (t_alloc < f_start) & (t_free > f_start), "input",
+        (phase == Phase.LOAD, np.where(t_free > first_forward, _LONG_LIVED[Phase.LOAD], temporary), "lifetime:load"),
+        (phase == Phase.FORWARD, np.where(t_free > f_end, _LONG_LIVED[Phase.FORWARD], temporary), "lifetime:forward"),
+        (phase == Phase.BACKWARD, np.where(t_free > b_end, _LONG_LIVED[Phase.BACKWARD], temporary), "lifetime:backward"),
+        (phase == Phase.OPTIMIZER, np.where(t_free > o_end, _LONG_LIVED[Phase.OPTIMIZER], temporary),
+         "lifetime:optimizer"),
+        (np.isin(phase, np.array([None, Phase.OTHER], dtype=object)) & timed & (t_alloc < f_start) & (t_free > f_start), Category.INPUT.value,
          "lifetime:input"),
-        (np.isin(phase, ["checkpoint_save", "compile", "other"]), "other", "phase"),
+        (np.isin(phase, [Phase.CHECKPOINT_SAVE, Phase.COMPILE, Phase.OTHER]), Category.OTHER.value, "phase"),
     ]
     category = np.full(len(a), None, dtype=object)
     source = np.full(len(a), None, dtype=object)
@@ -76,7 +80,7 @@ def categorise(a: pd.DataFrame, phase: np.ndarray, step: np.ndarray,
 
 def _optimizer_ranges(annotations: pd.DataFrame, step: np.ndarray, t_alloc: np.ndarray) -> dict[int, float]:
     """End of the Optimizer.step range of each step (the step whose allocations fall inside it)."""
-    ranges = annotations[annotations["name"].str.startswith("Optimizer.step#")]
+    ranges = annotations[annotations["name"].str.startswith(OPTIMIZER_STEP_PREFIX)]
     out: dict[int, float] = {}
     for start, end in zip(ranges["start_us"], ranges["end_us"]):
         if pd.isna(start) or pd.isna(end):

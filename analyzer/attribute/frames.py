@@ -10,28 +10,29 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from analyzer.core.stacks import Frame, format_frame, is_user_frame
+from analyzer.core.vocabulary import Phase
 
 # (pattern on "file function", phase, signal name), checked innermost frame first; the first match wins
 _PHASE_RULES: list[tuple[re.Pattern[str], str, str]] = [
-    (re.compile(r"torch[\\/]utils[\\/]checkpoint\.py "), "backward", "frames:activation-checkpoint-recompute"),
-    (re.compile(r"torch[\\/](_tensor\.py backward|autograd[\\/])"), "backward", "frames:torch.autograd"),
-    (re.compile(r"torch[\\/]optim[\\/]"), "optimizer", "frames:torch.optim"),
-    (re.compile(r"torch[\\/](serialization\.py (save|_save)|distributed[\\/]checkpoint[\\/])"), "checkpoint_save",
-     "frames:torch.save"),
+    (re.compile(r"torch[\\/]utils[\\/]checkpoint\.py "), Phase.BACKWARD.value, "frames:activation-checkpoint-recompute"),
+    (re.compile(r"torch[\\/](_tensor\.py backward|autograd[\\/])"), Phase.BACKWARD.value, "frames:torch.autograd"),
+    (re.compile(r"torch[\\/]optim[\\/]"), Phase.OPTIMIZER.value, "frames:torch.optim"),
+    (re.compile(r"torch[\\/](serialization\.py (save|_save)|distributed[\\/]checkpoint[\\/])"),
+     Phase.CHECKPOINT_SAVE.value, "frames:torch.save"),
     (re.compile(r" (state_dict|_save_to_state_dict|full_state_dict|get_state_dict|consolidate_state_dict)$"),
-     "checkpoint_save", "frames:state_dict"),
-    (re.compile(r"torch[\\/]serialization\.py (load|_load)|load_state_dict$|_load_from_state_dict$"), "load",
+     Phase.CHECKPOINT_SAVE.value, "frames:state_dict"),
+    (re.compile(r"torch[\\/]serialization\.py (load|_load)|load_state_dict$|_load_from_state_dict$"), Phase.LOAD.value,
      "frames:load_state_dict"),
-    (re.compile(r"torch[\\/]nn[\\/]modules[\\/]module\.py (_apply|to|cuda|convert)$"), "load", "frames:module.to"),
-    (re.compile(r"torch[\\/]nn[\\/](modules[\\/]\w+\.py (__init__|reset_parameters)|init\.py \w+)$"), "load",
+    (re.compile(r"torch[\\/]nn[\\/]modules[\\/]module\.py (_apply|to|cuda|convert)$"), Phase.LOAD.value, "frames:module.to"),
+    (re.compile(r"torch[\\/]nn[\\/](modules[\\/]\w+\.py (__init__|reset_parameters)|init\.py \w+)$"), Phase.LOAD.value,
      "frames:module-init"),
-    (re.compile(r"torch[\\/]_dynamo[\\/]|torch[\\/]_inductor[\\/]"), "compile", "frames:torch.compile"),
-    (re.compile(r"torch[\\/]nn[\\/]modules[\\/]module\.py (_call_impl|_wrapped_call_impl)$"), "forward",
+    (re.compile(r"torch[\\/]_dynamo[\\/]|torch[\\/]_inductor[\\/]"), Phase.COMPILE.value, "frames:torch.compile"),
+    (re.compile(r"torch[\\/]nn[\\/]modules[\\/]module\.py (_call_impl|_wrapped_call_impl)$"), Phase.FORWARD.value,
      "frames:module.forward"),
-    (re.compile(r" \w*(save|state_dict|consolidate)\w*$", re.IGNORECASE), "checkpoint_save",
+    (re.compile(r" \w*(save|state_dict|consolidate)\w*$", re.IGNORECASE), Phase.CHECKPOINT_SAVE.value,
      "frames:user-function-name"),
     (re.compile(r" (__init__|\w*(init_weight|init_all_weights|load_model|load_weights|load_checkpoint|from_pretrained)\w*)$"),
-     "load", "frames:model-construction"),
+     Phase.LOAD.value, "frames:model-construction"),
 ]
 
 
@@ -56,7 +57,7 @@ def stack_facts(frames: tuple[Frame, ...]) -> StackFacts:
             break
     module = next((resolve_method(f) for f in frames if is_user_frame(f) and f[2] == "forward"), None)
     if phase is None and module is not None:
-        phase, signal = "forward", "frames:user-forward"
+        phase, signal = Phase.FORWARD.value, "frames:user-forward"
     return StackFacts(has_python, phase, signal, module)
 
 

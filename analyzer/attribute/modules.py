@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.attribute.annotations import annotation_labels
+from analyzer.core.vocabulary import Category
 
 
 def assign_modules(a: pd.DataFrame, annotations: pd.DataFrame, times: np.ndarray, frame_module: np.ndarray,
@@ -28,12 +29,12 @@ def assign_modules(a: pd.DataFrame, annotations: pd.DataFrame, times: np.ndarray
 def _match_parameters(a: pd.DataFrame, module: np.ndarray, source: np.ndarray, category: np.ndarray) -> None:
     """Gradients and optimizer states have their parameter's size: borrow its module when unambiguous."""
     sizes = a["requested_bytes"].to_numpy()
-    is_param = (category == "parameter") & ~pd.isna(module)
+    is_param = (category == Category.PARAMETER) & ~pd.isna(module)
     if not is_param.any():
         return
     params = pd.DataFrame({"size": sizes[is_param], "module": module[is_param]})
     owners = params.groupby("size")["module"].agg(lambda m: m.iloc[0] if m.nunique() == 1 else None).dropna()
-    wanted = np.isin(category, ["gradient", "optimizer_state"]) & pd.isna(module)
+    wanted = np.isin(category, [Category.GRADIENT, Category.OPTIMIZER_STATE]) & pd.isna(module)
     for i in np.flatnonzero(wanted):
         owner = owners.get(sizes[i])
         if owner is not None:

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.attribute.annotations import optimizer_step_ends, profiler_steps
+from analyzer.core.vocabulary import PROFILER_STEP_PREFIX, Phase
 
 NO_STEP = -1
 
@@ -17,7 +18,7 @@ def number_steps(annotations: pd.DataFrame, t_alloc: np.ndarray, phase: np.ndarr
     steps = profiler_steps(annotations, times)
     if (steps >= 0).any():
         first, last = steps[steps >= 0].min(), steps[steps >= 0].max()
-        starts = annotations.loc[annotations["name"].str.startswith("ProfilerStep#"), "start_us"].min()
+        starts = annotations.loc[annotations["name"].str.startswith(PROFILER_STEP_PREFIX), "start_us"].min()
         outside = steps < 0
         steps[outside] = np.where(times[outside] < float(starts), 0 if first > 0 else first, last)
     else:
@@ -25,7 +26,7 @@ def number_steps(annotations: pd.DataFrame, t_alloc: np.ndarray, phase: np.ndarr
         steps = np.searchsorted(ends, times, side="right") + 1 if len(ends) else _phase_cycles(times, phase)
         if len(ends):
             steps = np.minimum(steps, len(ends))  # work after the last optimizer step (a save) belongs to it
-    steps = np.where(phase == "load", 0, steps)
+    steps = np.where(phase == Phase.LOAD, 0, steps)
     return np.where(timed, steps, NO_STEP).astype(np.int64)
 
 
@@ -34,9 +35,9 @@ def _phase_cycles(times: np.ndarray, phase: np.ndarray) -> np.ndarray:
     (in time order, looking only at allocations of those three phases)."""
     order = np.argsort(times, kind="stable")
     ordered = phase[order]
-    training = np.isin(ordered, ["forward", "backward", "optimizer"])
+    training = np.isin(ordered, [Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER])
     kinds = ordered[training]
-    starts = (kinds[1:] == "forward") & np.isin(kinds[:-1], ["backward", "optimizer"])
+    starts = (kinds[1:] == Phase.FORWARD) & np.isin(kinds[:-1], [Phase.BACKWARD, Phase.OPTIMIZER])
     step_of_training = 1 + np.concatenate([[0], np.cumsum(starts)]) if len(kinds) else np.ones(1, dtype=np.int64)
     # every allocation takes the step of the latest training-phase allocation at or before it (1 before any)
     latest = np.cumsum(training) - 1

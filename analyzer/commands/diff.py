@@ -11,9 +11,8 @@ from typing import Any
 
 from analyzer.result import Analysis, DeviceAnalysis
 from analyzer.pipeline import analyze
-from analyzer.diagnose.evidence import gib
 from analyzer.diagnose.remedies import LAYOUT_ONLY
-from analyzer.core.units import parse_bytes
+from analyzer.core.units import gib, parse_bytes
 from analyzer.errors import UnsupportedFormat
 
 

@@ -14,8 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from analyzer.diagnose.evidence import gib
-from analyzer.core.units import parse_bytes, parse_count
+from analyzer.core.units import gib, parse_bytes, parse_count
 from analyzer.diagnose.theory import activation_bytes, model_states_bytes
 
 OVERHEAD = 0.10   # CUDA context, workspaces and fragmentation: keep this share of the device free

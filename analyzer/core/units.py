@@ -1,7 +1,9 @@
-"""Sizes typed by people: `80GiB`, `80GB`, `80e9`, `24g`."""
+"""How sizes and times read: sizes typed by people (`80GiB`, `80GB`, `80e9`, `24g`) parsed, sizes written in binary
+units for people (one formatter, three unit policies), times relative to the start of the recording."""
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
           "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
@@ -22,3 +24,54 @@ def parse_count(text: str) -> float:
     if not m:
         raise ValueError(f"not a count: {text!r} (use e.g. 7e9 or 7B)")
     return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[m.group(2).lower()]
+
+
+#: how a size is written: `auto` the largest binary unit it fills (tables: "512 B", "1.50 MiB", "80.00 GiB"),
+#: `GiB` always GiB (sentences comparing sizes: "0.50 GiB of 80.00 GiB"), `rate` MiB below a GiB and GiB above
+#: (a per-step growth reads best in MiB: "+12.0 MiB per step")
+ByteUnits = Literal["auto", "GiB", "rate"]
+_BINARY = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def binary_unit(n: int | float) -> tuple[int, str]:
+    """(bytes in it, name) of the largest binary unit the size fills, B below 1 KiB: how `auto` writes a size
+    and how a chart picks its axis unit."""
+    magnitude = abs(float(n))
+    return next(((1024**p, _BINARY[p]) for p in range(len(_BINARY) - 1, 0, -1) if magnitude >= 1024**p), (1, "B"))
+
+
+def format_bytes(n: int | float | None, units: ByteUnits = "auto") -> str:
+    """A size for people, in binary units by the `units` policy; "unknown" for None."""
+    if n is None:
+        return "unknown"
+    if units == "GiB":
+        return f"{n / 2**30:.2f} GiB"
+    if units == "rate":
+        return f"{n / 2**20:.1f} MiB" if abs(n) < 2**30 else f"{n / 2**30:.2f} GiB"
+    scale, name = binary_unit(n)
+    value = float(n)
+    sign = "-" if value < 0 else ""
+    value = abs(value) / scale   # exact: scale is a power of two
+    return f"{sign}{value:.0f} {name}" if scale == 1 else f"{sign}{value:.2f} {name}"
+
+
+def human_bytes(n: int | float | None) -> str:
+    """format_bytes(n): the largest unit it fills, as every report table writes sizes."""
+    return format_bytes(n)
+
+
+def gib(n: int | float | None) -> str:
+    """format_bytes(n, "GiB"): always GiB, as the diagnosis's sentences write sizes."""
+    return format_bytes(n, "GiB")
+
+
+def rate_bytes(n: int | float | None) -> str:
+    """format_bytes(n, "rate"): MiB below a GiB, GiB above, as per-step growth is written."""
+    return format_bytes(n, "rate")
+
+
+def relative_seconds(t_us: int | None, origin_us: int | None) -> str:
+    """'12.345 s' after the recording's origin."""
+    if t_us is None or origin_us is None:
+        return "time not recorded"
+    return f"{(t_us - origin_us) / 1e6:.3f} s"

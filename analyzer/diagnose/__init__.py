@@ -12,16 +12,20 @@ from typing import Any
 from analyzer.diagnose import (activation_peak, checkpoint_gather, fragmentation, leak, oom, optimizer_spike, outside,
                                reserved_growth)
 from analyzer.diagnose.context import DeviceContext
-from analyzer.diagnose.evidence import gib, oom_where
-from analyzer.diagnose.step_levels import size
+from analyzer.diagnose.evidence import oom_where
+from analyzer.core.units import gib, rate_bytes
+from analyzer.core.vocabulary import Category, Phase
 from analyzer.diagnose.triage import triage
 from analyzer.diagnose.remedies import Demand, checkpointable_bytes, count_layers, describe, rank_remedies
 from analyzer.diagnose.theory import explain_model_states
 from analyzer.result import Diagnosis
 
 DETECTORS = [outside, oom, leak, reserved_growth, activation_peak, optimizer_spike, checkpoint_gather, fragmentation]
-_REQUEST_CATEGORY = {"forward": "activation", "backward": "temporary", "optimizer": "optimizer_state",
-                     "load": "parameter", "checkpoint_save": "other"}
+# what the request that failed would have been, by the phase it failed in
+_REQUEST_CATEGORY: dict[str, str] = {
+    Phase.FORWARD: Category.ACTIVATION.value, Phase.BACKWARD: Category.TEMPORARY.value,
+    Phase.OPTIMIZER: Category.OPTIMIZER_STATE.value, Phase.LOAD: Category.PARAMETER.value,
+    Phase.CHECKPOINT_SAVE: Category.OTHER.value}
 
 
 def diagnose(ctx: DeviceContext) -> Diagnosis:
@@ -40,18 +44,19 @@ def diagnose(ctx: DeviceContext) -> Diagnosis:
 def theory_check(ctx: DeviceContext) -> dict[str, Any]:
     """Measured model states against 16Ψ, under each precision assumption, at their largest over the run."""
     most = {c: int(ctx.timeline[f"{c}_bytes"].max()) if f"{c}_bytes" in ctx.timeline else 0
-            for c in ("parameter", "gradient", "optimizer_state", "activation")}
+            for c in (Category.PARAMETER.value, Category.GRADIENT.value, Category.OPTIMIZER_STATE.value,
+                      Category.ACTIVATION.value)}
     out: dict[str, Any] = {f"{c}_bytes": b for c, b in most.items()}
     out["notes"] = []
-    if not most["parameter"]:
+    if not most[Category.PARAMETER]:
         out["notes"].append("no parameters were identified, so model states cannot be checked against 16Ψ")
         return out
-    regimes = explain_model_states(most["parameter"], most["gradient"], most["optimizer_state"])
+    regimes = explain_model_states(most[Category.PARAMETER], most[Category.GRADIENT], most[Category.OPTIMIZER_STATE])
     out["regimes"] = [{"name": r.name, "parameters": r.parameters, "expected_model_states_bytes": r.expected_states_bytes,
                        "measured_model_states_bytes": r.measured_states_bytes, "agrees": r.agrees} for r in regimes]
     agreeing = [r for r in regimes if r.agrees]
     out["regime"] = agreeing[0].name if agreeing else None
-    if not most["optimizer_state"]:
+    if not most[Category.OPTIMIZER_STATE]:
         out["notes"].append("no optimizer state was seen (inference, SGD without momentum, or the recording ended "
                             "before the first optimizer step)")
     elif not agreeing:
@@ -73,7 +78,7 @@ def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str
     live = ctx.live_at(d.oom.event_index) if oom_finding is not None and d.oom is not None else d.peak.live
     if oom_finding is not None:
         by_category = live.groupby("category", observed=True)["allocated_bytes"].sum().to_dict()
-        extra = _REQUEST_CATEGORY.get(oom_finding.get("phase") or "", "other")
+        extra = _REQUEST_CATEGORY.get(oom_finding.get("phase") or "", Category.OTHER.value)
         by_category[extra] = by_category.get(extra, 0) + d.oom.requested_bytes
         total = int(live["allocated_bytes"].sum()) + d.oom.requested_bytes
     else:
@@ -94,7 +99,7 @@ def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str
         recoverable_fragmentation=int(picture.get("inactive_bytes") or 0),
         triage=triaged, leak_bytes=leak.leaked_bytes_at(ctx, worst),
         leak_stacks=[] if leak_finding is None else
-        [f"{leak.place(s)}: +{size(s['bytes_per_step'])} per step" for s in leak_finding["stacks"]],
+        [f"{leak.place(s)}: +{rate_bytes(s['bytes_per_step'])} per step" for s in leak_finding["stacks"]],
     )
 
 
@@ -139,5 +144,5 @@ def _oom_reason(finding: dict[str, Any]) -> str:
 def _leak_clause(finding: dict[str, Any]) -> str:
     """'+500.0 MiB per step, allocated at train.py:88 (…) and 2 more places; out of memory in about 34 more
     steps at this rate (step 40); a smaller batch only delays it'."""
-    return (f"+{size(finding['bytes_per_step'])} per step, {leak.origin(finding)}"
+    return (f"+{rate_bytes(finding['bytes_per_step'])} per step, {leak.origin(finding)}"
             f"{leak.runway(finding['steps_to_oom'], finding['oom_step'])}; a smaller batch only delays it")

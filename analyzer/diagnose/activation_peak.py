@@ -5,19 +5,21 @@ from typing import Any
 
 from analyzer.core.breakdown import split
 from analyzer.diagnose.context import DeviceContext
-from analyzer.diagnose.evidence import gib, top_allocations
+from analyzer.core.units import gib
+from analyzer.diagnose.evidence import top_allocations
 from analyzer.core.stacks import short_frame
+from analyzer.core.vocabulary import UNATTRIBUTED, Category, Phase
 
 
 def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     d = ctx.d
-    if not d.by_category or d.by_category[0]["name"] != "activation":
+    if not d.by_category or d.by_category[0]["name"] != Category.ACTIVATION:
         return []
     top = d.by_category[0]
     live = d.peak.live
-    activations = live[live["category"] == "activation"]
-    modules = [m for m in split(activations, "module", 5) if m["name"] != "unattributed"]
-    steps = [s["step"] for s in d.steps if s.get("phase") in ("forward", "backward")]
+    activations = live[live["category"] == Category.ACTIVATION]
+    modules = [m for m in split(activations, "module", 5) if m["name"] != UNATTRIBUTED]
+    steps = [s["step"] for s in d.steps if s.get("phase") in (Phase.FORWARD, Phase.BACKWARD)]
     where = ", ".join(f"{short_frame(m['name'])} {gib(m['bytes'])}" for m in modules[:3])
     return [{
         "kind": "activation_peak", "severity": "warning", "bytes": top["bytes"],

@@ -5,16 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.diagnose.context import DeviceContext
-from analyzer.diagnose.evidence import gib, top_allocations
+from analyzer.core.units import gib
+from analyzer.core.vocabulary import Phase
+from analyzer.diagnose.evidence import top_allocations
 from analyzer.diagnose.phase_peaks import phase_peak
 
 
 def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
-    peak = phase_peak(ctx, "checkpoint_save")
+    peak = phase_peak(ctx, Phase.CHECKPOINT_SAVE)
     if peak is None or peak.bytes <= peak.elsewhere:
         return []
     live = ctx.live_at(peak.seq)
-    saving = live[live["phase"] == "checkpoint_save"]
+    saving = live[live["phase"] == Phase.CHECKPOINT_SAVE]
     gathered = int(saving["allocated_bytes"].sum())
     return [{
         "kind": "checkpoint_gather", "severity": "warning", "bytes": peak.bytes - peak.elsewhere,

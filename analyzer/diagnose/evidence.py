@@ -6,7 +6,8 @@ from typing import Any
 import pandas as pd
 
 from analyzer.core.stacks import short_frame
-from analyzer.core.trace import UNATTRIBUTED, MemoryTrace
+from analyzer.core.trace import MemoryTrace
+from analyzer.core.vocabulary import UNATTRIBUTED, phase_in_sentence
 
 
 def top_allocations(trace: MemoryTrace, rows: pd.DataFrame, n: int = 5) -> list[dict[str, Any]]:
@@ -19,20 +20,11 @@ def top_allocations(trace: MemoryTrace, rows: pd.DataFrame, n: int = 5) -> list[
     return out
 
 
-def gib(n: int | float | None) -> str:
-    return "unknown" if n is None else f"{n / 2**30:.2f} GiB"
-
-
-PHASE_WORDS = {"forward": "the forward pass", "backward": "the backward pass", "optimizer": "the optimizer step",
-               "load": "model loading", "checkpoint_save": "the checkpoint save", "compile": "torch.compile",
-               "other": "between steps"}
-
-
 def oom_where(phase: str | None, module: str | None, step: int | None) -> str:
     """'in the forward pass of step 1 (…/model.py:54 forward)'."""
     parts = []
-    if phase and phase != "unattributed":
-        parts.append(f"in {PHASE_WORDS.get(phase, phase)}")
+    if phase and phase != UNATTRIBUTED:
+        parts.append(f"in {phase_in_sentence(phase)}")
     if step is not None:
         parts.append(f"of step {step}")
     if module and module != UNATTRIBUTED:

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.diagnose.context import DeviceContext
-from analyzer.diagnose.evidence import gib
+from analyzer.core.units import gib
 
 RECOVERY_THRESHOLD = 0.05  # free cached memory worth reporting: at least this share of what is reserved
 

@@ -14,7 +14,9 @@ from typing import Any
 
 from analyzer.core.breakdown import labels_at
 from analyzer.diagnose.context import DeviceContext
-from analyzer.diagnose.evidence import gib, oom_where, top_allocations
+from analyzer.core.units import gib
+from analyzer.core.vocabulary import UNATTRIBUTED
+from analyzer.diagnose.evidence import oom_where, top_allocations
 from analyzer.diagnose.fragmentation import RECOVERY_THRESHOLD, fragmentation_at
 
 OUTSIDE_THRESHOLD = 0.10  # share of the device that must be outside PyTorch before we blame it
@@ -76,4 +78,4 @@ def _module_at(ctx: DeviceContext, seq: int) -> str | None:
     if before.empty:
         return None
     module = str(before.loc[before["seq_alloc"].idxmax(), "module"])
-    return None if module == "unattributed" else module
+    return None if module == UNATTRIBUTED else module

@@ -9,10 +9,12 @@ import pandas as pd
 
 from analyzer.core.breakdown import labels_at
 from analyzer.diagnose.context import DeviceContext
-from analyzer.diagnose.evidence import gib, top_allocations
+from analyzer.core.units import gib
+from analyzer.core.vocabulary import OPTIMIZER_STEP_PREFIX, Category, Phase
+from analyzer.diagnose.evidence import top_allocations
 from analyzer.diagnose.phase_peaks import phase_peak
 
-_OPTIMIZER_ANNOTATION = re.compile(r"^Optimizer\.step#(\w+)\.step$")
+_OPTIMIZER_ANNOTATION = re.compile(rf"^{re.escape(OPTIMIZER_STEP_PREFIX)}(\w+)\.step$")
 _OPTIMIZER_FRAME = re.compile(r"torch[\\/]optim[\\/](\w+)\.py$")
 
 
@@ -29,18 +31,18 @@ def optimizer_name(ctx: DeviceContext) -> str | None:
 
 
 def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
-    peak = phase_peak(ctx, "optimizer", ignore=("checkpoint_save",))
-    oom_in_optimizer = ctx.d.oom is not None and labels_at(ctx.labels, ctx.d.oom.event_index)[1] == "optimizer"
+    peak = phase_peak(ctx, Phase.OPTIMIZER, ignore=(Phase.CHECKPOINT_SAVE,))
+    oom_in_optimizer = ctx.d.oom is not None and labels_at(ctx.labels, ctx.d.oom.event_index)[1] == Phase.OPTIMIZER
     if peak is None or (peak.bytes < peak.elsewhere and not oom_in_optimizer):
         return []
     live = ctx.live_at(peak.seq)
-    in_optimizer = live[live["phase"] == "optimizer"]
+    in_optimizer = live[live["phase"] == Phase.OPTIMIZER]
     first_step = _first_optimizer_step(ctx.allocations)
-    lazy = in_optimizer[(in_optimizer["category"] == "optimizer_state") & (in_optimizer["step"] == first_step)]
-    temporaries = in_optimizer[in_optimizer["category"] == "temporary"]
+    lazy = in_optimizer[(in_optimizer["category"] == Category.OPTIMIZER_STATE) & (in_optimizer["step"] == first_step)]
+    temporaries = in_optimizer[in_optimizer["category"] == Category.TEMPORARY]
     name = optimizer_name(ctx) or "the optimizer"
     lazy_bytes, temp_bytes = int(lazy["allocated_bytes"].sum()), int(temporaries["allocated_bytes"].sum())
-    parameters = ctx.category_bytes("parameter")
+    parameters = ctx.category_bytes(Category.PARAMETER)
     raise_bytes = max(0, peak.bytes - peak.elsewhere)
     return [{
         "kind": "optimizer_spike", "severity": "warning", "bytes": raise_bytes, "optimizer": name,
@@ -62,7 +64,7 @@ def _first_step_excess(ctx: DeviceContext, first_step: int | None) -> int | None
     """How much higher the first optimizer step peaks than the later ones (None: no later step recorded)."""
     events = ctx.timeline[ctx.timeline["seq"] >= 0]
     labels = ctx.labels.iloc[: len(events)]
-    optimizer = (labels["phase"] == "optimizer").to_numpy()
+    optimizer = (labels["phase"] == Phase.OPTIMIZER).to_numpy()
     if first_step is None or not optimizer.any():
         return None
     peaks = pd.Series(events["allocated_bytes"].to_numpy()[optimizer]).groupby(
@@ -72,5 +74,5 @@ def _first_step_excess(ctx: DeviceContext, first_step: int | None) -> int | None
 
 
 def _first_optimizer_step(allocations: pd.DataFrame) -> int | None:
-    steps = allocations.loc[allocations["phase"] == "optimizer", "step"].dropna()
+    steps = allocations.loc[allocations["phase"] == Phase.OPTIMIZER, "step"].dropna()
     return int(steps.min()) if len(steps) else None

@@ -7,7 +7,7 @@ from typing import Any
 
 from analyzer.diagnose.outside_pytorch import outside_pytorch
 from analyzer.diagnose.context import DeviceContext
-from analyzer.diagnose.evidence import gib
+from analyzer.core.units import gib
 
 OUTSIDE_SHARE = 0.01  # of the device (or of PyTorch's reserved memory): less is noise (a few workspaces)
 SIGNIFICANT_SHARE = 0.10  # above this share of the device it is the first thing to explain

@@ -16,7 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from analyzer.diagnose.evidence import gib
+from analyzer.core.units import gib
+from analyzer.core.vocabulary import Category
 
 RELEVANT_SHARE = 0.05     # a remedy must act on at least this share of the peak to be listed
 FIT_HEADROOM = 0.95       # a new peak "fits" when it uses at most this share of the device
@@ -61,7 +62,7 @@ class Remedy:
 
 
 def _batch_scaled(d: Demand) -> int:
-    return d.bytes("activation", "input", "temporary")
+    return d.bytes(Category.ACTIVATION, Category.INPUT, Category.TEMPORARY)
 
 
 def _accumulation(d: Demand) -> tuple[int, str]:
@@ -70,10 +71,10 @@ def _accumulation(d: Demand) -> tuple[int, str]:
     Gradients are as large as the parameters when the model states match Adam's 16Ψ (every parameter trains);
     otherwise some may be frozen, and the optimizer state, when there is one, bounds the trainable part (Adam
     keeps 2x the gradients, SGD with momentum 1x)."""
-    trainable = d.bytes("parameter")
-    if d.mixed_precision is None and d.bytes("optimizer_state"):
-        trainable = min(trainable, d.bytes("optimizer_state"))
-    kept_gradients = max(0, trainable - d.bytes("gradient"))
+    trainable = d.bytes(Category.PARAMETER)
+    if d.mixed_precision is None and d.bytes(Category.OPTIMIZER_STATE):
+        trainable = min(trainable, d.bytes(Category.OPTIMIZER_STATE))
+    kept_gradients = max(0, trainable - d.bytes(Category.GRADIENT))
     return _batch_scaled(d) // 2 - kept_gradients, "high" if d.mixed_precision is not None else "medium"
 
 
@@ -83,12 +84,12 @@ def _bf16(d: Demand) -> tuple[int, str]:
     tensor sizes could tell apart: measured savings are a quarter to a third of the activations with fused
     attention, none or a loss with hand-written attention under CUDA's autocast (benchmarks/results/
     remedy_accuracy.md), hence "low"."""
-    return d.bytes("activation") // 2 - d.bytes("parameter") // 2, "low"
+    return d.bytes(Category.ACTIVATION) // 2 - d.bytes(Category.PARAMETER) // 2, "low"
 
 
 def _optimizer_moments(d: Demand) -> int:
     """Adam's two moments: all of the optimizer state in fp32, 8 of 12 bytes a parameter with fp32 master weights."""
-    return int(d.bytes("optimizer_state") * (8 / 12 if d.mixed_precision else 1.0))
+    return int(d.bytes(Category.OPTIMIZER_STATE) * (8 / 12 if d.mixed_precision else 1.0))
 
 
 def _shards(d: Demand) -> int:
@@ -100,7 +101,7 @@ def _checkpointing(d: Demand) -> tuple[int, str]:
     module names (no repeated blocks found), a share of all activations by the layer count, or half."""
     if d.checkpointable is not None:
         return d.checkpointable, "high"
-    activations = d.bytes("activation")
+    activations = d.bytes(Category.ACTIVATION)
     if d.layers and d.layers >= 2:
         return int(activations * (1 - 2 / d.layers)), "medium"
     return activations // 2, "low"
@@ -112,7 +113,7 @@ def _relevant(*categories: str) -> Callable[[Demand], bool]:
 
 def _batch_advice(d: Demand) -> bool:
     """Batch size acts on activations and inputs; against a leak it only delays the out of memory."""
-    return d.triage != "leak" and _relevant("activation", "input")(d)
+    return d.triage != "leak" and _relevant(Category.ACTIVATION, Category.INPUT)(d)
 
 
 def _fix_leak_how(d: Demand) -> str:
@@ -130,10 +131,10 @@ REMEDIES: list[Remedy] = [
     Remedy("state_dict_offload", "Gather the state dict to CPU while saving", "a slower save",
            "from torch.distributed.checkpoint.state_dict import get_state_dict, StateDictOptions\n"
            "sd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))",
-           lambda d: (d.bytes("other"), "medium"), lambda d: "checkpoint_gather" in d.findings),
+           lambda d: (d.bytes(Category.OTHER), "medium"), lambda d: "checkpoint_gather" in d.findings),
     Remedy("sharded_save", "Save a sharded checkpoint (torch.distributed.checkpoint)", "a directory of shards instead of one file",
            "import torch.distributed.checkpoint as dcp\ndcp.save({'model': model.state_dict()}, checkpoint_id=path)",
-           lambda d: (int(d.bytes("other") * (1 - 1 / _shards(d))), "medium"), lambda d: "checkpoint_gather" in d.findings),
+           lambda d: (int(d.bytes(Category.OTHER) * (1 - 1 / _shards(d))), "medium"), lambda d: "checkpoint_gather" in d.findings),
     # story 5: the first optimizer step OOMs while later ones would fit: create Adam's state up front, in a clean
     # allocator, instead of lazily on top of the first step's gradients and temporaries
     Remedy("init_optimizer_state", "Create the optimizer state before the first batch", "one extra step at lr 0 "
@@ -147,43 +148,43 @@ REMEDIES: list[Remedy] = [
            lambda d: (_batch_scaled(d) // 2, "high"), _batch_advice),
     Remedy("bf16", "Train in bf16 mixed precision", "small; fp16 needs loss scaling, bf16 needs Ampere or newer",
            "with torch.autocast(device_type='cuda', dtype=torch.bfloat16):\n    loss = model(batch)",
-           _bf16, lambda d: d.mixed_precision is not True and _relevant("activation")(d)),
+           _bf16, lambda d: d.mixed_precision is not True and _relevant(Category.ACTIVATION)(d)),
     Remedy("gradient_accumulation", "Gradient accumulation: 2 micro-batches of half the size",
            "slower steps; the same effective batch (BatchNorm-style layers see smaller batches)",
            "for i, chunk in enumerate(batch.chunk(2)):\n    (model(chunk).loss / 2).backward()\noptimizer.step(); optimizer.zero_grad()",
            _accumulation, _batch_advice),
     Remedy("activation_checkpointing", "Activation checkpointing of each block", "about 20-30% more compute",
            "from torch.utils.checkpoint import checkpoint\nx = checkpoint(block, x, use_reentrant=False)",
-           lambda d: _checkpointing(d), _relevant("activation")),
+           lambda d: _checkpointing(d), _relevant(Category.ACTIVATION)),
     Remedy("optimizer_8bit", "8-bit Adam (bitsandbytes)", "a new dependency; usually no accuracy loss",
            "import bitsandbytes as bnb\noptimizer = bnb.optim.AdamW8bit(model.parameters(), lr=lr)",
-           lambda d: (int(_optimizer_moments(d) * 0.75), "medium"), _relevant("optimizer_state")),
+           lambda d: (int(_optimizer_moments(d) * 0.75), "medium"), _relevant(Category.OPTIMIZER_STATE)),
     Remedy("adafactor", "Adafactor (factored second moment, no first moment)", "may need tuning of the learning rate",
            "from transformers.optimization import Adafactor\noptimizer = Adafactor(model.parameters(), lr=lr, relative_step=False)",
-           lambda d: (int(_optimizer_moments(d) * 0.9), "low"), _relevant("optimizer_state")),
+           lambda d: (int(_optimizer_moments(d) * 0.9), "low"), _relevant(Category.OPTIMIZER_STATE)),
     Remedy("optimizer_offload", "Offload optimizer state to CPU", "slower optimizer steps, bounded by PCIe",
            "# DeepSpeed: \"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": {\"device\": \"cpu\"}}",
-           lambda d: (d.bytes("optimizer_state"), "medium"), _relevant("optimizer_state")),
+           lambda d: (d.bytes(Category.OPTIMIZER_STATE), "medium"), _relevant(Category.OPTIMIZER_STATE)),
     Remedy("zero1", "ZeRO-1: shard optimizer state over the GPUs", "communication; needs data parallelism",
            "torch.distributed.optim.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW)",
-           lambda d: (int(d.bytes("optimizer_state") * (1 - 1 / _shards(d))), "high" if d.world_size else "medium"),
-           _relevant("optimizer_state")),
+           lambda d: (int(d.bytes(Category.OPTIMIZER_STATE) * (1 - 1 / _shards(d))), "high" if d.world_size else "medium"),
+           _relevant(Category.OPTIMIZER_STATE)),
     Remedy("zero2", "ZeRO-2: shard optimizer state and gradients", "more communication",
            "# DeepSpeed: \"zero_optimization\": {\"stage\": 2}  |  FSDP: ShardingStrategy.SHARD_GRAD_OP",
-           lambda d: (int(d.bytes("optimizer_state", "gradient") * (1 - 1 / _shards(d))), "high" if d.world_size else "medium"),
-           _relevant("optimizer_state", "gradient")),
+           lambda d: (int(d.bytes(Category.OPTIMIZER_STATE, Category.GRADIENT) * (1 - 1 / _shards(d))), "high" if d.world_size else "medium"),
+           _relevant(Category.OPTIMIZER_STATE, Category.GRADIENT)),
     Remedy("zero3", "ZeRO-3 / FSDP: shard parameters too", "most communication; parameters gathered per layer",
            "from torch.distributed.fsdp import fully_shard\nfor block in model.layers: fully_shard(block)\nfully_shard(model)",
-           lambda d: (int(d.bytes("optimizer_state", "gradient", "parameter") * (1 - 1 / _shards(d))),
+           lambda d: (int(d.bytes(Category.OPTIMIZER_STATE, Category.GRADIENT, Category.PARAMETER) * (1 - 1 / _shards(d))),
                       "high" if d.world_size else "medium"),
-           _relevant("optimizer_state", "gradient", "parameter")),
+           _relevant(Category.OPTIMIZER_STATE, Category.GRADIENT, Category.PARAMETER)),
     Remedy("tensor_parallel", "Tensor parallelism over 2 GPUs (inside a node)", "needs model code changes; fast links",
            "from torch.distributed.tensor.parallel import parallelize_module  # ColwiseParallel / RowwiseParallel",
-           lambda d: (d.bytes("parameter", "gradient", "optimizer_state", "activation") // 2, "low"),
-           _relevant("parameter", "gradient", "optimizer_state", "activation")),
+           lambda d: (d.bytes(Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE, Category.ACTIVATION) // 2, "low"),
+           _relevant(Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE, Category.ACTIVATION)),
     Remedy("model_changes", "Model changes: GQA/MQA, efficient attention (SDPA/FlashAttention), fewer or narrower layers",
            "changes the model; may need retraining", "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)",
-           lambda d: (None, "low"), _relevant("activation")),
+           lambda d: (None, "low"), _relevant(Category.ACTIVATION)),
     Remedy("expandable_segments", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "none measurable",
            "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
            lambda d: (d.recoverable_fragmentation, "medium"),
@@ -196,7 +197,7 @@ REMEDIES: list[Remedy] = [
            lambda d: d.expandable_segments is True and d.oom_verdict == "fragmentation", layout_only=True),
     Remedy("offload", "Offload parameters / activations to CPU", "large slowdown, bounded by PCIe",
            "# FSDP: CPUOffload(offload_params=True)  |  torch.autograd.graph.save_on_cpu() for activations",
-           lambda d: (d.bytes("parameter") + d.bytes("activation") // 2, "low"), _relevant("parameter", "activation")),
+           lambda d: (d.bytes(Category.PARAMETER) + d.bytes(Category.ACTIVATION) // 2, "low"), _relevant(Category.PARAMETER, Category.ACTIVATION)),
 ]
 
 
@@ -213,7 +214,7 @@ def count_layers(modules: list[str]) -> int | None:
 def checkpointable_bytes(live: pd.DataFrame) -> int | None:
     """Activations alive in repeated blocks, less each block's output (the next block's input, which
     checkpointing keeps): the latest activation each block made. None without at least two blocks."""
-    activations = live[live["category"] == "activation"]
+    activations = live[live["category"] == Category.ACTIVATION]
     blocks = activations["module"].astype(str).str.extract(_LAYER.pattern, expand=False)
     inside = activations[blocks.notna()].assign(block=blocks[blocks.notna()])
     if inside["block"].nunique() < 2:

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
-from analyzer.diagnose.context import DeviceContext
+from analyzer.core.vocabulary import MODEL_STATES as MODEL_STATES  # created once; a leak is anything else kept
 
-MODEL_STATES = ("parameter", "gradient", "optimizer_state")  # created once; a leak is anything else kept
 MIN_MEASURED_STEPS = 2   # growth seen once is an event; seen in two steps or more it is a rate
 
 
@@ -33,22 +33,16 @@ class StepLevel:
         return self.allocated_bytes - self.model_state_bytes
 
 
-def step_levels(ctx: DeviceContext) -> list[StepLevel]:
-    """One level per training step (step >= 1), in order; steps whose first allocation does not come after the
-    previous step's (mislabelled or interleaved) are left out. Computed once per device."""
-    if ctx.step_levels is None:
-        ctx.step_levels = _levels(ctx)
-    return ctx.step_levels
-
-
-def _levels(ctx: DeviceContext) -> list[StepLevel]:
-    a = ctx.allocations
+def step_levels(allocations: pd.DataFrame, timeline: pd.DataFrame) -> list[StepLevel]:
+    """One level per training step (step >= 1) of one device, in order; steps whose first allocation does not
+    come after the previous step's (mislabelled or interleaved) are left out."""
+    a = allocations
     a = a[a["seq_alloc"].notna() & a["step"].notna()]
     a = a[a["step"] >= 1]
     if a.empty:
         return []
     starts = a.groupby("step")["seq_alloc"].min().sort_index()
-    tl = ctx.timeline
+    tl = timeline
     seq = tl["seq"].to_numpy()
     allocated = tl["allocated_bytes"].to_numpy()
     reserved = tl["reserved_bytes"].to_numpy()
@@ -77,8 +71,3 @@ def as_json(levels: list[StepLevel]) -> list[dict[str, int]]:
     return [{"step": lv.step, "event_index": lv.start_seq, "allocated_bytes": lv.allocated_bytes,
              "kept_bytes": lv.kept_bytes, "reserved_bytes": lv.reserved_bytes, "high_water_bytes": lv.high_water_bytes,
              "peak_allocated_bytes": lv.peak_allocated_bytes} for lv in levels]
-
-
-def size(n: float) -> str:
-    """MiB below a GiB, GiB above: a per-step rate reads best in MiB."""
-    return f"{n / 2**20:.1f} MiB" if abs(n) < 2**30 else f"{n / 2**30:.2f} GiB"

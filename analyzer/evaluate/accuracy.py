@@ -12,18 +12,19 @@ import pandas as pd
 from analyzer.errors import UnsupportedFormat
 from analyzer.pipeline import analyze
 from analyzer.attribute import attribute
-from analyzer.attribute.annotations import ROOT_MODULE, classify
+from analyzer.attribute.annotations import classify
 from analyzer.ingest import load
 from analyzer.ingest.memory_timeline import CATEGORIES, CREATE
 from analyzer.ingest.sniff import open_input
 from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace
+from analyzer.core.vocabulary import ROOT_MODULE, UNATTRIBUTED, Category, Role
 from analyzer.result import Analysis
 
 # parameters and buffers are both model state made at load time: the recording cannot tell them apart;
 # the truth's empty module is the root module (or no module at all, which we call unattributed)
-_SAME = {"buffer": "parameter", "": ROOT_MODULE}
-_EITHER = {("", "unattributed")}
+_SAME: dict[str, str] = {Role.BUFFER: Role.BUFFER.category.value, "": ROOT_MODULE}
+_EITHER = {("", UNATTRIBUTED)}
 _ONE_RECORDING = "a set of ranks: agreement is scored for one recording"
 
 
@@ -59,12 +60,12 @@ def peak_agreement(snapshot: Path, tags: bool = True) -> dict[str, float]:
         theirs = [labels[k][field] if k in labels else None for k in keys]
         match = np.asarray([_same(t) == _same(o) or (t, o) in _EITHER for o, t in zip(ours, theirs)])
         scores[field] = float(weights[match].sum() / weights.sum()) if weights.sum() else 1.0
-        scores[f"{field}_attributed"] = float(weights[ours != "unattributed"].sum() / weights.sum()) if weights.sum() else 1.0
+        scores[f"{field}_attributed"] = float(weights[ours != UNATTRIBUTED].sum() / weights.sum()) if weights.sum() else 1.0
     return scores
 
 
 # torch's memory profiler calls the intermediate gradients of backward AUTOGRAD_DETAIL: our temporaries
-_TORCH_SAME = {"autograd_detail": "temporary"}
+_TORCH_SAME = {"autograd_detail": Category.TEMPORARY.value}
 
 
 def profiler_agreement(trace_path: Path, raw_timeline_path: Path) -> dict[str, float]:
@@ -88,7 +89,7 @@ def profiler_agreement(trace_path: Path, raw_timeline_path: Path) -> dict[str, f
         ours = pd.DataFrame({"t": timed["t_alloc_us"].astype("int64").to_numpy(), "bytes": timed["requested_bytes"].to_numpy(),
                              "ours": timed["category"].astype(str).to_numpy(), "weight": timed["allocated_bytes"].to_numpy()})
         joined = ours.merge(created, on=["t", "bytes"])
-        joined = joined[joined["torch"] != "unattributed"]
+        joined = joined[joined["torch"] != UNATTRIBUTED]
         theirs = joined["torch"].replace(_TORCH_SAME)
         total = joined["weight"].sum()
         scores[scope] = float(joined.loc[joined["ours"] == theirs, "weight"].sum() / total) if total else 1.0

@@ -1,6 +1,7 @@
 """Labels naming the module behind every allocation: module ranges, the allocator's user_metadata, tensor marks.
 
-Names written (the attribution code parses them; split with `name.split("::", 2)`):
+Names written (analyzer.core.vocabulary's module_label and tensor_mark; the attribution parses them with its
+parse_module_label and parse_tensor_mark):
 
     module::forward::<fqn>           the forward of the module called <fqn> in `model.named_modules()`; the root
                                      module's fqn is "" (`module::forward::`)
@@ -28,14 +29,11 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from analyzer.core.vocabulary import Phase, Role, module_label, parse_module_label, tensor_mark
 from analyzer.recording.phases import Range
 
 if TYPE_CHECKING:
     import torch
-
-MODULE_FORWARD_PREFIX = "module::forward::"
-MODULE_BACKWARD_PREFIX = "module::backward::"
-TENSOR_PREFIX = "tensor::"
 
 
 def _metadata_setter() -> Callable[[str], None] | None:
@@ -56,7 +54,7 @@ def _metadata_setter() -> Callable[[str], None] | None:
 
 def _depth(label: str) -> int:
     """How deep the labelled module sits in the model: 0 for the root, 1 for `embed`, 3 for `layers.0.mlp`."""
-    fqn = label.rsplit("::", 1)[1]
+    _, fqn = parse_module_label(label) or ("", "")
     return fqn.count(".") + 1 if fqn else 0
 
 
@@ -183,8 +181,8 @@ class _TensorMarks:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self._owners = {id(t): (role, fqn) for fqn, module in model.named_modules()
-                        for role, tensors in (("parameter", module.parameters(recurse=False)),
-                                              ("buffer", module.buffers(recurse=False))) for t in tensors}
+                        for role, tensors in ((Role.PARAMETER, module.parameters(recurse=False)),
+                                              (Role.BUFFER, module.buffers(recurse=False))) for t in tensors}
         self._model = model
         self._marked: set[tuple[str, int]] = set()
 
@@ -209,19 +207,19 @@ class _TensorMarks:
         address = tensor.untyped_storage().data_ptr()
         if not once or (role, address) not in self._marked:
             self._marked.add((role, address))
-            Range(f"{TENSOR_PREFIX}{role}::{fqn}::{address:#x}").close()
+            Range(tensor_mark(role, fqn, address)).close()
 
     def mark_model(self) -> None:
         for fqn, module in self._model.named_modules():
             for tensor in module.parameters(recurse=False):
-                self.mark("parameter", fqn, tensor)
+                self.mark(Role.PARAMETER, fqn, tensor)
             for tensor in module.buffers(recurse=False):
-                self.mark("buffer", fqn, tensor)
+                self.mark(Role.BUFFER, fqn, tensor)
 
     def _mark_gradient(self, parameter: torch.Tensor) -> None:
         owner = self._owners.get(id(parameter))
         if owner is not None:
-            self.mark("gradient", owner[1], parameter.grad, once=False)
+            self.mark(Role.GRADIENT, owner[1], parameter.grad, once=False)
 
     def _mark_optimizer(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         for parameter, state in optimizer.state.items():
@@ -229,12 +227,12 @@ class _TensorMarks:
             if owner is not None:
                 for value in state.values():
                     if getattr(value, "dim", lambda: 0)() > 0:  # not the scalar step counter
-                        self.mark("optimizer_state", owner[1], value)
+                        self.mark(Role.OPTIMIZER_STATE, owner[1], value)
 
 
 def _before_forward(ranges: _ModuleRanges, fqn: str, calls: list[Range]) -> Callable[..., None]:
     def hook(_module: Any, _args: Any) -> None:
-        calls.append(ranges.open(MODULE_FORWARD_PREFIX + fqn))
+        calls.append(ranges.open(module_label(Phase.FORWARD, fqn)))
     return hook
 
 
@@ -242,5 +240,5 @@ def _after_forward(ranges: _ModuleRanges, fqn: str, calls: list[Range]) -> Calla
     def hook(_module: Any, args: Any, output: Any) -> None:
         if calls:  # empty when the model was tagged in the middle of its own forward
             ranges.close(calls.pop())
-        _BackwardCall(ranges, MODULE_BACKWARD_PREFIX + fqn).watch(args, output)
+        _BackwardCall(ranges, module_label(Phase.BACKWARD, fqn)).watch(args, output)
     return hook

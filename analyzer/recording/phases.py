@@ -2,7 +2,8 @@
 
 A range is a `torch.profiler.record_function` (snapshots: `external_annotations` with START/END stages;
 profiler traces: `user_annotation` spans) plus an NVTX range (the `nvtx` package, shown by Nsight Systems).
-`phase(name)` is the range `phase::<name>`; the attribution code parses the names (`name.split("::", 2)`).
+`phase(name)` is the range `phase::<name>` (analyzer.core.vocabulary.phase_label; the attribution parses it with
+parse_phase_label).
 """
 from __future__ import annotations
 
@@ -13,9 +14,8 @@ import types
 import warnings
 from collections.abc import Iterator
 
+from analyzer.core.vocabulary import phase_label
 from analyzer.recording.session import CaptureWarning
-
-PHASE_PREFIX = "phase::"
 
 
 @functools.cache
@@ -61,7 +61,7 @@ def phase(name: str) -> Iterator[None]:
     """Mark a phase of the step (`forward`, `backward`, `optimizer`, `checkpoint`, ...) as `phase::<name>`.
 
     Usable as `with analyzer.phase("forward"):` or as a decorator."""
-    opened = Range(PHASE_PREFIX + name)
+    opened = Range(phase_label(name))
     try:
         yield
     finally:

@@ -14,7 +14,7 @@ import jinja2
 
 from analyzer.result import Analysis
 from analyzer.report.plots import figure_svg, memory_figure
-from analyzer.report.units import human_bytes
+from analyzer.core.units import human_bytes
 from analyzer.report.view import ReportView, build_view, words
 
 _ENV = jinja2.Environment(

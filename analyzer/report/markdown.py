@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from analyzer.result import Analysis
 from analyzer.report.plots import memory_figure, save_png
-from analyzer.report.units import human_bytes
+from analyzer.core.units import human_bytes
 from analyzer.report.view import DeviceView, RemedyView, ReportView, Share, build_view, words
 
 TOP_REMEDIES = 3

@@ -15,12 +15,12 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from analyzer.core.units import binary_unit
 from analyzer.report.view import Chart, words
 
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType   # matplotlib >= 3.9; only the type checker reads it
 
-_UNITS = ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
 _STYLE: dict[RcKeyType, Any] = {
     "text.parse_math": False,      # a `$` in a phase name is text, not TeX
     "svg.hashsalt": "analyzer",    # the same input draws the same SVG
@@ -34,14 +34,10 @@ _LABEL_BOX = {"boxstyle": "square,pad=0.15", "facecolor": "white", "edgecolor": 
 LABELLED_BAND = 0.06   # bands wider than this share of the x range carry their phase name
 
 
-def _unit(max_bytes: float) -> tuple[int, str]:
-    return next((size, name) for size, name in _UNITS if max_bytes >= size or size == 1)
-
-
 def _draw(ax: Axes, chart: Chart) -> None:
     points = chart.points
     top = max(float(points["reserved_bytes"].max()), float(points["allocated_bytes"].max()), 1.0)
-    scale, unit = _unit(top)
+    scale, unit = binary_unit(top)
     x = points["seq"].to_numpy()
     x_end = float(x[-1]) + 1
     for band in chart.bands:

@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from analyzer.result import Analysis
-from analyzer.report.units import human_bytes
+from analyzer.core.units import human_bytes
 from analyzer.report.view import DeviceView, Share, build_view, words
 from analyzer.core.stacks import short_frame
 

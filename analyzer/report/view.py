@@ -16,11 +16,11 @@ import pandas as pd
 from analyzer import __version__
 from analyzer.result import Analysis, DeviceAnalysis
 from analyzer.core.module_tree import ModuleNode, module_label
-from analyzer.report.palette import category_color, category_rank, phase_color
 from analyzer.core.units import human_bytes, relative_seconds
 from analyzer.core.stacks import format_frame, is_user_frame, short_frame
 from analyzer.core.timeline import downsample
 from analyzer.core.trace import MemoryTrace
+from analyzer.core.vocabulary import UNATTRIBUTED, category_color, category_rank, phase_color
 
 LIVE_SHOWN = 25          # allocations live at the peak listed with their stacks
 FRAMES_SHOWN = 40        # frames of one stack, innermost first
@@ -347,7 +347,7 @@ def _phase_bands(phases: pd.Series, seqs: pd.Series) -> list[Band]:
     runs: list[list[Any]] = []   # [start, end, phase]
     for s, nxt in zip(seq, seq[1:] + [seq[-1] + 1]):
         phase = phases.iat[s] if s < len(phases) else None
-        phase = None if pd.isna(phase) or phase == "unattributed" else str(phase)
+        phase = None if pd.isna(phase) or phase == UNATTRIBUTED else str(phase)
         if runs and runs[-1][2] == phase:
             runs[-1][1] = nxt
         else:

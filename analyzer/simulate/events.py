@@ -9,8 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-PHASES = ("load", "forward", "backward", "optimizer", "checkpoint_save", "other")
-CATEGORIES = ("parameter", "buffer", "gradient", "optimizer_state", "activation", "temporary", "input", "other")
+# the simulator's words are the analysis's (runner.py takes them from here: a line added there moves every
+# recorded frame of the fixtures)
+from analyzer.core.vocabulary import PHASES, PROFILER_STEP_PREFIX, Category, Phase, Role  # noqa: F401
+
+#: the ground truth's categories: the analysis's, with buffers kept apart from parameters (a recording cannot
+#: tell them apart, the simulator can); in this order in `.truth.json`
+CATEGORIES: tuple[str, ...] = tuple(c.value for c in (Role.PARAMETER, Role.BUFFER, Role.GRADIENT, Role.OPTIMIZER_STATE,
+                                                     Category.ACTIVATION, Category.TEMPORARY, Category.INPUT,
+                                                     Category.OTHER))
+#: the uid standing for a storage's address in the tracer's `tensor::` marks until the replay gives it one
+UID_MARK = "uid:"
 
 
 @dataclass
@@ -24,7 +33,7 @@ class Alloc:
     module: str
     phase: str
     step: int
-    category: str = "other"     # settled when the trace is finished (a storage's role shows only later)
+    category: str = Category.OTHER.value     # settled when the trace is finished (a storage's role shows only later)
     stream: int = 0
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from analyzer.simulate.allocator import AllocatorSettings
-from analyzer.simulate.events import TracedRun
+from analyzer.simulate.events import PROFILER_STEP_PREFIX, Category, Phase, Role, TracedRun
 from analyzer.simulate.simulation import Simulation, simulate
 from analyzer.simulate.snapshot_writer import write_snapshot
 from analyzer.simulate.tracer import Tracer
@@ -53,24 +53,24 @@ def _call_model(model: torch.nn.Module, batch: Any) -> Any:
 def _train_step(tracer: Tracer, loop: TrainingLoop, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                 step: int) -> None:
     """One iteration; its locals (batch, output, loss) die when it returns, as in a loop body that rebinds them."""
-    with tracer.in_phase("other"):
+    with tracer.in_phase(Phase.OTHER):
         batch = loop.batch_fn(step)
-    tracer.mark(_tensors(batch), "input")
-    with tracer.in_phase("forward"):
+    tracer.mark(_tensors(batch), Category.INPUT.value)
+    with tracer.in_phase(Phase.FORWARD):
         if loop.loss_fn is None:
             loss = _call_model(model, batch)
         else:
             inputs, targets = batch
             loss = loop.loss_fn(_call_model(model, inputs), targets)
-    with tracer.in_phase("backward"):
+    with tracer.in_phase(Phase.BACKWARD):
         loss.backward()
     for param in model.parameters():
         if param.grad is not None:
-            tracer.mark([param.grad], "gradient", tracer.owner(param))
-    with tracer.in_phase("optimizer"):
+            tracer.mark([param.grad], Role.GRADIENT.value, tracer.owner(param))
+    with tracer.in_phase(Phase.OPTIMIZER):
         optimizer.step()
     for state_param, state in optimizer.state.items():
-        tracer.mark(_tensors(state), "optimizer_state", tracer.owner(state_param))
+        tracer.mark(_tensors(state), Role.OPTIMIZER_STATE.value, tracer.owner(state_param))
     optimizer.zero_grad(set_to_none=True)
 
 
@@ -78,16 +78,16 @@ def trace_training(loop: TrainingLoop, steps: int = 3, fake: bool = False) -> Tr
     """Run the loop for `steps` iterations on the CPU and return every allocation, free and annotation."""
     tracer = Tracer(fake=fake)
     with tracer:
-        with tracer.in_phase("load"):
+        with tracer.in_phase(Phase.LOAD):
             model = loop.model_fn()
         tracer.watch_model(model)
         optimizer = loop.optimizer_fn(model.parameters())
         for step in range(1, steps + 1):
             tracer.step = step
-            with torch.autograd.profiler.record_function(f"ProfilerStep#{step}"):
+            with torch.autograd.profiler.record_function(f"{PROFILER_STEP_PREFIX}{step}"):
                 _train_step(tracer, loop, model, optimizer, step)
         if loop.save_fn is not None:
-            with tracer.in_phase("checkpoint_save"):
+            with tracer.in_phase(Phase.CHECKPOINT_SAVE):
                 gathered = loop.save_fn(model, optimizer)
             del gathered
     tracer.run.steps = steps

@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from analyzer.core.vocabulary import SEPARATOR
 from analyzer.simulate.allocator import AllocatorSettings, CachingAllocator, SimulatedOutOfMemory
 from analyzer.simulate.blocks import Block, CallContext
 from analyzer.simulate.device import DeviceMemory
-from analyzer.simulate.events import Alloc, Annotation, Free, TracedRun
+from analyzer.simulate.events import UID_MARK, Alloc, Annotation, Free, TracedRun
 from analyzer.simulate.snapshot_writer import snapshot_dict
 
 
@@ -34,11 +35,11 @@ class Simulation:
 
 def _resolve_uid(name: str, blocks: dict[int, Block]) -> str | None:
     """`tensor::…::uid:<n>` marks name a storage; on a device it is named by its address (None: not on it)."""
-    head, sep, uid = name.rpartition("::uid:")
+    head, sep, uid = name.rpartition(SEPARATOR + UID_MARK)
     if not sep:
         return name
     block = blocks.get(int(uid))
-    return None if block is None else f"{head}::{block.addr:#x}"
+    return None if block is None else f"{head}{SEPARATOR}{block.addr:#x}"
 
 
 def simulate(run: TracedRun, capacity: int | None, settings: AllocatorSettings = AllocatorSettings(),

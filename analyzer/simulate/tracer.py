@@ -30,7 +30,8 @@ from torch.distributed._tools.mod_tracker import ModTracker
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from analyzer.simulate.events import PHASES, Alloc, Annotation, Free, TracedRun
+from analyzer.core.vocabulary import Category, Phase, Role, module_label, phase_label, tensor_mark
+from analyzer.simulate.events import PHASES, UID_MARK, Alloc, Annotation, Free, TracedRun
 
 _ENTER = torch.ops.profiler._record_function_enter_new.default
 _EXIT = torch.ops.profiler._record_function_exit._RecordFunction
@@ -67,8 +68,7 @@ class _Stacks:
         return frames
 
 
-TENSOR_MARK_PREFIX = "tensor::"
-TENSOR_MARK_ROLES = ("parameter", "buffer", "gradient", "optimizer_state")
+TENSOR_MARK_ROLES = tuple(r.value for r in Role)
 
 
 class Tracer(TorchDispatchMode):
@@ -78,7 +78,7 @@ class Tracer(TorchDispatchMode):
         super().__init__()
         self.fake = fake
         self.run = TracedRun()
-        self.phase = "other"
+        self.phase = Phase.OTHER.value
         self.step = 0
         self._clock = _BASE_TIME_US
         self._stacks = _Stacks()
@@ -120,13 +120,13 @@ class Tracer(TorchDispatchMode):
     def in_phase(self, phase: str) -> Iterator[None]:
         if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r}; one of {PHASES}")
-        previous, self.phase = self.phase, phase
-        self.annotate(f"phase::{phase}", "START")  # as analyzer.phase() records it
+        previous, self.phase = self.phase, str(phase)
+        self.annotate(phase_label(phase), "START")  # as analyzer.phase() records it
         try:
             yield
         finally:
-            self.annotate(f"phase::{phase}", "END")
-            if phase == "forward":
+            self.annotate(phase_label(phase), "END")
+            if phase == Phase.FORWARD:
                 self._forward_ends[self.step] = self._clock
             self.phase = previous
 
@@ -134,8 +134,8 @@ class Tracer(TorchDispatchMode):
         """Name modules by their FQN; parameters and buffers alive now are the model's states."""
         for name, module in model.named_modules():
             self._fqn[id(module)] = name
-            for tensor, category in [*((p, "parameter") for p in module.parameters(recurse=False)),
-                                     *((b, "buffer") for b in module.buffers(recurse=False))]:
+            for tensor, category in [*((p, Role.PARAMETER.value) for p in module.parameters(recurse=False)),
+                                     *((b, Role.BUFFER.value) for b in module.buffers(recurse=False))]:
                 key = self._key(tensor)
                 self._owner[key] = name
                 self.mark([tensor], category, name)
@@ -150,7 +150,7 @@ class Tracer(TorchDispatchMode):
                 if entry is not None:
                     self._roles[entry[0]] = (category, module)
                     if module is not None and category in TENSOR_MARK_ROLES:
-                        name = f"{TENSOR_MARK_PREFIX}{category}::{module}::uid:{entry[0]}"
+                        name = tensor_mark(category, module, f"{UID_MARK}{entry[0]}")
                         self.annotate(name, "START")
                         self.annotate(name, "END")
 
@@ -214,22 +214,22 @@ class Tracer(TorchDispatchMode):
     def _pre_fw(self, module: torch.nn.Module, _inputs: Any) -> None:
         name = self._fqn.get(id(module), type(module).__name__)
         self._forward_modules.append(name)
-        self.annotate(f"module::forward::{name}", "START")
+        self.annotate(module_label(Phase.FORWARD, name), "START")
 
     def _post_fw(self, module: torch.nn.Module, _inputs: Any, _outputs: Any) -> None:
         if self._forward_modules:
-            self.annotate(f"module::forward::{self._forward_modules.pop()}", "END")
+            self.annotate(module_label(Phase.FORWARD, self._forward_modules.pop()), "END")
 
     def _pre_bw(self, module: torch.nn.Module, _grads: Any) -> None:
         name = self._fqn.get(id(module), type(module).__name__)
         self._backward_modules.append(name)
-        self.annotate(f"module::backward::{name}", "START")
+        self.annotate(module_label(Phase.BACKWARD, name), "START")
 
     def _post_bw(self, module: torch.nn.Module, _grads: Any) -> None:
         name = self._fqn.get(id(module), type(module).__name__)
         if name in self._backward_modules:
             self._backward_modules.remove(name)
-            self.annotate(f"module::backward::{name}", "END")
+            self.annotate(module_label(Phase.BACKWARD, name), "END")
 
     def _current_module(self, in_backward: bool) -> str:
         if not in_backward:
@@ -256,12 +256,12 @@ class Tracer(TorchDispatchMode):
                 alloc.category = role[0]
                 if role[1] is not None:
                     alloc.module = role[1]
-            elif alloc.phase == "forward":
+            elif alloc.phase == Phase.FORWARD:
                 freed = self._freed_at.get(uid)
                 ended = self._forward_ends.get(alloc.step)
                 outlived_forward = freed is None or ended is None or freed > ended
-                alloc.category = "activation" if outlived_forward else "temporary"
-            elif alloc.phase in ("backward", "optimizer", "load"):
-                alloc.category = "temporary"
+                alloc.category = (Category.ACTIVATION if outlived_forward else Category.TEMPORARY).value
+            elif alloc.phase in (Phase.BACKWARD, Phase.OPTIMIZER, Phase.LOAD):
+                alloc.category = Category.TEMPORARY.value
             else:
-                alloc.category = "other"
+                alloc.category = Category.OTHER.value
