@@ -39,7 +39,7 @@ def innermost(ranges: pd.DataFrame, times: np.ndarray, priority: np.ndarray | No
             change_values.append(stack[-1] if stack else -1)
         else:  # highest priority among the open ranges, the latest opened on ties
             change_values.append(max(reversed([s for s in stack if s in open_set]), key=lambda s: priority[s]))
-    change_times = np.asarray(change_times)
-    change_values = np.asarray(change_values, dtype=np.int64)
-    position = np.searchsorted(change_times, times.astype(np.float64), side="right") - 1
-    return np.where(position >= 0, change_values[np.maximum(position, 0)], -1)
+    step_times = np.asarray(change_times)
+    step_values = np.asarray(change_values, dtype=np.int64)
+    position = np.searchsorted(step_times, times.astype(np.float64), side="right") - 1
+    return np.where(position >= 0, step_values[np.maximum(position, 0)], -1)

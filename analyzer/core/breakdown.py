@@ -20,7 +20,7 @@ def split(live: pd.DataFrame, column: str, top: int | None = None) -> list[dict[
     """[{name, bytes, share}] largest first; with `top`, the rest folded into one row."""
     total = int(live["allocated_bytes"].sum())
     sums = live.groupby(column, observed=True)["allocated_bytes"].sum().sort_values(ascending=False)
-    rows = [{"name": str(name), "bytes": int(b)} for name, b in sums.items() if b]
+    rows: list[dict[str, Any]] = [{"name": str(name), "bytes": int(b)} for name, b in sums.items() if b]
     if top is not None and len(rows) > top:
         rest = rows[top - 1:]
         rows = rows[: top - 1] + [{"name": f"other ({len(rest)} {column}s)", "bytes": sum(r["bytes"] for r in rest)}]

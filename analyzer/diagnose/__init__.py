@@ -74,13 +74,15 @@ def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str
     oom_finding = next((f for f in findings if f["kind"] == "oom"), None)
     leak_finding = next((f for f in findings if f["kind"] == "leak"), None)
     spike = next((f for f in findings if f["kind"] == "optimizer_spike"), None)
-    worst = d.oom.event_index if oom_finding is not None else d.peak.event_index
-    live = ctx.live_at(d.oom.event_index) if oom_finding is not None and d.oom is not None else d.peak.live
+    oom_event = d.oom if oom_finding is not None else None
+    worst = oom_event.event_index if oom_event is not None else d.peak.event_index
+    live = ctx.live_at(oom_event.event_index) if oom_event is not None else d.peak.live
     if oom_finding is not None:
+        assert oom_event is not None  # the oom detector makes its finding only from the device's OOM
         by_category = live.groupby("category", observed=True)["allocated_bytes"].sum().to_dict()
         extra = _REQUEST_CATEGORY.get(oom_finding.get("phase") or "", Category.OTHER.value)
-        by_category[extra] = by_category.get(extra, 0) + d.oom.requested_bytes
-        total = int(live["allocated_bytes"].sum()) + d.oom.requested_bytes
+        by_category[extra] = by_category.get(extra, 0) + oom_event.requested_bytes
+        total = int(live["allocated_bytes"].sum()) + oom_event.requested_bytes
     else:
         by_category = {r["name"]: r["bytes"] for r in d.by_category}
         total = d.peak.allocated_bytes

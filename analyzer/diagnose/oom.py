@@ -39,7 +39,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     shortfall = oom.requested_bytes - free
     outside = None if ctx.capacity_bytes is None or ctx.capacity_source.startswith("reserved") else \
         ctx.capacity_bytes - free - reserved  # everything that is neither free nor PyTorch's, context included
-    if outside is not None and outside > OUTSIDE_THRESHOLD * ctx.capacity_bytes:
+    if outside is not None and ctx.capacity_bytes is not None and outside > OUTSIDE_THRESHOLD * ctx.capacity_bytes:
         verdict, why = "outside_pytorch", (f"{gib(outside)} of the {gib(ctx.capacity_bytes)} device is neither free nor "
                                            "reserved by PyTorch (NCCL, cuBLAS/cuDNN workspaces, CUDA context, other "
                                            "processes)")

@@ -32,7 +32,9 @@ def optimizer_name(ctx: DeviceContext) -> str | None:
 
 def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     peak = phase_peak(ctx, Phase.OPTIMIZER, ignore=(Phase.CHECKPOINT_SAVE,))
-    oom_in_optimizer = ctx.d.oom is not None and labels_at(ctx.labels, ctx.d.oom.event_index)[1] == Phase.OPTIMIZER
+    oom = ctx.d.oom
+    oom_step, oom_phase = labels_at(ctx.labels, oom.event_index) if oom is not None else (None, None)
+    oom_in_optimizer = oom_phase == Phase.OPTIMIZER
     if peak is None or (peak.bytes < peak.elsewhere and not oom_in_optimizer):
         return []
     live = ctx.live_at(peak.seq)
@@ -48,7 +50,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
         "kind": "optimizer_spike", "severity": "warning", "bytes": raise_bytes, "optimizer": name,
         "lazy_state_bytes": lazy_bytes, "temporary_bytes": temp_bytes, "first_step": first_step,
         "first_step_excess_bytes": _first_step_excess(ctx, first_step),
-        "oom_in_first_step": bool(oom_in_optimizer and labels_at(ctx.labels, ctx.d.oom.event_index)[0] == first_step),
+        "oom_in_first_step": bool(oom_in_optimizer and oom_step == first_step),
         "summary": (f"{name}.step raises the peak by {gib(raise_bytes)} (to {gib(peak.bytes)}; {gib(peak.elsewhere)} "
                     f"elsewhere): {gib(lazy_bytes)} of state created lazily at step {first_step} (persistent"
                     + (f", {lazy_bytes / parameters:.1f}x the parameters" if parameters else "")

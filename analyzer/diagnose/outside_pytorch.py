@@ -197,7 +197,9 @@ def _peak_moment(snapshot_trace: MemoryTrace, device: int) -> tuple[str, int, in
         last = ooms.iloc[-1]
         free = last["device_free_bytes"]
         return "oom", int(last["t_us"]), None if pd.isna(free) else int(free)
-    return "peak", int(find_peak(snapshot_trace, device).time_us), None
+    peak = find_peak(snapshot_trace, device)
+    assert peak.time_us is not None  # _check_inputs: the snapshot's events are all timed, and `device` has some
+    return "peak", peak.time_us, None
 
 
 def _capacity(snapshot_trace: MemoryTrace, nsys_trace: MemoryTrace, device: int) -> int | None:

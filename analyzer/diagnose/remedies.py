@@ -231,7 +231,7 @@ def rank_remedies(demand: Demand) -> list[dict[str, Any]]:
     reserved memory given back; the allocated peak stays, and it fits when it is within the device."""
     layout_first = demand.oom_verdict == "fragmentation"
     order = sorted(REMEDIES, key=lambda r: (not r.first, layout_first and not r.layout_only))
-    out = []
+    out: list[dict[str, Any]] = []
     for remedy in order:
         if not remedy.applies(demand):
             continue

@@ -20,7 +20,7 @@ PHASE_SPIKES = {"optimizer_spike": Phase.OPTIMIZER, "checkpoint_gather": Phase.C
 
 def triage(ctx: DeviceContext, findings: list[dict[str, Any]]) -> dict[str, str]:
     """{"verdict": outside_pytorch | leak | phase_spike | steady_state, "reason": one sentence}."""
-    first = {}
+    first: dict[str, dict[str, Any]] = {}
     for f in findings:
         first.setdefault(f["kind"], f)
     oom = first.get("oom")

@@ -28,7 +28,7 @@ READERS: dict[str, str] = {
     formats.NSYS_SQLITE: "analyzer.ingest.nsys:read_nsys",
 }
 
-_NOT_YET = {
+_NOT_YET: dict[str, str] = {
 }
 
 
@@ -59,7 +59,11 @@ def load_with_companion(path: str | Path, companion: str | Path | None) -> tuple
         raise UnsupportedFormat(companion, f"two inputs are analysed together only as a recording plus an Nsight "
                                 f"export of the same run (got {kinds[0]} and {kinds[1]})",
                                 "Pass the snapshot first and the nsys .sqlite second, or analyse each file alone.")
-    return (second, first) if kinds[0] == "nsys" else (first, second)
+    if kinds[0] == "nsys":
+        assert isinstance(first, MemoryTrace)  # only a MemoryTrace has a kind, "ranks" stands for the others
+        return second, first
+    assert isinstance(second, MemoryTrace)  # the other one is the single nsys input
+    return first, second
 
 
 def load(path: str | Path) -> Loaded:

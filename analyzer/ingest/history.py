@@ -101,7 +101,8 @@ class Pile:
         self._open.setdefault(category, []).append(row)
 
     def take(self, addr: int, category: str, nbytes: int, rows: _Rows) -> Pieces:
-        pile, pieces, left = self._open.setdefault(category, []), [], nbytes
+        pile, left = self._open.setdefault(category, []), nbytes
+        pieces: Pieces = []
         while left and pile:
             top = pile[-1]
             size = rows.columns["bytes"][top]
@@ -222,8 +223,8 @@ class HistoryBuilder:
     def _segment(self, t: int, change: int, thread: int | None) -> None:
         if change > 0:
             seq = self._event(t, "segment_alloc", 0, change, None, thread)
-            row = self.segments.add(self.device, 0, change, t, seq, None, "reserved")
-            self._reserved_pile.add(row, 0, "reserved", change)
+            opened = self.segments.add(self.device, 0, change, t, seq, None, "reserved")
+            self._reserved_pile.add(opened, 0, "reserved", change)
             return
         seq = self._event(t, "segment_free", 0, -change, None, thread)
         for row, piece in self._reserved_pile.take(0, "reserved", -change, self.segments):

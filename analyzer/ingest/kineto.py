@@ -62,6 +62,7 @@ by the rank in distributedInfo, because every rank numbers its own GPUs from 0.
 """
 from __future__ import annotations
 
+import io
 import json
 import re
 import tarfile
@@ -183,7 +184,8 @@ def _check_archive_size(path: Path, total: int) -> int:
 def _open_member(archive: tarfile.TarFile, member: tarfile.TarInfo, name: str) -> IO[bytes]:
     """A buffered stream of one archive member, gunzipped (with the package's limits) when it is gzip."""
     stream = archive.extractfile(member)
-    assert stream is not None  # regular files always have content
+    # regular files always have content, as a tarfile.ExFileObject (a BufferedReader; typeshed says IO[bytes])
+    assert isinstance(stream, io.BufferedReader)
     if stream.peek(2)[:2] == b"\x1f\x8b":
         return sniff.gunzip(stream, name)
     return stream
@@ -215,7 +217,7 @@ class _Recorder:
     read from these edges instead of parsing the whole file a second time.
     """
 
-    def __init__(self, stream: IO[bytes]) -> None:
+    def __init__(self, stream: DepthLimitedStream) -> None:
         self._stream = stream
         self.head = bytearray()
         self._tail: deque[bytes] = deque()
@@ -260,11 +262,12 @@ class _Kept:
         floor = 0
         for event in events:
             floor = recorder.chunk_start
-            name = event.get("name")
+            # any JSON value, None when absent: what a span cannot use raises inside reading() (a CorruptInput)
+            name: Any = event.get("name")
             if name == _MEMORY or name == _OOM:
                 memory(event, name == _OOM)
                 continue
-            cat = event.get("cat")
+            cat: Any = event.get("cat")  # likewise
             code = _SPAN_CATS.get(cat)
             if code is not None:
                 if code == _CPU_OP and not name.startswith(_BACKWARD) or code == _OPERATOR and "::" in name:
@@ -319,6 +322,13 @@ _SPACE = re.compile(r"\s*")
 _DECODER = json.JSONDecoder()
 
 
+def _skip_space(text: str, pos: int = 0) -> int:
+    """The position after the whitespace at `pos`."""
+    match = _SPACE.match(text, pos)
+    assert match is not None  # `\s*` matches the empty string at any position
+    return match.end()
+
+
 def _metadata_from_edges(recorder: _Recorder, floor: int) -> dict[str, Any] | None:
     """Top-level members other than traceEvents, from the kept head and tail; None when they do not hold them."""
     head = recorder.head.decode("utf-8", "surrogateescape")
@@ -339,26 +349,26 @@ def _metadata_from_edges(recorder: _Recorder, floor: int) -> dict[str, Any] | No
 
 def _member(text: str, pos: int) -> tuple[str, Any, int]:
     """Parse `"key": value` at `pos` (after optional space)."""
-    key, pos = _DECODER.raw_decode(text, _SPACE.match(text, pos).end())
-    pos = _SPACE.match(text, pos).end()
+    key, pos = _DECODER.raw_decode(text, _skip_space(text, pos))
+    pos = _skip_space(text, pos)
     if not isinstance(key, str) or text[pos] != ":":
         raise ValueError("not an object member")
-    value, pos = _DECODER.raw_decode(text, _SPACE.match(text, pos + 1).end())
+    value, pos = _DECODER.raw_decode(text, _skip_space(text, pos + 1))
     return key, value, pos
 
 
 def _members_before_events(head: str) -> tuple[dict[str, Any], int | None]:
     """Members from the opening brace up to the traceEvents key (its position; None when the object ends first)."""
     members: dict[str, Any] = {}
-    pos = _SPACE.match(head).end() + 1
+    pos = _skip_space(head) + 1
     while True:
-        pos = _SPACE.match(head, pos).end()
+        pos = _skip_space(head, pos)
         if head[pos] == "}":
             return members, None
         if members or head[pos] == ",":
             if head[pos] != ",":
                 raise ValueError("expected a comma")
-            pos = _SPACE.match(head, pos + 1).end()
+            pos = _skip_space(head, pos + 1)
         if head.startswith('"traceEvents"', pos):
             return members, pos
         key, value, pos = _member(head, pos)
@@ -373,7 +383,7 @@ def _members_after_events(tail: str) -> dict[str, Any] | None:
         pos = match.end()
         try:
             while True:
-                pos = _SPACE.match(tail, pos).end()
+                pos = _skip_space(tail, pos)
                 if tail[pos] == "}":
                     if tail[pos + 1:].strip():
                         break

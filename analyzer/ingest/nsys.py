@@ -438,8 +438,9 @@ class _Reader:
 
 def _segments_and_events(rows: pd.DataFrame, t_us: pd.array, is_alloc: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Pair each free with the alloc of the same process and address; a free with no alloc was made before capture."""
-    ev = {k: [] for k in ("device", "seq", "t_us", "action", "addr", "bytes")}
-    seg = {k: [] for k in ("device", "addr", "bytes", "t_alloc_us", "t_free_us", "seq_alloc", "seq_free", "alive_at_end")}
+    ev: dict[str, list[Any]] = {k: [] for k in ("device", "seq", "t_us", "action", "addr", "bytes")}
+    seg: dict[str, list[Any]] = {k: [] for k in ("device", "addr", "bytes", "t_alloc_us", "t_free_us", "seq_alloc",
+                                                "seq_free", "alive_at_end")}
     open_rows: dict[tuple[int, int, int], int] = {}
     next_seq: dict[int, int] = {}
     for device, pid, addr, size, t, alloc in zip(rows["deviceId"], rows["globalPid"].fillna(0), rows["address"],

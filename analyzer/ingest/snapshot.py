@@ -93,8 +93,9 @@ class _Builder:
 
     # ---- final state -------------------------------------------------------------------------------
     def _segments_and_blocks(self) -> tuple[dict[str, list], dict[str, list]]:
-        seg = {k: [] for k in ("device", "addr", "bytes", "pool", "stream", "expandable")}
-        blk = {k: [] for k in ("device", "segment_addr", "addr", "bytes", "requested_bytes", "state", "stack_id")}
+        seg: dict[str, list[Any]] = {k: [] for k in ("device", "addr", "bytes", "pool", "stream", "expandable")}
+        blk: dict[str, list[Any]] = {k: [] for k in ("device", "segment_addr", "addr", "bytes", "requested_bytes",
+                                                     "state", "stack_id")}
         segments = self.data["segments"]
         if not isinstance(segments, list):
             raise TypeError("'segments' is not a list")
@@ -245,7 +246,7 @@ class _Builder:
 
     def _annotations_table(self) -> pd.DataFrame:
         """Pair START/END annotation entries by (device, name), innermost first."""
-        columns = {k: [] for k in ("device", "name", "start_us", "end_us", "thread")}
+        columns: dict[str, list[Any]] = {k: [] for k in ("device", "name", "start_us", "end_us", "thread")}
         open_starts: dict[tuple[int, str], list[int]] = {}
         for a in self.data.get("external_annotations") or []:
             device = _int(a.get("device", 0), "annotation device")

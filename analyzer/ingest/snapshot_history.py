@@ -180,7 +180,7 @@ def read_device_history(device: int, trace: list, stacks: StackInterner, metadat
     ooms = {
         "device": np.full(len(oom_rows), device, dtype=np.int64), "seq": oom_rows,
         "t_us": events["t_us"][oom_rows], "requested_bytes": events["bytes"][oom_rows],
-        "device_free_bytes": to_int64(array("q", [device_free[i] for i in oom_rows])), "stack_id": events["stack_id"][oom_rows],
+        "device_free_bytes": to_int64(array("q", [device_free[int(i)] for i in oom_rows])), "stack_id": events["stack_id"][oom_rows],
     }
     segment_rows = np.flatnonzero(np.isin(codes, SEGMENT_CODES))
     segment_events = [(device, int(i), int(events["t_us"][i]), ACTIONS[codes[i]], int(events["addr"][i]),

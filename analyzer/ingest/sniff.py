@@ -59,7 +59,7 @@ class _LimitedReader(io.RawIOBase):
     expanded past the configured ratio (so a small bomb is stopped after RATIO_FLOOR_BYTES, not after
     gigabytes that a pickle would hold in memory)."""
 
-    def __init__(self, inner: IO[bytes], compressed: IO[bytes], path: str) -> None:
+    def __init__(self, inner: gzip.GzipFile, compressed: IO[bytes], path: str) -> None:
         self._inner, self._compressed, self._path, self._count = inner, compressed, path, 0
         self._limit, self._ratio = max_decompressed_bytes(), max_compression_ratio()
 

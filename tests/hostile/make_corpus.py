@@ -4,7 +4,7 @@ Every file is built here from code, so the corpus can be reviewed and regenerate
 per file, its family, what it tries, and what the analyzer must answer: the AnalyzerError class it raises
 (exit code 2, one line), "error" (any AnalyzerError: SQLite decides how a damaged page surfaces), or "ok"
 (a complete analysis, whose warnings contain `warning` when given). Payloads marked `creates` would make that
-directory in the current folder if loaded with plain `pickle.load`; tests/test_hostile_corpus.py proves that
+directory in the current folder if loaded with plain `pickle.load`; tests/hostile/test_corpus.py proves that
 they do, and that the analyzer makes nothing.
 
 Families: pickle_code (each opcode that can import or call, alone, nested in a snapshot, gzipped),

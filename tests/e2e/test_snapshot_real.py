@@ -10,8 +10,8 @@ import pytest
 
 import analyzer
 from analyzer.core.trace import TABLES
-from independent import read_snapshot, requested_peak, segment_sums
-from conftest import REAL, real_snapshots
+from support.independent import read_snapshot, requested_peak, segment_sums
+from support.paths import REAL, real_snapshots
 
 SNAPSHOTS = real_snapshots() or [pytest.param(None, marks=pytest.mark.skip(reason=f"no real snapshots at {REAL}"))]
 

@@ -13,7 +13,7 @@ import pytest
 
 import analyzer
 from analyzer.core.timeline import find_peak
-from conftest import FIXTURES, ROOT
+from support.paths import FIXTURES, ROOT
 
 SIM = FIXTURES / "sim"
 SCENARIOS = ["gpt_activation_peak", "adam_first_step", "checkpoint_gather", "fragmentation", "capacity_oom",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import analyzer
-from conftest import REAL, real_snapshots
+from support.paths import REAL, real_snapshots
 
 TARGET = 0.95
 

@@ -24,8 +24,8 @@ from analyzer.core.module_tree import OWN, module_tree
 from analyzer.report.text import print_summary
 from analyzer.core.units import human_bytes
 from analyzer.report.view import CHART_POINTS, FRAMES_SHOWN, LIVE_SHOWN, build_view
-from chromium import Chromium, chromium_binary
-from conftest import FIXTURES
+from support.chromium import Chromium, chromium_binary
+from support.paths import FIXTURES
 
 SIM = FIXTURES / "sim"
 MAX_HTML_BYTES = 5 * 2**20

@@ -14,7 +14,7 @@ from analyzer.attribute import attribute
 from analyzer.evaluate.accuracy import peak_agreement
 from analyzer.ingest.snapshot import snapshot_to_trace
 
-SIM = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "sim"
+SIM = Path(__file__).resolve().parents[2] / "fixtures" / "traces" / "sim"
 FIXTURES = sorted(p.stem for p in SIM.glob("*.pickle"))
 LABELS_REACHED = 0.95     # category and phase: 100% on every fixture, with and without capture tags
 MODULE_WITH_TAGS = 0.95   # module: 100% on every fixture with tags

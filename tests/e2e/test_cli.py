@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REAL
+from support.paths import REAL
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -21,7 +21,7 @@ import pytest
 
 from analyzer.errors import AnalyzerError, CorruptInput
 from analyzer.ingest import load
-from conftest import FIXTURES, ROOT
+from support.paths import FIXTURES, ROOT
 from hostile import make_corpus
 from hostile.pipeline import outcome
 

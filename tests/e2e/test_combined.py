@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import FIXTURES
+from support.paths import FIXTURES
 
 NSYS = FIXTURES / "nsys"
 PLANTED_OUTSIDE = 1536 * 2**20   # the NCCL buffer scripts/make_nsys_fixtures.py cudaMallocs outside PyTorch

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import analyzer
 from analyzer.report.trace_export import COUNTER_PID, export_trace
-from conftest import FIXTURES
+from support.paths import FIXTURES
 
 
 def _load_json(path: Path) -> dict:

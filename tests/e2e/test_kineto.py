@@ -21,7 +21,7 @@ from analyzer.ingest.kineto import HOST, SPAN_COLUMNS, read_kineto
 from analyzer.ingest.memory_timeline import read_memory_timeline
 from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace, MultiRankTrace
-from conftest import FIXTURES
+from support.paths import FIXTURES
 
 KINETO_FIXTURES = FIXTURES / "kineto"
 WITH_TOTALS = ["hta/df_index_resolver.json.gz", "tracelens/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",

@@ -23,7 +23,7 @@ from analyzer.recording import oom, phases, session
 from analyzer.recording.modules import tag_modules
 from analyzer.recording.session import MAX_OOM_DUMPS, Capture, CaptureWarning
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "scripts" / "capture_example.py"
 REAL_RECORD = torch.cuda.memory._record_memory_history
 BASE = 0x7F0000000000

@@ -7,7 +7,7 @@ at the true peak, `optimizer_spike` where the true peak of an optimizer step is 
 The `fragmentation` finding (informational: reserved minus allocated over 5% of reserved) is expected only
 where the scenario is about fragmentation; elsewhere it is listed, not scored.
 
-    python tests/test_diagnosis.py    # prints the expected-vs-reported table of the README's Accuracy section
+    python tests/e2e/test_diagnosis.py    # prints the expected-vs-reported table of the README's Accuracy section
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from analyzer.commands.diff import compare
 from analyzer.commands.estimate import Shape, estimate
 from analyzer.diagnose.remedies import Demand, rank_remedies
 
-SIM = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "sim"
+SIM = Path(__file__).resolve().parents[2] / "fixtures" / "traces" / "sim"
 INFORMATIONAL = "fragmentation"
 # what each scenario was built to show: finding kind -> the OOM verdict it must carry (None: not an OOM)
 CLAIMED: dict[str, dict[str, str | None]] = {

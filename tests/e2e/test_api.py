@@ -11,7 +11,7 @@ import pandas as pd
 import analyzer
 from analyzer.core.timeline import live_at
 from analyzer.core.trace import TABLES
-from conftest import FIXTURES
+from support.paths import FIXTURES
 
 SIM = FIXTURES / "sim"
 CONTRACT_DEVICE_KEYS = {"device", "peak", "reserved_peak_bytes", "end", "trace_entries", "history_truncated", "oom",

@@ -23,7 +23,7 @@ from analyzer.ingest.nsys import annotation_name, decode_global_tid
 from analyzer.ingest.safe_pickle import load_untrusted
 from analyzer.ingest.snapshot import snapshot_to_trace
 from analyzer.core.trace import empty_table
-from conftest import FIXTURES
+from support.paths import FIXTURES
 
 GiB, MiB = 1 << 30, 1 << 20
 NSYS = FIXTURES / "nsys"

@@ -13,7 +13,7 @@ import pytest
 import analyzer
 from analyzer.diagnose import leak
 from analyzer.simulate.scenarios import SCENARIOS
-from conftest import FIXTURES, real_snapshots
+from support.paths import FIXTURES, real_snapshots
 
 SIM = FIXTURES / "sim"
 KINETO = FIXTURES / "kineto"

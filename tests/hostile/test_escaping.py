@@ -24,7 +24,7 @@ import pytest
 from analyzer.result import Analysis
 from analyzer.pipeline import analyze
 from analyzer.report import REPORTERS, reporter
-from conftest import FIXTURES
+from support.paths import FIXTURES
 from hostile.make_corpus import chrome_trace, tiny_snapshot
 
 FORMATS = sorted(f for f in REPORTERS if f != "json")

@@ -3,7 +3,7 @@ export_memory_timeline of the same run, recorded by scripts/record_kineto_fixtur
 from __future__ import annotations
 
 from analyzer.evaluate.accuracy import profiler_agreement
-from conftest import FIXTURES
+from support.paths import FIXTURES
 
 KINETO = FIXTURES / "kineto"
 
