@@ -14,7 +14,6 @@ import numpy as np
 import pandas as pd
 
 from analyzer.core.timeline import build_timeline
-from analyzer.core.vocabulary import UNATTRIBUTED as UNATTRIBUTED  # the label columns' value for "not known"
 
 #: one row per tensor-level allocation: an alloc paired with its free.
 ALLOCATION_COLUMNS: dict[str, str] = {

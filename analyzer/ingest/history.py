@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.core.trace import UNATTRIBUTED, make_table
+from analyzer.core.trace import make_table
+from analyzer.core.vocabulary import UNATTRIBUTED
 
 
 class _Rows:

@@ -35,7 +35,8 @@ from analyzer.ingest import sniff
 from analyzer.ingest.history import BySize, HistoryBuilder, Pile
 from analyzer.ingest.json_depth import DepthLimitedStream
 from analyzer.ingest.json_stream import first_byte, ijson_backend, reading
-from analyzer.core.trace import UNATTRIBUTED, DeviceInfo, MemoryTrace, empty_table
+from analyzer.core.trace import DeviceInfo, MemoryTrace, empty_table
+from analyzer.core.vocabulary import UNATTRIBUTED
 
 #: torch's category index -> our category name
 CATEGORIES = ("parameter", "optimizer_state", "input", "temporary", "activation", "gradient", "autograd_detail",

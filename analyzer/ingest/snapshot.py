@@ -27,7 +27,8 @@ from analyzer.ingest.fields import plain_settings, text
 from analyzer.ingest.limits import check_devices
 from analyzer.ingest.snapshot_history import (ACTIONS, ALLOC_COLUMNS, ORIGIN_END, ORIGINS, DeviceHistory,
                                               StackInterner, read_device_history)
-from analyzer.core.trace import TABLES, UNATTRIBUTED, DeviceInfo, MemoryTrace, make_table
+from analyzer.core.trace import TABLES, DeviceInfo, MemoryTrace, make_table
+from analyzer.core.vocabulary import UNATTRIBUTED
 
 _SEGMENT_GROW = ("segment_alloc", "segment_map")
 _HINT = "Dump it again with torch.cuda.memory._dump_snapshot() from an unmodified torch."
