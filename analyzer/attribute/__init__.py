@@ -19,24 +19,35 @@ Where nothing decides, the label is `unattributed`: a guess is never shown as a 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from analyzer.attribute.annotations import annotation_labels, metadata_labels, tensor_marks
 from analyzer.attribute.category import categorise
-from analyzer.attribute.frames import stack_facts
+from analyzer.attribute.frames import StackFacts, stack_facts
+from analyzer.attribute.module_paths import SourceIndex
+from analyzer.attribute.model_states import infer_model_states
 from analyzer.attribute.modules import assign_modules
 from analyzer.attribute.steps import number_steps
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import UNATTRIBUTED, Phase, Role
 
-CONFIDENCE = {"tag": 1.0, "annotation": 0.95, "frames": 0.9, "timing": 0.7, "lifetime": 0.8, "size-match": 0.6}
+CONFIDENCE = {"tag": 1.0, "annotation": 0.95, "frames": 0.9, "timing": 0.7, "lifetime": 0.8, "size-match": 0.6,
+              "structure": 0.6}
+
+
+#: signals below their kind's confidence: a repeated block told apart by order, not by what was recorded
+SIGNAL_CONFIDENCE = {"frames:call-path+order": 0.75}
 
 
 def _confidence(source: object) -> float:
-    return CONFIDENCE.get(str(source).split(":")[0], 0.0) if source else 0.0
+    if not source:
+        return 0.0
+    return SIGNAL_CONFIDENCE.get(str(source), CONFIDENCE.get(str(source).split(":")[0], 0.0))
 
 
 def _categorical(values: np.ndarray) -> pd.Categorical:
@@ -67,16 +78,21 @@ def _label_sources(phase: np.ndarray, category: np.ndarray, module: np.ndarray) 
     codes, combos = _combinations(phase, category, module)
     names = np.asarray([f"phase={p or 'none'};category={c or 'none'};module={m or 'none'}" for p, c, m in combos]
                        or [""], dtype=object)
-    confidence = np.asarray([min(_confidence(p), _confidence(c)) for p, c, _ in combos] or [0.0])
+    # the module's signal counts where it named one (an unattributed module claims nothing)
+    confidence = np.asarray([min(_confidence(p), _confidence(c), *([_confidence(m)] if m else []))
+                             for p, c, m in combos] or [0.0])
     return names[codes], confidence[codes]
 
 
-def attribute(trace: MemoryTrace) -> MemoryTrace:
+def attribute(trace: MemoryTrace, source_roots: Sequence[str | Path] = ()) -> MemoryTrace:
     """The trace with module, phase, category, step, label_source and confidence filled in for every
     allocation (a new MemoryTrace: the one given is left as it was, and the new one's timeline is built from
-    the labels on first use)."""
+    the labels on first use). `source_roots`: local checkouts of the code the recording ran, where the frames'
+    source files are looked up (longest suffix of their paths) to read module class names."""
     a = trace.allocations.copy(deep=False)
-    parts = [_attribute_device(trace, d) for d in sorted(a["device"].unique())]
+    sources = SourceIndex(source_roots)
+    facts = [stack_facts(f, sources) for f in trace.stacks["frames"]]
+    parts = [_attribute_device(trace, d, facts) for d in sorted(a["device"].unique())]
     if not parts:
         return replace(trace, allocations=a)
     order = np.argsort(np.concatenate([np.flatnonzero(a["device"].to_numpy() == d) for d in sorted(a["device"].unique())]))
@@ -88,16 +104,14 @@ def attribute(trace: MemoryTrace) -> MemoryTrace:
     return replace(trace, allocations=a)
 
 
-def _attribute_device(trace: MemoryTrace, device: int) -> dict[str, np.ndarray]:
+def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) -> dict[str, np.ndarray]:
     a = trace.allocations[trace.allocations["device"] == device]
     ann = trace.annotations[trace.annotations["device"] == device].reset_index(drop=True)
     t_alloc = a["t_alloc_us"].to_numpy(dtype=np.float64, na_value=np.nan)
     stacks = a["stack_id"].to_numpy(dtype=np.int64, na_value=-1)
-    facts = [stack_facts(f) for f in trace.stacks["frames"]]
     has_python = np.asarray([f.has_python for f in facts] + [False], dtype=bool)[stacks]
     frame_phase = np.asarray([f.phase for f in facts] + [None], dtype=object)[stacks]
     frame_signal = np.asarray([f.phase_signal for f in facts] + [None], dtype=object)[stacks]
-    frame_module = np.asarray([f.module for f in facts] + [None], dtype=object)[stacks]
     timed = ~np.isnan(t_alloc)
     times = np.where(timed, t_alloc, -np.inf)
 
@@ -118,10 +132,13 @@ def _attribute_device(trace: MemoryTrace, device: int) -> dict[str, np.ndarray]:
     step = number_steps(ann, t_alloc, phase)
     marked_role, marked_module = _marked_tensors(a, tensor_marks(ann))
     category, category_source = categorise(a, phase, step, ann)
+    infer_model_states(a, phase, category, category_source, list(trace.stacks["frames"]),
+                       blocks_before_recording=trace.source_kind == "snapshot")
     has_mark = ~pd.isna(marked_role)
     category[has_mark] = np.where(marked_role[has_mark] == Role.BUFFER, Role.BUFFER.category.value, marked_role[has_mark])
     category_source[has_mark] = "tag:tensor"
-    module, module_source = assign_modules(a, ann, times, frame_module, category, metadata_labels(metadata, "module"))
+    module, module_source = assign_modules(a, ann, times, stacks, [f.call_path for f in facts], category,
+                                           metadata_labels(metadata, "module"), step=step, phase=phase)
     module[has_mark], module_source[has_mark] = marked_module[has_mark], "tag:tensor"
     label_source, confidence = _label_sources(source, category_source, module_source)
     return {"module": module, "phase": phase, "category": category, "step": step, "label_source": label_source,

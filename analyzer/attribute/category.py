@@ -54,13 +54,13 @@ def categorise(a: pd.DataFrame, phase: np.ndarray, step: np.ndarray,
     f_end, f_start = lookup(forward_end, np.inf), lookup(forward_start, np.inf)
     b_end = np.minimum(lookup(backward_end, np.inf), lookup(next_start, np.inf, shift=1))
     o_end = lookup(optimizer_end, np.inf)
-    first_forward = min(forward_start.values(), default=np.inf)
+    next_forward = _next_forward(t_alloc, phase, t_free)
     long_lived = np.asarray([_LONG_LIVED.get(p) for p in phase], dtype=object)
     temporary = Category.TEMPORARY.value
     rules = [
         # allocated before the recording: only the phase is known, and the allocation outlived it
         (~timed & (long_lived != None), long_lived, "lifetime:allocated-before-recording"),  # noqa: E711
-        (phase == Phase.LOAD, np.where(t_free > first_forward, _LONG_LIVED[Phase.LOAD], temporary), "lifetime:load"),
+        (phase == Phase.LOAD, np.where(t_free > next_forward, _LONG_LIVED[Phase.LOAD], temporary), "lifetime:load"),
         (phase == Phase.FORWARD, np.where(t_free > f_end, _LONG_LIVED[Phase.FORWARD], temporary), "lifetime:forward"),
         (phase == Phase.BACKWARD, np.where(t_free > b_end, _LONG_LIVED[Phase.BACKWARD], temporary), "lifetime:backward"),
         (phase == Phase.OPTIMIZER, np.where(t_free > o_end, _LONG_LIVED[Phase.OPTIMIZER], temporary),
@@ -76,6 +76,15 @@ def categorise(a: pd.DataFrame, phase: np.ndarray, step: np.ndarray,
         category[free] = value[free] if isinstance(value, np.ndarray) else value
         source[free] = signal
     return category, source
+
+
+def _next_forward(t_alloc: np.ndarray, phase: np.ndarray, t_free: np.ndarray) -> np.ndarray:
+    """For each allocation, the start of the first forward work after it: a tensor loaded for the model
+    outlives it; one made and dropped while loading (or reloading, between forwards) does not. With no forward
+    after it, only a tensor alive at the end counts as loaded for the model."""
+    forward = np.append(np.sort(t_alloc[(phase == Phase.FORWARD) & ~np.isnan(t_alloc)]), np.inf)
+    following = forward[np.searchsorted(forward, np.nan_to_num(t_alloc, nan=-np.inf), side="right")]
+    return np.where(np.isinf(following) & np.isinf(t_free), -np.inf, following)
 
 
 def _optimizer_ranges(annotations: pd.DataFrame, step: np.ndarray, t_alloc: np.ndarray) -> dict[int, float]:

@@ -60,14 +60,16 @@ class Recording:
         self._entry("segment_alloc", addr, size)
         return addr
 
-    def alloc(self, size: int, where: str = "train.py:20", segment: int | None = None, offset: int = 0) -> int:
-        """A tensor of `size` bytes made at the user line `where`: in a new segment of its own size, or at
-        `offset` in `segment`. Returns its address."""
+    def alloc(self, size: int, where: str = "train.py:20", segment: int | None = None, offset: int = 0,
+              name: str = "train_step", with_frames: bool = True) -> int:
+        """A tensor of `size` bytes made at the line `where` in function `name` (no frames at all, as on
+        autograd's thread, with `with_frames=False`): in a new segment of its own size, or at `offset` in
+        `segment`. Returns its address."""
         assert size > 0 and size % BLOCK == 0, f"{size} bytes: blocks are multiples of {BLOCK} bytes"
         if segment is None:
             segment = self.reserve(size)
         addr = segment + offset
-        stack = frames(where)
+        stack = frames(where, name) if with_frames else []
         self.blocks[addr] = (size, segment, stack)
         self._entry("alloc", addr, size, stack)
         return addr
@@ -78,6 +80,13 @@ class Recording:
         self._entry("free_completed", addr, size, stack)
         if release:
             self.release(segment)
+
+    def forget_history(self) -> None:
+        """Start the recording here, as `_record_memory_history` called late would: what is alive stays in the
+        end state, without the frames of allocations the history never saw."""
+        self.entries.clear()
+        self.annotations.clear()
+        self.blocks = {addr: (size, segment, []) for addr, (size, segment, _) in self.blocks.items()}
 
     def release(self, segment: int) -> None:
         """Hand an empty segment back to the device (cudaFree)."""

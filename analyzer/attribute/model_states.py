@@ -1,0 +1,168 @@
+"""Parameters, gradients and optimizer state from the structure of a recording, where no stack or tag tells.
+
+Stacks and phases label what the recording saw being made. Model states are often made where it could not see:
+before `_record_memory_history` was called, in an optimizer written by hand, by code that swaps `p.data` in
+`step()`. What still shows is structure: the parameter set is a fixed multiset of sizes; gradients and an
+optimizer's moments repeat it; a state that replaces a parameter inside an optimizer step is the parameter.
+Each rule here labels only what the lifetime rules left open (or, for a replacement, what they could not
+know), and says so in its label source (`structure:…`, confidence below the stack-based labels).
+
+1. Tensors alive from before the recording to its end (a snapshot's blocks), that nothing else labels, are
+   model state:
+   - when the recording's own backward made gradients (tensors it kept past its end, or alive when the
+     recording stopped in it), the gradients did not exist before it: they are parameters;
+   - when it ran a backward that made none, that backward accumulated into gradients that already existed:
+     each size's tensors pair up into as many parameters as gradients;
+   - with no backward but an optimizer state, the run trained before the recording: if the tensors of the
+     optimizer state's sizes are as many as the state (Adam-like optimizers keep two moments a parameter), they
+     are parameters and their gradients;
+   - otherwise (inference, a forward-only recording) they are parameters.
+2. A set of long-lived tensors made while loading whose sizes repeat tensors loaded before it, by a user
+   object's `__init__` rather than a torch.nn module's, is an optimizer's state made at construction
+   (`zeros_like` per parameter).
+3. A long-lived tensor made in an optimizer step that replaces a parameter freed in the same step (same
+   size) is the parameter (`p.data = new`), not optimizer state.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pandas as pd
+
+from analyzer.core.stacks import Frame
+from analyzer.core.vocabulary import Category, Phase
+
+PARAMETER, GRADIENT, OPTIMIZER_STATE = Category.PARAMETER.value, Category.GRADIENT.value, Category.OPTIMIZER_STATE.value
+PAIRED_STATE_SHARE = 0.75  # tensors / optimizer-state tensors of the state's sizes: 1 for params + grads, 0.5 params
+_NN_CONSTRUCTION = ("torch/nn/", "torch\\nn\\")
+
+
+def infer_model_states(a: pd.DataFrame, phase: np.ndarray, category: np.ndarray, source: np.ndarray,
+                       frames: list[tuple[Frame, ...]], blocks_before_recording: bool) -> None:
+    """Fill or correct `category` and its `source` (arrays over the rows of `a`) in place; `phase` is read.
+    `blocks_before_recording`: the rows not made in the recording are the tensors themselves (a snapshot's
+    blocks), not amounts a reader reconstructed from running totals (a profiler trace)."""
+    sizes = a["requested_bytes"].to_numpy(dtype=np.int64)
+    t_alloc = a["t_alloc_us"].to_numpy(dtype=np.float64, na_value=np.nan)
+    t_free = a["t_free_us"].to_numpy(dtype=np.float64, na_value=np.inf)
+    stack = a["stack_id"].to_numpy(dtype=np.int64, na_value=-1)
+    _construction_state(sizes, t_alloc, phase, category, source, stack, frames)
+    _replaced_parameters(sizes, t_alloc, t_free, phase, category, source)
+    if blocks_before_recording:
+        _persistent_before_recording(a, sizes, phase, category, source)
+
+
+def _persistent_before_recording(a: pd.DataFrame, sizes: np.ndarray, phase: np.ndarray, category: np.ndarray,
+                                 source: np.ndarray) -> None:
+    origin = a["origin"].astype(str).to_numpy()
+    alive_at_end = a["seq_free"].isna().to_numpy() & a["t_free_us"].isna().to_numpy()
+    open_ = (origin != "trace") & alive_at_end & pd.isna(category)
+    if not open_.any():
+        return
+    backward_kept = (phase == Phase.BACKWARD) & ((category == GRADIENT) | alive_at_end)  # grads made, or in the making
+    made_gradients = bool((backward_kept & (origin == "trace")).any())
+    ran_backward = bool((phase == Phase.BACKWARD).any())
+    optimizer_sizes = sizes[category == OPTIMIZER_STATE]
+    if made_gradients:
+        paired, why = False, "structure:persistent-before-recording+gradients-made-in-recording"
+    elif ran_backward:
+        paired, why = True, "structure:size-pairs+backward-made-no-gradient"
+    elif len(optimizer_sizes):
+        state = pd.Series(optimizer_sizes).value_counts()
+        candidates = pd.Series(sizes[open_]).value_counts().reindex(state.index, fill_value=0)
+        paired = bool(candidates.sum() >= PAIRED_STATE_SHARE * state.sum())
+        why = "structure:size-pairs+as-many-as-optimizer-state" if paired else \
+            "structure:persistent-before-recording+half-the-optimizer-state"
+    else:
+        paired, why = False, "structure:persistent-before-recording"
+    rows = np.flatnonzero(open_)
+    if not paired:
+        _label(rows, PARAMETER, why, category, source)
+        return
+    addresses = a["addr"].to_numpy(dtype=np.int64)
+    for size in np.unique(sizes[rows]):
+        group = rows[sizes[rows] == size]
+        group = group[np.argsort(addresses[group], kind="stable")]
+        half = len(group) // 2  # an odd one out is not a pair: it stays unattributed
+        _label(group[:half], PARAMETER, why, category, source)
+        _label(group[half:2 * half], GRADIENT, why, category, source)
+
+
+def _construction_state(sizes: np.ndarray, t_alloc: np.ndarray, phase: np.ndarray, category: np.ndarray,
+                        source: np.ndarray, stack: np.ndarray, frames: list[tuple[Frame, ...]]) -> None:
+    loading = np.flatnonzero((phase == Phase.LOAD) & ~np.isnan(t_alloc))
+    loaded = loading[category[loading] == PARAMETER]
+    if len(loaded) < 2:
+        return
+    by_site: dict[str, list[int]] = defaultdict(list)
+    for row in loaded:
+        site = _object_init_site(frames[stack[row]]) if stack[row] >= 0 else None
+        if site is not None:
+            by_site[site].append(row)
+    for site, rows in by_site.items():
+        group = np.asarray(rows)
+        before = loading[(t_alloc[loading] < t_alloc[group].min()) & ~np.isin(loading, group)]
+        if len(group) >= 2 and _repeats(sizes[group], sizes[before]):
+            category[group] = OPTIMIZER_STATE
+            source[group] = "structure:state-per-parameter-at-construction"
+
+
+def _object_init_site(frames: tuple[Frame, ...]) -> str | None:
+    """'file:line' of the user `__init__` that made a tensor, unless a torch.nn module's construction did."""
+    if any(any(part in f[0] for part in _NN_CONSTRUCTION) for f in frames):
+        return None
+    for filename, line, function in frames:
+        if function == "__init__" and filename.endswith(".py") and "torch" not in filename.replace("\\", "/").split("/"):
+            return f"{filename}:{line}"
+    return None
+
+
+def _repeats(sizes: np.ndarray, earlier: np.ndarray) -> bool:
+    """Every size of `sizes` occurs among `earlier` at least as often: a copy of (part of) that set."""
+    have = pd.Series(earlier).value_counts()
+    want = pd.Series(sizes).value_counts()
+    return bool((want <= have.reindex(want.index, fill_value=0)).all())
+
+
+def _replaced_parameters(sizes: np.ndarray, t_alloc: np.ndarray, t_free: np.ndarray, phase: np.ndarray,
+                         category: np.ndarray, source: np.ndarray) -> None:
+    """Walk each optimizer step in time order: a parameter freed in it is replaced by the latest tensor of its
+    size the step made and kept (`p.data = new` makes the new tensor, then drops the old one)."""
+    made = np.flatnonzero((phase == Phase.OPTIMIZER) & (category == OPTIMIZER_STATE) & ~np.isnan(t_alloc))
+    if not len(made):
+        return
+    made = made[np.argsort(t_alloc[made], kind="stable")]
+    step = _optimizer_steps(t_alloc[made])
+    window = pd.DataFrame({"step": step, "t": t_alloc[made]}).groupby("step")["t"].agg(["min", "max"])
+    gap = _step_gap(t_alloc[made])
+    freed = np.flatnonzero((category == PARAMETER) & np.isfinite(t_free))
+    events = [(t_alloc[r], 1, int(r), int(s)) for r, s in zip(made, step)]
+    for r in freed:  # a parameter freed inside (or just after) an optimizer step
+        inside = np.flatnonzero((window["min"].to_numpy() <= t_free[r]) & (t_free[r] <= window["max"].to_numpy() + gap))
+        if len(inside):
+            events.append((t_free[r], 0, int(r), int(window.index[inside[0]])))
+    unpaired: dict[tuple[int, int], list[int]] = defaultdict(list)  # (step, size) -> kept tensors made, in order
+    for _, is_new, row, s in sorted(events):
+        if is_new:
+            unpaired[(s, int(sizes[row]))].append(row)
+        elif unpaired[(s, int(sizes[row]))]:
+            new = unpaired[(s, int(sizes[row]))].pop()
+            category[new] = PARAMETER
+            source[new] = "structure:replaces-parameter-in-step"
+
+
+def _step_gap(times: np.ndarray) -> float:
+    """Ten times the median gap between optimizer allocations: a longer gap starts a new optimizer step."""
+    gaps = np.diff(times)
+    return 10 * float(np.median(gaps)) if len(gaps) else float("inf")
+
+
+def _optimizer_steps(times: np.ndarray) -> np.ndarray:
+    """The optimizer step (0, 1, ...) of each time-sorted optimizer allocation."""
+    return np.concatenate([[0], np.cumsum(np.diff(times) > _step_gap(times))]).astype(np.int64)
+
+
+def _label(rows: np.ndarray, value: str, why: str, category: np.ndarray, source: np.ndarray) -> None:
+    category[rows] = value
+    source[rows] = why

@@ -1,0 +1,160 @@
+"""Model states from structure (analyzer.attribute.model_states), each rule on a hand-made snapshot, with the
+case on each side of it."""
+from __future__ import annotations
+
+import pandas as pd
+
+from analyzer.attribute import attribute
+from support.snapshots import MiB, Recording
+
+OPTIM = "/venv/lib/python3.11/site-packages/torch/optim/adam.py:120"
+LINEAR_INIT = "/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py:100"
+MODEL = "/src/model.py:14"
+SIZES = (4 * MiB, 4 * MiB, 16 * MiB, 2 * MiB)  # a parameter set: two 4 MiB weights, a 16 MiB one, a 2 MiB one
+
+
+def labels(rec: Recording) -> pd.DataFrame:
+    return attribute(rec.trace()).allocations
+
+
+def by_category(allocations: pd.DataFrame, rows: pd.Series | None = None) -> dict[str, int]:
+    chosen = allocations if rows is None else allocations[rows]
+    sums = chosen.groupby("category", observed=True)["requested_bytes"].sum()
+    return {str(k): int(v) for k, v in sums.items() if v}
+
+
+def before_recording(rec: Recording, copies: int, extra: int | None = None) -> None:
+    """`copies` tensors of every size of the parameter set (and one `extra` tensor) alive when recording starts."""
+    for _ in range(copies):
+        for size in SIZES:
+            rec.alloc(size)
+    if extra:
+        rec.alloc(extra)
+    rec.forget_history()
+
+
+def forward(rec: Recording) -> list[int]:
+    with rec.phase("forward"):
+        return [rec.alloc(8 * MiB, MODEL, name="forward") for _ in range(3)]
+
+
+def pre_recording(allocations: pd.DataFrame) -> pd.Series:
+    return allocations["origin"].astype(str) != "trace"
+
+
+def test_a_backward_that_makes_gradients_means_what_was_there_before_is_parameters() -> None:
+    rec = Recording()
+    before_recording(rec, copies=2)  # even counts: they would pair up, but the gradients are made here
+    saved = forward(rec)
+    with rec.phase("backward"):
+        for size in SIZES:
+            rec.alloc(size, with_frames=False)  # .grad, kept
+        for addr in saved:
+            rec.free(addr)
+    a = labels(rec)
+    assert by_category(a, pre_recording(a)) == {"parameter": 2 * sum(SIZES)}
+    assert set(a.loc[pre_recording(a), "label_source"].astype(str).str.split(";").str[1]) == {
+        "category=structure:persistent-before-recording+gradients-made-in-recording"}
+
+
+def test_a_backward_that_makes_no_gradient_accumulated_into_gradients_that_were_there() -> None:
+    rec = Recording()
+    before_recording(rec, copies=2, extra=1 * MiB)  # parameters + gradients, and one odd tensor
+    saved = forward(rec)
+    with rec.phase("backward"):
+        temporary = rec.alloc(4 * MiB, with_frames=False)  # a gradient computed, added into .grad, dropped
+        rec.free(temporary)
+        for addr in saved:
+            rec.free(addr)
+    a = labels(rec)
+    assert by_category(a, pre_recording(a)) == {"parameter": sum(SIZES), "gradient": sum(SIZES),
+                                                "unattributed": 1 * MiB}
+
+
+def test_without_backward_the_optimizer_state_says_whether_gradients_are_there() -> None:
+    for copies, expected in ((2, {"parameter": sum(SIZES), "gradient": sum(SIZES)}),
+                             (1, {"parameter": sum(SIZES)})):
+        rec = Recording()
+        for _ in range(2):  # Adam's two moments, made in an optimizer step before the recording
+            for size in SIZES:
+                rec.alloc(size, OPTIM, name="_single_tensor_adam")
+        for _ in range(copies):
+            for size in SIZES:
+                rec.alloc(size, with_frames=False)
+        rec.entries.clear()
+        rec.annotations.clear()  # the moments keep their frames (a block's own), the rest have none
+        forward(rec)
+        a = labels(rec)
+        rows = pre_recording(a) & (a["category"].astype(str) != "optimizer_state")
+        assert by_category(a, rows) == expected, copies
+        assert by_category(a, a["category"].astype(str) == "optimizer_state") == {"optimizer_state": 2 * sum(SIZES)}
+
+
+def test_without_backward_or_optimizer_what_was_there_before_is_parameters() -> None:
+    rec = Recording()
+    before_recording(rec, copies=2)
+    forward(rec)
+    a = labels(rec)
+    assert by_category(a, pre_recording(a)) == {"parameter": 2 * sum(SIZES)}
+
+
+def test_state_made_per_parameter_by_an_objects_init_is_optimizer_state() -> None:
+    rec = Recording()
+    with rec.phase("load"):
+        for size in SIZES:
+            rec.alloc(size, LINEAR_INIT, name="__init__")  # the model's parameters
+        for size in SIZES:
+            rec.alloc(size, "/src/estimator.py:30", name="__init__")  # torch.zeros_like(p) per parameter
+        rec.alloc(64 * MiB, "/src/data.py:30", name="__init__")  # a user object's buffer of another size
+    forward(rec)
+    a = labels(rec)
+    made = a["t_alloc_us"].notna()
+    assert by_category(a, made & (a["requested_bytes"] != 8 * MiB)) == {
+        "parameter": sum(SIZES) + 64 * MiB, "optimizer_state": sum(SIZES)}
+
+
+def test_a_tensor_that_replaces_a_parameter_in_the_optimizer_step_is_the_parameter() -> None:
+    rec = Recording()
+    with rec.phase("load"):
+        weights = [rec.alloc(size, LINEAR_INIT, name="__init__") for size in SIZES]
+    saved = forward(rec)
+    for addr in saved:
+        rec.free(addr)
+    with rec.phase("optimizer"):
+        for size in SIZES:  # exp_avg, exp_avg_sq: new state, nothing of their size freed
+            rec.alloc(size, OPTIM, name="step")
+            rec.alloc(size, OPTIM, name="step")
+        for size, old in zip(SIZES, weights):  # p.data = p - lr * update: a new tensor, the old one freed
+            rec.alloc(size, OPTIM, name="step")
+            rec.free(old)
+    a = labels(rec)
+    optimizer_made = a["phase"].astype(str) == "optimizer"
+    assert by_category(a, optimizer_made) == {"parameter": sum(SIZES), "optimizer_state": 2 * sum(SIZES)}
+    replaced = a[optimizer_made & (a["category"].astype(str) == "parameter")]
+    assert set(replaced["label_source"].astype(str).str.split(";").str[1]) == {
+        "category=structure:replaces-parameter-in-step"}
+
+
+def test_pairing_starts_at_three_quarters_of_the_optimizer_state() -> None:
+    """PAIRED_STATE_SHARE: 6 candidates for 8 state tensors (0.75) pair up; 5 (0.625) are parameters."""
+    for extra, paired in ((2, True), (1, False)):
+        rec = Recording()
+        for _ in range(2):
+            for size in SIZES:
+                rec.alloc(size, OPTIM, name="_single_tensor_adam")
+        for size in (*SIZES, *(4 * MiB,) * extra):
+            rec.alloc(size, with_frames=False)
+        rec.entries.clear()
+        rec.annotations.clear()
+        forward(rec)
+        a = labels(rec)
+        assert ("gradient" in by_category(a, pre_recording(a))) is paired, extra
+
+
+def test_structural_labels_say_so_with_a_lower_confidence() -> None:
+    rec = Recording()
+    before_recording(rec, copies=1)
+    forward(rec)
+    a = labels(rec)
+    structural = a[a["label_source"].astype(str).str.contains("category=structure:")]
+    assert len(structural) == len(SIZES) and (structural["confidence"] < 0.9).all()
