@@ -10,10 +10,13 @@ Signals, strongest first (the first one that speaks decides; `label_source` name
    `(dynamo_timed)` ranges (phase `compile`: compile-time memory is not training memory), `ProfilerStep#N`
    (steps), user `record_function` ranges named like a phase (`forward`, `backward`, `optimizer` ...);
 3. stack frames: torch frames that identify a phase (autograd, torch.optim, torch.save / state_dict,
-   load_state_dict / Module.to, activation-checkpoint recomputation), the user `forward` frame (module
-   `Class.forward` when the source is readable here, else `file:line forward`);
-4. timing: allocations with no Python frames in a recording that has them come from autograd's thread:
-   backward;
+   load_state_dict / Module.to, activation-checkpoint recomputation), the module call path of the `forward`
+   (and constructor) frames, `Outer › Inner` with class names where the source is readable here, else
+   `file:line forward` (see `analyzer.attribute.modules` for the module's signals, mirrors of the forward and
+   parameters' sizes included);
+4. timing: allocations with no Python frames in a recording that has them come from autograd's thread
+   (backward), unless its C++ frames say otherwise or they sit inside the forward (`analyzer.attribute.timing`);
+   model states from structure where nothing else speaks (`analyzer.attribute.model_states`);
 5. lifetime, for categories: see `analyzer.attribute.category`.
 Where nothing decides, the label is `unattributed`: a guess is never shown as a fact.
 """
@@ -33,6 +36,7 @@ from analyzer.attribute.module_paths import SourceIndex
 from analyzer.attribute.model_states import infer_model_states
 from analyzer.attribute.modules import assign_modules
 from analyzer.attribute.steps import number_steps
+from analyzer.attribute.timing import frameless_phases, native_facts
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import UNATTRIBUTED, Phase, Role
 
@@ -125,8 +129,8 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     _fill(phase, source, frame_phase, frame_signal)
     recorded_python = bool(has_python[timed].any())
     frameless = timed & ~has_python & recorded_python
-    # numpy's stubs leave None out of ArrayLike; np.where takes it as an object scalar
-    _fill(phase, source, np.where(frameless, Phase.BACKWARD.value, None), np.where(frameless, "timing:no-python-frames", None))  # type: ignore[call-overload]
+    native, engine = native_facts(list(trace.stacks["frames"]))
+    _fill(phase, source, *frameless_phases(frameless, phase, t_alloc, native[stacks], engine[stacks]))
     _fill(phase, source, *_between_neighbours(phase, t_alloc))
 
     step = number_steps(ann, t_alloc, phase)

@@ -9,10 +9,11 @@ know), and says so in its label source (`structure:…`, confidence below the st
 
 1. Tensors alive from before the recording to its end (a snapshot's blocks), that nothing else labels, are
    model state:
-   - when the recording's own backward made gradients (tensors it kept past its end, or alive when the
-     recording stopped in it), the gradients did not exist before it: they are parameters;
-   - when it ran a backward that made none, that backward accumulated into gradients that already existed:
-     each size's tensors pair up into as many parameters as gradients;
+   - when gradients are known otherwise (the recording's backward made them, it stopped inside one, or
+     frames show the old ones were made by autograd), the rest are parameters;
+   - when it ran a backward (at least BACKWARD_SHARE as many allocations as its forward) that made none,
+     that backward accumulated into gradients that already existed: each size's tensors pair up into as many
+     parameters as gradients;
    - with no backward but an optimizer state, the run trained before the recording: if the tensors of the
      optimizer state's sizes are as many as the state (Adam-like optimizers keep two moments a parameter), they
      are parameters and their gradients;
@@ -22,6 +23,8 @@ know), and says so in its label source (`structure:…`, confidence below the st
    (`zeros_like` per parameter).
 3. A long-lived tensor made in an optimizer step that replaces a parameter freed in the same step (same
    size) is the parameter (`p.data = new`), not optimizer state.
+4. What `nn.DataParallel` copies to each GPU for every forward (`replicate`) is the module's parameters
+   there, not activations, though it lives only for the step (a frames signal, not a structural one).
 """
 from __future__ import annotations
 
@@ -34,8 +37,10 @@ from analyzer.core.stacks import Frame
 from analyzer.core.vocabulary import Category, Phase
 
 PARAMETER, GRADIENT, OPTIMIZER_STATE = Category.PARAMETER.value, Category.GRADIENT.value, Category.OPTIMIZER_STATE.value
+BACKWARD_SHARE = 0.1  # a backward makes about as many allocations as its forward: a tenth of them is one
 PAIRED_STATE_SHARE = 0.75  # tensors / optimizer-state tensors of the state's sizes: 1 for params + grads, 0.5 params
 _NN_CONSTRUCTION = ("torch/nn/", "torch\\nn\\")
+_REPLICATE = ("torch/nn/parallel/replicate.py", "torch\\nn\\parallel\\replicate.py")
 
 
 def infer_model_states(a: pd.DataFrame, phase: np.ndarray, category: np.ndarray, source: np.ndarray,
@@ -47,6 +52,7 @@ def infer_model_states(a: pd.DataFrame, phase: np.ndarray, category: np.ndarray,
     t_alloc = a["t_alloc_us"].to_numpy(dtype=np.float64, na_value=np.nan)
     t_free = a["t_free_us"].to_numpy(dtype=np.float64, na_value=np.inf)
     stack = a["stack_id"].to_numpy(dtype=np.int64, na_value=-1)
+    _replicas(stack, frames, category, source)
     _construction_state(sizes, t_alloc, phase, category, source, stack, frames)
     _replaced_parameters(sizes, t_alloc, t_free, phase, category, source)
     if blocks_before_recording:
@@ -60,12 +66,14 @@ def _persistent_before_recording(a: pd.DataFrame, sizes: np.ndarray, phase: np.n
     open_ = (origin != "trace") & alive_at_end & pd.isna(category)
     if not open_.any():
         return
-    backward_kept = (phase == Phase.BACKWARD) & ((category == GRADIENT) | alive_at_end)  # grads made, or in the making
-    made_gradients = bool((backward_kept & (origin == "trace")).any())
-    ran_backward = bool((phase == Phase.BACKWARD).any())
+    in_the_making = (phase == Phase.BACKWARD) & alive_at_end & (origin == "trace")  # stopped inside a backward
+    made_gradients = bool(((category == GRADIENT) | in_the_making).any())
+    made = origin == "trace"
+    ran_backward = bool(((phase == Phase.BACKWARD) & made).sum() >= BACKWARD_SHARE * ((phase == Phase.FORWARD) & made).sum()
+                        and ((phase == Phase.BACKWARD) & made).any())
     optimizer_sizes = sizes[category == OPTIMIZER_STATE]
     if made_gradients:
-        paired, why = False, "structure:persistent-before-recording+gradients-made-in-recording"
+        paired, why = False, "structure:persistent-before-recording+gradients-known"
     elif ran_backward:
         paired, why = True, "structure:size-pairs+backward-made-no-gradient"
     elif len(optimizer_sizes):
@@ -87,6 +95,13 @@ def _persistent_before_recording(a: pd.DataFrame, sizes: np.ndarray, phase: np.n
         half = len(group) // 2  # an odd one out is not a pair: it stays unattributed
         _label(group[:half], PARAMETER, why, category, source)
         _label(group[half:2 * half], GRADIENT, why, category, source)
+
+
+def _replicas(stack: np.ndarray, frames: list[tuple[Frame, ...]], category: np.ndarray, source: np.ndarray) -> None:
+    replicating = np.asarray([any(f[0].endswith(_REPLICATE) for f in fs) for fs in frames] + [False], dtype=bool)
+    rows = replicating[stack]
+    category[rows] = PARAMETER
+    source[rows] = "frames:data-parallel-replica"
 
 
 def _construction_state(sizes: np.ndarray, t_alloc: np.ndarray, phase: np.ndarray, category: np.ndarray,

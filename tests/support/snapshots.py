@@ -61,15 +61,15 @@ class Recording:
         return addr
 
     def alloc(self, size: int, where: str = "train.py:20", segment: int | None = None, offset: int = 0,
-              name: str = "train_step", with_frames: bool = True) -> int:
-        """A tensor of `size` bytes made at the line `where` in function `name` (no frames at all, as on
-        autograd's thread, with `with_frames=False`): in a new segment of its own size, or at `offset` in
-        `segment`. Returns its address."""
+              name: str = "train_step", with_frames: bool = True, native: tuple[str, ...] = ()) -> int:
+        """A tensor of `size` bytes made at the line `where` in function `name` (no Python frames, as on
+        autograd's thread, with `with_frames=False`; C++ frames named `native` innermost, as `stacks="all"`
+        records them): in a new segment of its own size, or at `offset` in `segment`. Returns its address."""
         assert size > 0 and size % BLOCK == 0, f"{size} bytes: blocks are multiples of {BLOCK} bytes"
         if segment is None:
             segment = self.reserve(size)
         addr = segment + offset
-        stack = frames(where, name) if with_frames else []
+        stack = [{"filename": "??", "line": 0, "name": f} for f in native] + (frames(where, name) if with_frames else [])
         self.blocks[addr] = (size, segment, stack)
         self._entry("alloc", addr, size, stack)
         return addr

@@ -54,7 +54,7 @@ def test_a_backward_that_makes_gradients_means_what_was_there_before_is_paramete
     a = labels(rec)
     assert by_category(a, pre_recording(a)) == {"parameter": 2 * sum(SIZES)}
     assert set(a.loc[pre_recording(a), "label_source"].astype(str).str.split(";").str[1]) == {
-        "category=structure:persistent-before-recording+gradients-made-in-recording"}
+        "category=structure:persistent-before-recording+gradients-known"}
 
 
 def test_a_backward_that_makes_no_gradient_accumulated_into_gradients_that_were_there() -> None:
@@ -158,3 +158,34 @@ def test_structural_labels_say_so_with_a_lower_confidence() -> None:
     a = labels(rec)
     structural = a[a["label_source"].astype(str).str.contains("category=structure:")]
     assert len(structural) == len(SIZES) and (structural["confidence"] < 0.9).all()
+
+
+def test_a_backward_counts_from_a_tenth_of_the_forwards_allocations() -> None:
+    """BACKWARD_SHARE: 10 forward allocations and 1 in backward (0.1) are a backward that made no gradient, so
+    what was there pairs up; with 11 forward allocations (1/11 < 0.1) it is not, and they are parameters."""
+    for forward_allocations, paired in ((10, True), (11, False)):
+        rec = Recording()
+        before_recording(rec, copies=2)
+        with rec.phase("forward"):
+            saved = [rec.alloc(1 * MiB, MODEL, name="forward") for _ in range(forward_allocations)]
+        with rec.phase("backward"):
+            rec.free(rec.alloc(1 * MiB, with_frames=False))
+            for addr in saved:
+                rec.free(addr)
+        a = labels(rec)
+        assert ("gradient" in by_category(a, pre_recording(a))) is paired, forward_allocations
+
+
+def test_what_data_parallel_replicates_for_a_forward_is_parameters() -> None:
+    rec = Recording(device=1)
+    with rec.phase("forward"):
+        replica = rec.alloc(4 * MiB, "/venv/lib/python3.11/site-packages/torch/nn/parallel/replicate.py:126",
+                            name="replicate")
+        activation = rec.alloc(4 * MiB, MODEL, name="forward")
+    with rec.phase("backward"):
+        rec.free(rec.alloc(1 * MiB, with_frames=False))
+        rec.free(activation)
+        rec.free(replica)
+    a = labels(rec)
+    assert by_category(a, a["addr"] == replica) == {"parameter": 4 * MiB}
+    assert by_category(a, a["addr"] == activation) == {"activation": 4 * MiB}
