@@ -96,14 +96,15 @@ def measure(trace: MemoryTrace, device: int) -> DeviceMeasures:
 def top_allocations(trace: MemoryTrace, d: DeviceMeasures, n: int = TOP_ALLOCATIONS) -> list[dict[str, object]]:
     """The largest allocations live at the peak, with where they came from."""
     rows = []
-    frames = trace.stacks["top_user_frame"]
+    frames, ops = trace.stacks["top_user_frame"], trace.stacks["op"]
     for r in d.peak.live.head(n).itertuples(index=False):
-        where = None if pd.isna(r.stack_id) else frames.iat[int(r.stack_id)]
+        framed = not pd.isna(r.stack_id)
         rows.append({
             "allocated_bytes": int(r.allocated_bytes), "requested_bytes": int(r.requested_bytes),
             "address": int(r.addr), "t_alloc_us": None if pd.isna(r.t_alloc_us) else int(r.t_alloc_us),
-            "origin": r.origin, "top_user_frame": where,
-            "has_frames": not pd.isna(r.stack_id),
+            "origin": r.origin, "top_user_frame": frames.iat[int(r.stack_id)] if framed else None,
+            "op": ops.iat[int(r.stack_id)] if framed else None,
+            "has_frames": framed,
         })
     return rows
 

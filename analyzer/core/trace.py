@@ -80,7 +80,11 @@ EVENT_COLUMNS: dict[str, str] = {
 STACK_COLUMNS: dict[str, str] = {
     "stack_id": "int64",
     "frames": "object",          # tuple of (filename, line, function)
-    "top_user_frame": "object",  # "file:line function" of the innermost frame outside torch/C++/stdlib, or None
+    "top_user_frame": "object",  # "file:line function" of the innermost Python frame of the user's code (not
+                                 # torch's, the stdlib's or torch.compile's generated code; never a C/C++ frame),
+                                 # or None (analyzer.core.stacks.top_user_frame)
+    "op": "object",              # "aten::NAME": the operator the C++ frames say made it (stacks="all"), or None
+                                 # (analyzer.core.stacks.stack_op)
 }
 
 #: one row per annotation range (record_function, Optimizer.step#..., FSDP, dynamo_timed ...).

@@ -85,7 +85,7 @@ from analyzer.ingest.history import ByAddress, BySize, HistoryBuilder
 from analyzer.ingest.json_depth import DepthLimitedStream
 from analyzer.ingest.json_stream import first_byte, ijson_backend, reading
 from analyzer.ingest.limits import check_devices
-from analyzer.core.stacks import top_user_frame
+from analyzer.core.stacks import stack_op, top_user_frame
 from analyzer.core.trace import MISSING, DeviceInfo, MemoryTrace, MultiRankTrace, empty_table, make_table
 
 HOST = -1
@@ -479,7 +479,8 @@ class _Stacks:
 
     def table(self) -> pd.DataFrame:
         return make_table("stacks", {"stack_id": np.arange(len(self.frames), dtype=np.int64), "frames": self.frames,
-                                     "top_user_frame": [top_user_frame(f) for f in self.frames]})
+                                     "top_user_frame": [top_user_frame(f) for f in self.frames],
+                                     "op": [stack_op(f) for f in self.frames]})
 
 
 def _frame(name: str) -> tuple[str, int, str] | None:

@@ -18,7 +18,7 @@ import pandas as pd
 
 from analyzer.ingest.columns import MAX_TOTAL_BYTES, MISSING, to_int64
 from analyzer.ingest.fields import require_strings, text
-from analyzer.core.stacks import top_user_frame
+from analyzer.core.stacks import stack_op, top_user_frame
 from analyzer.core.trace import make_table
 
 #: trace actions, in the order of their codes in the events table
@@ -100,6 +100,7 @@ class StackInterner:
             "stack_id": np.arange(len(self.frames), dtype=np.int64),
             "frames": self.frames,
             "top_user_frame": [top_user_frame(f) for f in self.frames],
+            "op": [stack_op(f) for f in self.frames],
         })
 
 

@@ -36,7 +36,8 @@ def _largest(d: DeviceView) -> Group:
     table.add_column("allocated by (innermost user frame)", overflow="fold")
     for a in d.live[:TOP_LIVE]:
         table.add_row(human_bytes(a.allocated_bytes), words(a.category),
-                      Text(short_frame(a.where)) if a.where else Text("no user frame recorded", style="dim"))
+                      Text(short_frame(a.where)) if a.where else
+                      Text(f"no user frame; {a.op}" if a.op else "no user frame recorded", style="dim"))
     return Group(table)
 
 

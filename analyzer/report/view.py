@@ -56,6 +56,7 @@ class LiveAllocation:
     phase: str
     module: str
     where: str | None    # innermost user frame
+    op: str | None       # the ATen op the C++ frames name (shown where no user frame was recorded)
     frames: list[Frame]
     frames_left_out: int
     allocated_at: str    # relative time, or why it is unknown
@@ -101,6 +102,7 @@ class Detail:
 class EvidenceAllocation:
     bytes: int
     where: str | None
+    op: str | None
     module: str | None
     category: str | None
 
@@ -364,12 +366,14 @@ def _phase_bands(phases: pd.Series, seqs: pd.Series) -> list[Band]:
 
 def _live_allocation(trace: MemoryTrace, r: Any, origin: int | None) -> LiveAllocation:
     frames = trace.stack_frames(r.stack_id)
-    where = None if pd.isna(r.stack_id) else trace.stacks["top_user_frame"].iat[int(r.stack_id)]
+    framed = not pd.isna(r.stack_id)
+    where = trace.stacks["top_user_frame"].iat[int(r.stack_id)] if framed else None
+    op = trace.stacks["op"].iat[int(r.stack_id)] if framed else None
     when = ("before the recording started" if pd.isna(r.t_alloc_us)
             else relative_seconds(int(r.t_alloc_us), origin))
     return LiveAllocation(
         allocated_bytes=int(r.allocated_bytes), requested_bytes=int(r.requested_bytes), category=str(r.category),
-        phase=str(r.phase), module=str(r.module), where=where,
+        phase=str(r.phase), module=str(r.module), where=where, op=op,
         frames=[Frame(format_frame(f), is_user_frame(f)) for f in frames[:FRAMES_SHOWN]],
         frames_left_out=max(len(frames) - FRAMES_SHOWN, 0), allocated_at=when,
     )
@@ -409,7 +413,7 @@ def _detail_text(name: str, value: Any) -> str:
 
 def _finding_view(f: dict[str, Any], origin: int | None) -> FindingView:
     evidence = f.get("evidence") or {}
-    allocations = [EvidenceAllocation(int(a.get("bytes") or 0), a.get("top_user_frame"), a.get("module"),
+    allocations = [EvidenceAllocation(int(a.get("bytes") or 0), a.get("top_user_frame"), a.get("op"), a.get("module"),
                                       a.get("category")) for a in evidence.get("allocations") or []]
     details = [Detail(words(str(k)), _detail_text(str(k), v)) for k, v in (evidence.get("details") or {}).items()]
     return FindingView(
