@@ -7,6 +7,7 @@ A set of ranks (a directory or .tar.gz of per-rank traces, a `MultiRankTrace`) i
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import overload
 
@@ -26,36 +27,41 @@ from analyzer.result import TOP_ALLOCATIONS, Analysis, DeviceAnalysis, DeviceMea
 
 @overload
 def analyze(source: MemoryTrace, gpu_memory: int | None = None, world_size: int | None = None,
-            device_usage: MemoryTrace | None = None) -> Analysis: ...
+            device_usage: MemoryTrace | None = None, *, source_roots: Sequence[str | Path] = ()) -> Analysis: ...
 
 
 @overload
 def analyze(source: MultiRankTrace, gpu_memory: int | None = None, world_size: int | None = None,
-            device_usage: MemoryTrace | None = None) -> RankSetAnalysis: ...
+            device_usage: MemoryTrace | None = None, *,
+            source_roots: Sequence[str | Path] = ()) -> RankSetAnalysis: ...
 
 
 @overload
 def analyze(source: str | Path, gpu_memory: int | None = None, world_size: int | None = None,
-            device_usage: MemoryTrace | None = None) -> Analysis | RankSetAnalysis: ...
+            device_usage: MemoryTrace | None = None, *,
+            source_roots: Sequence[str | Path] = ()) -> Analysis | RankSetAnalysis: ...
 
 
 def analyze(source: str | Path | MemoryTrace | MultiRankTrace, gpu_memory: int | None = None,
-            world_size: int | None = None, device_usage: MemoryTrace | None = None) -> Analysis | RankSetAnalysis:
+            world_size: int | None = None, device_usage: MemoryTrace | None = None, *,
+            source_roots: Sequence[str | Path] = ()) -> Analysis | RankSetAnalysis:
     """Analyse a file (any supported format, a set of ranks included) or an already loaded trace: attribution,
     peaks, findings, remedies. `gpu_memory` (bytes) and `world_size` sharpen the remedies' estimates;
-    `device_usage`, an Nsight export of the same run, shows the memory outside PyTorch."""
+    `device_usage`, an Nsight export of the same run, shows the memory outside PyTorch; `source_roots`, local
+    checkouts of the code the recording ran, let module class names be read from frames recorded elsewhere."""
     loaded = source if isinstance(source, (MemoryTrace, MultiRankTrace)) else load(source)
     with gc_paused():  # millions of live objects from the reader: see analyzer.core.gc_pause
         if isinstance(loaded, MultiRankTrace):
             return RankSetAnalysis(source_path=loaded.source_path, warnings=list(loaded.warnings),
-                                   ranks=[analyze_trace(t, gpu_memory, world_size, device_usage) for t in loaded.traces])
-        return analyze_trace(loaded, gpu_memory, world_size, device_usage)
+                                   ranks=[analyze_trace(t, gpu_memory, world_size, device_usage, source_roots=source_roots)
+                                          for t in loaded.traces])
+        return analyze_trace(loaded, gpu_memory, world_size, device_usage, source_roots=source_roots)
 
 
 def analyze_trace(trace: MemoryTrace, gpu_memory: int | None = None, world_size: int | None = None,
-                  device_usage: MemoryTrace | None = None) -> Analysis:
+                  device_usage: MemoryTrace | None = None, *, source_roots: Sequence[str | Path] = ()) -> Analysis:
     """One recording: attributed (a new trace; the given one is left as it was), measured and diagnosed."""
-    trace = attribute(trace)
+    trace = attribute(trace, source_roots=source_roots)
     warnings = list(trace.warnings)
     devices = []
     for device in active_devices(trace):

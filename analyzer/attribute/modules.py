@@ -1,42 +1,242 @@
-"""Which module an allocation belongs to: an explicit tag (user_metadata, then module ranges), the user
-forward frame, or, for gradients and
-optimizer state, the module of the parameter of the same size (when that parameter's module is known and
-no other parameter has that size)."""
+"""Which module an allocation belongs to. Strongest first (`label_source` names the signal that decided):
+
+1. tags: the allocator's `user_metadata`, then `module::` ranges (`tag:module`); the caller adds `tensor::` marks;
+2. frames: the module call path of the allocation's stack (analyzer.attribute.module_paths), outermost first,
+   `GPT › Block › MLP › Linear` (`frames:call-path`). Where one parent's call runs several calls of one
+   child from the same line (a loop over 24 decoder layers, whose stacks are identical), each call is numbered
+   by its order within the parent's call, `GPT › Block[3] › MLP` (`frames:call-path+order`, a lower
+   confidence: the order, not the recording, tells them apart). A new call of a level begins where its
+   frame's line goes back (or its parent's moves on); allocations with no recorded time are not numbered;
+3. parameters: a gradient or optimizer state takes the module of the parameters of its size where they all
+   have one (`size-match:parameter`); else that of the parameter whose place in the order of the parameters it
+   has (`size-match:parameter-order`): an optimizer creates its state parameter by parameter in the order of
+   `model.parameters()`, the order they were made in (as many tensors per parameter as the state has over
+   the parameters, `ORDER_STATES` at most); a backward makes the gradients in about the reverse order. Only where the sizes follow that order (`ORDER_SHARE` of the
+   state or of a step's gradients find their parameter within `ORDER_WINDOW` of the last one matched); else
+   the call path the parameters of its size share but for the order numbers (`size-match:parameter-class`:
+   some decoder layer's MLP);
+4. mirror: an allocation of the backward pass (not a parameter's gradient) that no frame labels (autograd's
+   thread records no Python frames) is taken for the gradient of a forward tensor when one of its size is among
+   the next `MIRROR_RELEASES` forward tensors released after it (autograd releases the tensors a node saved
+   once the node has made its gradients): it takes that tensor's module (`size-match:forward-release`).
+Anything else stays unattributed: allocations with no Python frames take nothing from frames.
+"""
 from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from analyzer.attribute.annotations import annotation_labels
-from analyzer.core.vocabulary import Category
+from analyzer.attribute.module_paths import SEPARATOR, CallPath, path_label
+from analyzer.core.vocabulary import Category, Phase
+
+CALL_PATH, ORDERED = "frames:call-path", "frames:call-path+order"
+MIRROR_RELEASES = 8    # forward tensors released after a backward allocation that may be the one it mirrors
+ORDER_WINDOW = 16      # parameters searched on from the last one matched
+ORDER_STATES = 4       # optimizer states per parameter at most (Adam keeps two, some optimizers more)
+ORDER_SHARE = 0.9      # of the tensors that must find their parameter for the order to be taken
 
 
-def assign_modules(a: pd.DataFrame, annotations: pd.DataFrame, times: np.ndarray, frame_module: np.ndarray,
-                   category: np.ndarray, from_metadata: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def assign_modules(a: pd.DataFrame, annotations: pd.DataFrame, times: np.ndarray, stacks: np.ndarray,
+                   paths: Sequence[CallPath], category: np.ndarray, from_metadata: tuple[np.ndarray, np.ndarray],
+                   step: np.ndarray | None = None, phase: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(module, label source) of every row of `a`; `stacks` is each row's stack id (-1: none) into `paths`."""
     module, source = from_metadata
     module, source = module.copy(), source.copy()
     tagged, tag_source = annotation_labels(annotations, times, "tag", "module")
     unset = pd.isna(module)
     module[unset], source[unset] = tagged[unset], tag_source[unset]
-    unset = pd.isna(module)
-    from_frames = unset & ~pd.isna(frame_module)
-    module[from_frames] = frame_module[from_frames]
-    source[from_frames] = "frames:user-frame"
-    _match_parameters(a, module, source, category)
+    steps = step if step is not None else np.zeros(len(a), dtype=np.int64)
+    labels, numbered = call_path_labels(times, stacks, paths, steps)
+    from_frames = pd.isna(module) & ~pd.isna(labels)
+    module[from_frames] = labels[from_frames]
+    source[from_frames] = np.where(numbered[from_frames], ORDERED, CALL_PATH)
+    _match_parameters(a, module, source, category, exact=True)
+    _match_parameter_order(a, times, steps, module, source, category)
+    _match_parameters(a, module, source, category, exact=False)
+    if phase is not None:
+        _mirror_forward(a, times, steps, phase, module, source, category)
     return module, source
 
 
-def _match_parameters(a: pd.DataFrame, module: np.ndarray, source: np.ndarray, category: np.ndarray) -> None:
-    """Gradients and optimizer states have their parameter's size: borrow its module when unambiguous."""
+@dataclass
+class _Call:
+    """One call of a level, open while the allocations in time order stay inside it."""
+
+    identity: str
+    entered_at: int | None           # the parent's line that called it
+    line: int                        # its frame's line at the latest allocation
+    index: int                       # its order among the parent call's calls of the same child
+    position: tuple                  # (identity, entered_at) of every level down to this one
+    children: dict[tuple, int] = field(default_factory=dict)
+
+
+def call_path_labels(times: np.ndarray, stacks: np.ndarray, paths: Sequence[CallPath],
+                     steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(call-path label or None, numbered?) of every row: see the module docstring, signal 2."""
+    n = len(stacks)
+    labels = np.full(n, None, dtype=object)
+    numbered = np.zeros(n, dtype=bool)
+    has_path = np.asarray([bool(p) for p in paths] + [False], dtype=bool)[stacks] if n else np.zeros(0, dtype=bool)
+    if not has_path.any():
+        return labels, numbered
+    timed = has_path & np.isfinite(times)
+    order = np.flatnonzero(timed)
+    order = order[np.argsort(times[order], kind="stable")]
+    calls: dict[int, tuple[tuple[tuple, int], ...]] = {}   # row -> (position, index) of each level
+    most: dict[tuple, int] = defaultdict(int)               # position -> most calls within one parent call
+    chain: list[_Call] = []
+    roots: dict[tuple, int] = {}
+    last_step: int | None = None
+    last_stack: int | None = None
+    last: tuple = ()
+    for row in order.tolist():
+        sid = int(stacks[row])
+        if steps[row] != last_step:
+            chain, roots, last_step, last_stack = [], {}, steps[row], None
+        elif sid == last_stack:   # the same stack again: the same calls, lines unchanged
+            calls[row] = last
+            continue
+        levels = paths[sid]
+        keep = 0
+        while keep < min(len(chain), len(levels)):
+            call, level = chain[keep], levels[keep]
+            if call.identity != level.identity or level.line < call.line:
+                break
+            if keep and levels[keep - 1].line != call.entered_at:
+                break
+            keep += 1
+        del chain[keep:]
+        for call, level in zip(chain, levels):
+            call.line = level.line
+        for depth in range(keep, len(levels)):
+            level = levels[depth]
+            entered_at = levels[depth - 1].line if depth else None
+            key = (level.identity, entered_at)
+            siblings = chain[depth - 1].children if depth else roots
+            index = siblings.get(key, 0)
+            siblings[key] = index + 1
+            position = (chain[depth - 1].position if depth else ()) + (key,)
+            if depth:
+                most[position] = max(most[position], index + 1)
+            chain.append(_Call(level.identity, entered_at, level.line, index, position))
+        last = tuple((c.position, c.index) for c in chain)
+        calls[row], last_stack = last, sid
+    cache: dict[tuple, str] = {}
+    for row in np.flatnonzero(has_path).tolist():
+        levels = paths[int(stacks[row])]
+        shown: tuple[int | None, ...] = tuple(
+            index if depth and most.get(position, 0) > 1 else None
+            for depth, (position, index) in enumerate(calls.get(row, ())))
+        cached = (int(stacks[row]), shown)
+        if cached not in cache:
+            cache[cached] = path_label(levels, shown or None)
+        labels[row] = cache[cached]
+        numbered[row] = any(i is not None for i in shown)
+    return labels, numbered
+
+
+def without_order(label: str) -> str:
+    """The call path without its order numbers: `GPT › Block › MLP` for `GPT › Block[3] › MLP`."""
+    return SEPARATOR.join(part[: part.rindex("[")] if part.endswith("]") and "[" in part else part
+                          for part in label.split(SEPARATOR))
+
+
+def _match_parameters(a: pd.DataFrame, module: np.ndarray, source: np.ndarray, category: np.ndarray,
+                      exact: bool) -> None:
+    """Gradients and optimizer states have their parameter's size: borrow its module when unambiguous (`exact`),
+    else the call path the parameters of that size share but for the order numbers."""
     sizes = a["requested_bytes"].to_numpy()
     is_param = (category == Category.PARAMETER) & ~pd.isna(module)
     if not is_param.any():
         return
-    params = pd.DataFrame({"size": sizes[is_param], "module": module[is_param]})
-    owners = params.groupby("size")["module"].agg(lambda m: m.iloc[0] if m.nunique() == 1 else None).dropna()
+    params = pd.DataFrame({"size": sizes[is_param], "module": module[is_param].astype(str)})
+    owners: dict[int, tuple[str, str]] = {}
+    for size, names in params.groupby("size")["module"]:
+        distinct = names.unique()
+        if len(distinct) == 1:
+            if exact:
+                owners[int(size)] = (distinct[0], "size-match:parameter")
+        elif not exact and all(SEPARATOR in n or n.endswith("]") for n in distinct):
+            common = {without_order(n) for n in distinct}
+            if len(common) == 1:
+                owners[int(size)] = (common.pop(), "size-match:parameter-class")
     wanted = np.isin(category, [Category.GRADIENT, Category.OPTIMIZER_STATE]) & pd.isna(module)
     for i in np.flatnonzero(wanted):
-        owner = owners.get(sizes[i])
+        owner = owners.get(int(sizes[i]))
         if owner is not None:
-            module[i] = owner
-            source[i] = "size-match:parameter"
+            module[i], source[i] = owner
+
+
+def _align(reference: np.ndarray, targets: np.ndarray, capacity: int, slack: int) -> list[tuple[int, int]] | None:
+    """(target, reference) index pairs of equal sizes, walking both in order: each target takes the
+    reference of its size nearest the last one matched (up to ORDER_WINDOW on, or `slack` back: a weight
+    and its bias may come either way round), each reference at most `capacity` times. None unless ORDER_SHARE
+    of the targets are matched."""
+    uses = np.zeros(len(reference), dtype=np.int64)
+    pairs: list[tuple[int, int]] = []
+    pointer = 0
+    for t, size in enumerate(targets):
+        low, high = max(0, pointer - slack), min(len(reference), pointer + ORDER_WINDOW)
+        found = [q for q in range(low, high) if reference[q] == size and uses[q] < capacity]
+        if found:  # the nearest, forward on a tie
+            hit = min(found, key=lambda q: (abs(q - pointer), q < pointer))
+            uses[hit] += 1
+            pairs.append((t, hit))
+            pointer = max(pointer, hit)
+    return pairs if len(targets) and len(pairs) >= ORDER_SHARE * len(targets) else None
+
+
+def _match_parameter_order(a: pd.DataFrame, times: np.ndarray, steps: np.ndarray, module: np.ndarray,
+                           source: np.ndarray, category: np.ndarray) -> None:
+    """Signal 3's order rule: optimizer state in the parameters' order, each step's gradients in reverse."""
+    sizes = a["requested_bytes"].to_numpy(dtype=np.int64)
+    timed = np.isfinite(times)
+    params = np.flatnonzero((category == Category.PARAMETER) & ~pd.isna(module) & timed)
+    if len(params) < 2:
+        return
+    params = params[np.argsort(times[params], kind="stable")]
+    unset = pd.isna(module)
+
+    def borrow(rows: np.ndarray, reference: np.ndarray, capacity: int, slack: int) -> None:
+        """Walk all of `rows` (labelled ones keep the walk in step) and fill the unlabelled ones."""
+        rows = rows[np.argsort(times[rows], kind="stable")]
+        pairs = _align(sizes[reference], sizes[rows], capacity, slack)
+        for t, q in pairs or ():
+            if unset[rows[t]]:
+                module[rows[t]], source[rows[t]] = module[reference[q]], "size-match:parameter-order"
+
+    states = np.flatnonzero(timed & (category == Category.OPTIMIZER_STATE))
+    # states per parameter: as many as the state's tensors over the parameters (every one has a state)
+    per_parameter = round(len(states) / max(1, int((category == Category.PARAMETER).sum())))
+    if unset[states].any() and 1 <= per_parameter <= ORDER_STATES:
+        borrow(states, params, per_parameter, 0)
+    gradients = timed & (category == Category.GRADIENT)
+    for s in np.unique(steps[gradients & unset]):
+        borrow(np.flatnonzero(gradients & (steps == s)), params[::-1], 1, 4)
+
+
+def _mirror_forward(a: pd.DataFrame, times: np.ndarray, steps: np.ndarray, phase: np.ndarray, module: np.ndarray,
+                    source: np.ndarray, category: np.ndarray) -> None:
+    """Signal 4 of the module docstring, step by step."""
+    sizes = a["requested_bytes"].to_numpy(dtype=np.int64)
+    t_free = a["t_free_us"].to_numpy(dtype=np.float64, na_value=np.inf)
+    timed = np.isfinite(times)
+    forward = timed & (phase == Phase.FORWARD) & np.isin(source, [CALL_PATH, ORDERED]) & np.isfinite(t_free)
+    # a parameter's gradient has its parameter's size, not an activation's: signal 3's, never mirrored
+    backward = timed & (phase == Phase.BACKWARD) & pd.isna(module) & (category != Category.GRADIENT)
+    for s in np.intersect1d(steps[forward], steps[backward]):
+        b_rows = np.flatnonzero(backward & (steps == s))
+        f_rows = np.flatnonzero(forward & (steps == s))
+        f_rows = f_rows[t_free[f_rows] >= times[b_rows].min()]          # released during this backward
+        f_rows = f_rows[np.argsort(t_free[f_rows], kind="stable")]
+        first = np.searchsorted(t_free[f_rows], times[b_rows], side="left")
+        for row, k in zip(b_rows, first):
+            released = f_rows[k:k + MIRROR_RELEASES]
+            twin = released[sizes[released] == sizes[row]]
+            if len(twin):
+                module[row], source[row] = module[twin[0]], "size-match:forward-release"

@@ -1,4 +1,5 @@
-"""`analyze FILE [NSYS.sqlite] [-o OUT] [--format html|json|md|pdf] [--gpu-memory SIZE] [--gpus N] [--quiet]`:
+"""`analyze FILE [NSYS.sqlite] [-o OUT] [--format html|json|md|pdf] [--gpu-memory SIZE] [--gpus N] [--quiet]
+[--source-root DIR ...]`:
 analyse one recording (or a set of ranks), write the report and print the summary."""
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ class AnalyzeCommand:
         parser.add_argument("--export-trace", type=Path, metavar="OUT.json",
                             help="for a profiler trace: write it again with counter tracks of allocated bytes by "
                                  "category and by phase, for Perfetto UI / chrome://tracing (.gz to compress)")
+        parser.add_argument("--source-root", type=Path, action="append", default=[], metavar="DIR",
+                            help="a local checkout of the code the recording ran (repeatable): frames recorded on "
+                                 "another machine are matched to its files by the longest common path suffix, so "
+                                 "module class names can be read from them (never imported)")
         parser.add_argument("--version", action="version", version=f"analyze {__version__}")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -65,7 +70,7 @@ class AnalyzeCommand:
         with reading_progress(Console(stderr=True), enabled=sys.stderr.isatty() and not args.quiet):
             loaded, device_usage = load_with_companion(args.file, args.companion)
         with console.status("analysing"):
-            result = analyze(loaded, args.gpu_memory, args.gpus, device_usage)
+            result = analyze(loaded, args.gpu_memory, args.gpus, device_usage, source_roots=args.source_root)
         analyses = result.ranks if isinstance(result, RankSetAnalysis) else [result]
         out = args.output if args.output or json_to_stdout else default_output(args.file, args.format)
         if len(analyses) > 1 and args.format == "json":  # one document for the job, each device tagged with its rank

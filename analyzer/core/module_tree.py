@@ -1,4 +1,5 @@
-"""The memory at the peak as a tree of modules, nested by FQN prefix (`layers` > `4` > `attn`).
+"""The memory at the peak as a tree of modules, nested by FQN prefix (`layers` > `4` > `attn`) or, for the
+module call paths read from stacks, by level (`GPT › Block[3] › MLP`: `GPT` > `Block[3]` > `MLP`).
 
 A flat top-20 list hides that forty `layers.N.attn` rows are one transformer block repeated; the tree shows the
 block once with its total and lets the reader open it. Every node's bytes equal the sum of its children, so the
@@ -12,16 +13,30 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from analyzer.core.stacks import short_frame
+from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR
 
 #: a module FQN (`encoder.layers.3.mlp`); other module labels (a frame such as `train.py:12 forward`, `(root module)`,
-#: `unattributed`) are leaves at the top
+#: `unattributed`) are leaves at the top, and a call path's levels nest by MODULE_PATH_SEPARATOR
 _FQN = re.compile(r"^[A-Za-z_][\w\-]*(\.[\w\-]+)*$")
+_CLASS = re.compile(r"^[A-Za-z_]\w*(\[\d+\])?$")   # a call path's level: a class, numbered where it repeats
 OWN = "(own allocations)"
 
 
 def module_label(name: str) -> str:
-    """A module as a person reads it: a frame-like label (`/long/path/train.py:12 forward`) by the end of its path."""
-    return name if _FQN.match(name) else short_frame(name)
+    """A module as a person reads it: a frame-like label (`/long/path/train.py:12 forward`) by the end of its path,
+    in a call path level by level."""
+    if MODULE_PATH_SEPARATOR in name:
+        return MODULE_PATH_SEPARATOR.join(module_label(part) for part in name.split(MODULE_PATH_SEPARATOR))
+    return name if _FQN.match(name) or _CLASS.match(name) else short_frame(name)
+
+
+def _levels(name: str) -> tuple[list[str], str]:
+    """The parts a module name nests by, and what joins them."""
+    if MODULE_PATH_SEPARATOR in name:
+        return name.split(MODULE_PATH_SEPARATOR), MODULE_PATH_SEPARATOR
+    if _FQN.match(name):
+        return name.split("."), "."
+    return [name], "."
 
 
 @dataclass
@@ -37,6 +52,7 @@ class ModuleNode:
 class _Draft:
     own: int = 0
     children: dict[str, _Draft] = field(default_factory=dict)
+    joiner: str = "."     # between this node's name and its children's
 
     def total(self) -> int:
         return self.own + sum(c.total() for c in self.children.values())
@@ -49,7 +65,10 @@ def module_tree(live: pd.DataFrame, min_share: float = 0.01, max_children: int =
     root = _Draft()
     for name, size in sums.items():
         node = root
-        for part in (name.split(".") if _FQN.match(name) else [name]):
+        parts, joiner = _levels(str(name))
+        for depth, part in enumerate(parts):
+            if depth:
+                node.joiner = joiner
             node = node.children.setdefault(part, _Draft())
         node.own += int(size)
     total = root.total()
@@ -59,12 +78,12 @@ def module_tree(live: pd.DataFrame, min_share: float = 0.01, max_children: int =
 def _finish(draft: _Draft, prefix: str, total: int, min_share: float, max_children: int) -> list[ModuleNode]:
     nodes = []
     for label, child in draft.children.items():
-        path = f"{prefix}.{label}" if prefix else label
-        if not prefix:
-            label = module_label(label)
+        path = f"{prefix}{draft.joiner}{label}" if prefix else label
+        label = module_label(label)
         while child.own == 0 and len(child.children) == 1:  # a chain with nothing of its own reads as one name
+            joiner = child.joiner
             (only, child), = child.children.items()
-            label, path = f"{label}.{only}", f"{path}.{only}"
+            label, path = f"{label}{joiner}{module_label(only)}", f"{path}{joiner}{only}"
         kids = _finish(child, path, total, min_share, max_children) if child.children else []
         if kids and child.own:
             kids.append(ModuleNode(OWN, path, child.own, child.own / total))

@@ -92,6 +92,9 @@ class Role(Word):
 UNATTRIBUTED = "unattributed"
 #: the root module's name in results (its FQN is the empty string)
 ROOT_MODULE = "(root module)"
+#: between the levels of a module call path, outermost first (`GPT › Block[3] › MLP`): U+203A with spaces, a
+#: character no FQN, class name or file path holds
+MODULE_PATH_SEPARATOR = " \u203a "
 
 PHASES: tuple[str, ...] = tuple(p.value for p in Phase)
 CATEGORIES: tuple[str, ...] = tuple(c.value for c in Category)

@@ -18,7 +18,8 @@ SIM = Path(__file__).resolve().parents[2] / "fixtures" / "traces" / "sim"
 FIXTURES = sorted(p.stem for p in SIM.glob("*.pickle"))
 LABELS_REACHED = 0.95     # category and phase: 100% on every fixture, with and without capture tags
 MODULE_WITH_TAGS = 0.95   # module: 100% on every fixture with tags
-MODULE_WITHOUT_TAGS = 0.2  # only `Class.forward` frames name modules, not FQNs: 24% of peak bytes on average
+# without tags, modules are call paths of class names read from stacks (GPT › Block[3] › MLP), never FQNs: their
+# agreement is scored by class in tests/unit/test_module_paths.py, not here
 
 
 @cache
@@ -41,7 +42,6 @@ def test_module_agreement():
     for name in FIXTURES:
         print(f"module agreement {name}: {with_tags[name]:.1%} with tags, {without[name]:.1%} without")
     assert min(with_tags.values()) >= MODULE_WITH_TAGS
-    assert sum(without.values()) / len(without) >= MODULE_WITHOUT_TAGS
 
 
 # ---- each signal on a hand-written snapshot -------------------------------------------------------------------

@@ -1,0 +1,104 @@
+"""Score module call paths against a truth that names modules by FQN: the share of the peak's bytes whose
+module *class* is right (the innermost level of a call path, `GPT › Block[3] › MLP` → `MLP`, against the class
+of the truth's `layers.3.mlp`). Without tags the analysis reads classes from stacks, not FQNs, so an FQN
+comparison would score a right answer as wrong.
+
+    module_class_agreement(snapshot, class_of)   # class_of: FQN -> class name ('' is the root module)
+    simulator_classes()                          # that map for the simulator's GPT (needs torch)
+
+And, for recordings with no truth, how much of the peak has no module at all:
+
+    unattributed_module_share(trace)             # of the bytes at every active device's peak, summed
+    has_python_frames(trace)                     # whether its stacks hold any Python frame
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from analyzer.core.timeline import find_peak
+from analyzer.core.trace import MemoryTrace
+from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, ROOT_MODULE, UNATTRIBUTED
+from analyzer.errors import UnsupportedFormat
+from analyzer.evaluate.accuracy import without_tags
+from analyzer.ingest import load
+
+_LEVEL = re.compile(r"^([A-Za-z_]\w*)(\[\d+\])?$")
+_FQN = re.compile(r"^[A-Za-z_][\w\-]*(\.[\w\-]+)*$")
+
+
+def label_class(label: str, class_of: Callable[[str], str | None]) -> str | None:
+    """The module class a label names: a call path's innermost level (None when that level's class was not
+    read), an FQN's class, the root module's; None for unattributed."""
+    if label == UNATTRIBUTED:
+        return None
+    if label == ROOT_MODULE:
+        return class_of("")
+    if MODULE_PATH_SEPARATOR in label or "[" in label:
+        innermost = _LEVEL.match(label.split(MODULE_PATH_SEPARATOR)[-1])
+        return innermost.group(1) if innermost else None
+    if _FQN.match(label):
+        return class_of(label) or label   # a lone class name (a one-level call path) is its own class
+    return None
+
+
+def module_class_agreement(snapshot: Path, class_of: Callable[[str], str | None], tags: bool = False) -> dict[str, float]:
+    """Share of the peak's bytes (of those the truth gives a module) whose module class is the truth's; the
+    truth's root-or-no-module ('') also agrees with unattributed; and the share labelled at all."""
+    from analyzer.attribute import attribute
+
+    truth = json.loads(snapshot.with_name(snapshot.stem + ".truth.json").read_text())
+    trace = load(snapshot)
+    if not isinstance(trace, MemoryTrace):
+        raise UnsupportedFormat(snapshot, "a set of ranks: agreement is scored for one recording", "pass one rank's file")
+    trace = attribute(trace if tags else without_tags(trace))
+    live = find_peak(trace, truth["device"]).live
+    labels = truth["allocations"]
+    right = total = attributed = 0.0
+    for seq, label, size in zip(live["seq_alloc"].astype("float64"), live["module"].astype(str),
+                                live["allocated_bytes"].to_numpy(dtype=np.float64)):
+        fqn = labels.get(str(int(seq)), {}).get("module") if seq == seq else None
+        if fqn is None:
+            continue
+        total += size
+        ours = label_class(label, class_of)
+        attributed += size if label != UNATTRIBUTED else 0.0
+        if ours == class_of(fqn) or (fqn == "" and ours is None):
+            right += size
+    return {"module_class": float(right / total) if total else 1.0,
+            "attributed": float(attributed / total) if total else 1.0}
+
+
+def simulator_classes() -> Callable[[str], str | None]:
+    """FQN -> class name of the simulator's GPT (any number of layers up to 64; torch needed, on the meta device)."""
+    import torch
+
+    from analyzer.simulate.gpt import GPT, GPTConfig
+
+    with torch.device("meta"):
+        model = GPT(GPTConfig(vocab=8, d_model=8, layers=64, heads=1, max_seq=8))
+    classes = {name: type(m).__name__ for name, m in model.named_modules()}
+    return classes.get
+
+
+def has_python_frames(trace: MemoryTrace) -> bool:
+    from analyzer.core.stacks import is_python_frame
+
+    return any(is_python_frame(f) for frames in trace.stacks["frames"] for f in frames)
+
+
+def unattributed_module_share(trace: MemoryTrace) -> float | None:
+    """Bytes whose module is unattributed over all bytes, at each active device's peak (summed over devices) of
+    an attributed trace; None when no device holds memory at its peak."""
+    from analyzer.pipeline import active_devices
+
+    unknown = total = 0
+    for device in active_devices(trace):
+        live = find_peak(trace, device).live
+        total += int(live["allocated_bytes"].sum())
+        unknown += int(live.loc[live["module"].astype(str) == UNATTRIBUTED, "allocated_bytes"].sum())
+    return unknown / total if total else None
