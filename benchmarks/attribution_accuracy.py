@@ -4,13 +4,18 @@
   ground truth (`analyzer.evaluate.accuracy.peak_agreement`), with analyzer's capture tags and without them
   (the same file as a plain `_record_memory_history` recording would have it);
 - real snapshots (../shared/real): no truth, so the share of peak bytes that gets a phase, a category and a
-  module other than `unattributed`, with what the file gave to work with (history, stacks, annotations).
+  module other than `unattributed`, with what the file gave to work with (history, stacks, annotations);
+- modules without tags are call paths of class names (`GPT › Block[3] › MLP`), not FQNs: the simulated
+  fixtures are also scored by module class (needs torch), and the real snapshots with Python frames get the
+  unattributed-module share of their peak (all devices' peaks together), its median, and the share of the
+  peak whose module's innermost level has its class read (not a `file:line forward` frame).
 
     python benchmarks/attribution_accuracy.py [--out benchmarks/results/attribution_accuracy.md]
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -21,7 +26,10 @@ from analyzer.pipeline import active_devices
 from analyzer.attribute import attribute
 from analyzer.evaluate.accuracy import peak_agreement
 from analyzer.core.timeline import find_peak
-from analyzer.core.vocabulary import UNATTRIBUTED
+from analyzer.core.trace import MemoryTrace
+from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, UNATTRIBUTED
+from analyzer.evaluate.module_classes import (has_python_frames, module_class_agreement, simulator_classes,
+                                              unattributed_module_share)
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = ROOT / "fixtures" / "traces" / "sim"
@@ -37,12 +45,49 @@ def markdown(header: list[str], rows: Iterable[list[str]]) -> str:
 
 
 def sim_table() -> str:
+    try:
+        classes = simulator_classes()
+    except ImportError:   # no torch here: the simulator's model cannot be built
+        classes = None
     rows = []
     for path in sorted(SIM.glob("*.pickle")):
         tagged, plain = peak_agreement(path, tags=True), peak_agreement(path, tags=False)
-        rows.append([path.stem, *(f"{tagged[f]:.1%}" for f in FIELDS), *(f"{plain[f]:.1%}" for f in FIELDS)])
-    header = ["fixture", *(f"{f} (tags)" for f in FIELDS), *(f"{f} (no tags)" for f in FIELDS)]
+        by_class = f"{module_class_agreement(path, classes)['module_class']:.1%}" if classes else "-"
+        rows.append([path.stem, *(f"{tagged[f]:.1%}" for f in FIELDS), *(f"{plain[f]:.1%}" for f in FIELDS), by_class])
+    header = ["fixture", *(f"{f} (tags)" for f in FIELDS), *(f"{f} (no tags)" for f in FIELDS),
+              "module class (no tags)"]
     return markdown(header, rows)
+
+
+def _class_read_share(trace: MemoryTrace) -> float:
+    """Of the bytes at the devices' peaks with a module, the share whose innermost level is a class."""
+    named = read = 0
+    for device in active_devices(trace):
+        live = find_peak(trace, device).live
+        modules = live["module"].astype(str)
+        known = modules != UNATTRIBUTED
+        named += int(live.loc[known, "allocated_bytes"].sum())
+        classed = modules.map(lambda m: " forward" not in m.split(MODULE_PATH_SEPARATOR)[-1]
+                              and " __init__" not in m.split(MODULE_PATH_SEPARATOR)[-1]).astype(bool)
+        read += int(live.loc[known & classed, "allocated_bytes"].sum())
+    return read / named if named else 0.0
+
+
+def module_table() -> str:
+    """Real snapshots with Python frames: the peak's unattributed-module share, and the median."""
+    rows, shares = [], []
+    for path in sorted(p for p in REAL.rglob("*") if p.suffix in (".pickle", ".pkl")):
+        loaded = analyzer.load(path)
+        if not isinstance(loaded, MemoryTrace) or not has_python_frames(loaded):
+            continue
+        trace = attribute(loaded)
+        share = unattributed_module_share(trace)
+        if share is None:
+            continue
+        shares.append(share)
+        rows.append([str(path.relative_to(REAL)), f"{share:.1%}", f"{_class_read_share(trace):.1%}"])
+    rows.append([f"**median of {len(shares)}**", f"**{statistics.median(shares):.1%}**" if shares else "-", ""])
+    return markdown(["snapshot with Python frames", "module unattributed", "class read (of those with a module)"], rows)
 
 
 def attributed_share(live: pd.DataFrame, field: str) -> str:
@@ -85,7 +130,9 @@ def main() -> None:
              "## Simulated snapshots: share of peak bytes whose label matches the ground truth", sim_table()]
     if REAL.is_dir():
         parts += ["## Real snapshots (../shared/real): share of peak bytes with a label other than `unattributed`",
-                  real_table()]
+                  real_table(),
+                  "## Real snapshots with Python frames: share of the peak whose module is `unattributed`",
+                  module_table()]
     else:
         parts.append(f"(real snapshots not found at {REAL})")
     text = "\n\n".join(parts) + "\n"

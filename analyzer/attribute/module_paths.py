@@ -310,10 +310,3 @@ def call_path(frames: Sequence[Frame], sources: SourceIndex | None = None) -> Ca
         levels.append(level)
     return tuple(reversed(levels))
 
-
-def resolve_method(frame: Frame, sources: SourceIndex | None = None) -> str:
-    """'Class.method' when the frame's source is readable here (and agrees with it), else 'file:line function'."""
-    method = (sources or default_index()).source(frame[0]).method_at(frame[1])
-    if method is not None and method.name == frame[2] and method.owner is not None:
-        return f"{method.owner}.{frame[2]}"
-    return format_frame(frame)

@@ -11,7 +11,9 @@
    have one (`size-match:parameter`); else that of the parameter whose place in the order of the parameters it
    has (`size-match:parameter-order`): an optimizer creates its state parameter by parameter in the order of
    `model.parameters()`, the order they were made in (as many tensors per parameter as the state has over
-   the parameters, `ORDER_STATES` at most); a backward makes the gradients in about the reverse order. Only where the sizes follow that order (`ORDER_SHARE` of the
+   the parameters, `ORDER_STATES` at most, each parameter's together or one pass over the parameters per
+   tensor), and the parameters a step makes to replace them (`p.data = new`) in that order too; a backward
+   makes the gradients in about the reverse order. Only where the sizes follow that order (`ORDER_SHARE` of the
    state or of a step's gradients find their parameter within `ORDER_WINDOW` of the last one matched); else
    the call path the parameters of its size share but for the order numbers (`size-match:parameter-class`:
    some decoder layer's MLP);
@@ -56,7 +58,7 @@ def assign_modules(a: pd.DataFrame, annotations: pd.DataFrame, times: np.ndarray
     module[from_frames] = labels[from_frames]
     source[from_frames] = np.where(numbered[from_frames], ORDERED, CALL_PATH)
     _match_parameters(a, module, source, category, exact=True)
-    _match_parameter_order(a, times, steps, module, source, category)
+    _match_parameter_order(a, times, steps, module, source, category, phase)
     _match_parameters(a, module, source, category, exact=False)
     if phase is not None:
         _mirror_forward(a, times, steps, phase, module, source, category)
@@ -192,11 +194,15 @@ def _align(reference: np.ndarray, targets: np.ndarray, capacity: int, slack: int
 
 
 def _match_parameter_order(a: pd.DataFrame, times: np.ndarray, steps: np.ndarray, module: np.ndarray,
-                           source: np.ndarray, category: np.ndarray) -> None:
-    """Signal 3's order rule: optimizer state in the parameters' order, each step's gradients in reverse."""
+                           source: np.ndarray, category: np.ndarray, phase: np.ndarray | None) -> None:
+    """Signal 3's order rule: optimizer state in the parameters' order (each parameter's tensors together, or
+    one pass over the parameters per tensor), each step's gradients in reverse, and the parameters an
+    optimizer step makes to replace the old ones (`p.data = new`) in order."""
     sizes = a["requested_bytes"].to_numpy(dtype=np.int64)
     timed = np.isfinite(times)
-    params = np.flatnonzero((category == Category.PARAMETER) & ~pd.isna(module) & timed)
+    made_by_optimizer = (phase == Phase.OPTIMIZER) if phase is not None else np.zeros(len(a), dtype=bool)
+    is_param = category == Category.PARAMETER
+    params = np.flatnonzero(is_param & ~pd.isna(module) & timed & ~made_by_optimizer)
     if len(params) < 2:
         return
     params = params[np.argsort(times[params], kind="stable")]
@@ -206,18 +212,29 @@ def _match_parameter_order(a: pd.DataFrame, times: np.ndarray, steps: np.ndarray
         """Walk all of `rows` (labelled ones keep the walk in step) and fill the unlabelled ones."""
         rows = rows[np.argsort(times[rows], kind="stable")]
         pairs = _align(sizes[reference], sizes[rows], capacity, slack)
+        if capacity > 1 and len(rows) % capacity == 0:   # or one pass over the parameters per state tensor
+            passes: list[tuple[int, int]] | None = []
+            chunk = len(rows) // capacity
+            for k in range(capacity):
+                got = _align(sizes[reference], sizes[rows[k * chunk:(k + 1) * chunk]], 1, slack)
+                passes = None if got is None or passes is None else passes + [(k * chunk + t, q) for t, q in got]
+            if passes is not None and len(passes) > len(pairs or ()):
+                pairs = passes
         for t, q in pairs or ():
             if unset[rows[t]]:
                 module[rows[t]], source[rows[t]] = module[reference[q]], "size-match:parameter-order"
 
     states = np.flatnonzero(timed & (category == Category.OPTIMIZER_STATE))
     # states per parameter: as many as the state's tensors over the parameters (every one has a state)
-    per_parameter = round(len(states) / max(1, int((category == Category.PARAMETER).sum())))
+    per_parameter = round(len(states) / max(1, int((is_param & ~made_by_optimizer).sum())))
     if unset[states].any() and 1 <= per_parameter <= ORDER_STATES:
         borrow(states, params, per_parameter, 0)
     gradients = timed & (category == Category.GRADIENT)
     for s in np.unique(steps[gradients & unset]):
         borrow(np.flatnonzero(gradients & (steps == s)), params[::-1], 1, 4)
+    replacing = timed & is_param & made_by_optimizer
+    for s in np.unique(steps[replacing & unset]):
+        borrow(np.flatnonzero(replacing & (steps == s)), params, 1, 0)
 
 
 def _mirror_forward(a: pd.DataFrame, times: np.ndarray, steps: np.ndarray, phase: np.ndarray, module: np.ndarray,

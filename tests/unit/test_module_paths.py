@@ -1,0 +1,426 @@
+"""Module call paths (issue 16): classes read from source files written to tmp_path, the longest-suffix lookup
+of frames recorded elsewhere (--source-root), which frames are module levels, the order numbers of a repeated
+block, the backward's mirror of the forward and the parameters' order, hostile file names, the module tree of
+call paths, and the simulated fixtures scored by class."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyzer.attribute import attribute
+from analyzer.attribute.module_paths import MAX_SOURCE_BYTES, SEPARATOR, Level, SourceIndex, call_path, path_label
+from analyzer.attribute.modules import call_path_labels, without_order
+from analyzer.core.module_tree import module_label, module_tree
+from analyzer.ingest.snapshot import snapshot_to_trace
+
+SIM = Path(__file__).resolve().parents[2] / "fixtures" / "traces" / "sim"
+MiB = 1 << 20
+
+MODEL = '''\
+import torch
+from torch import nn
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)  # @mlp.init
+        self.proj = nn.Linear(4, 4)  # @mlp.init2
+
+    def forward(self, x):
+        h = self.fc(x)  # @mlp.fc
+        return h * 2  # @mlp.out
+
+
+class Block(nn.Module):
+    def forward(self, x):
+        x = x + 1  # @block.add
+        return self.mlp(x)  # @block.mlp
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(Block() for _ in range(3))  # @model.init
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)  # @model.loop
+        return x
+
+    def helper(self):
+        return 1  # @model.helper
+
+
+class Wide(MLP):
+    def forward(self, x):
+        return super().forward(x)  # @wide.super
+
+
+class Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2  # @double.forward
+
+
+class Trainer:
+    def __init__(self):
+        self.model = Model()  # @trainer.init
+'''
+LINEAR = '''\
+class Linear(Module):
+    def __init__(self, a, b):
+        self.weight = Parameter(empty(a, b))  # @linear.init
+
+    def forward(self, x):
+        return linear(x, self.weight)  # @linear.forward
+'''
+CALL = ("/env/lib/python3.11/site-packages/torch/nn/modules/module.py", 1750, "_call_impl")
+WRAPPED = ("/env/lib/python3.11/site-packages/torch/nn/modules/module.py", 1739, "_wrapped_call_impl")
+MAIN = ("/home/lin/train.py", 20, "main")
+
+
+def lines(text: str) -> dict[str, int]:
+    """`# @name` marker -> its line number."""
+    return {line.split("# @")[1]: i for i, line in enumerate(text.splitlines(), 1) if "# @" in line}
+
+
+L, LL = lines(MODEL), lines(LINEAR)
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> str:
+    path = tmp_path / "model.py"
+    path.write_text(MODEL)
+    return str(path)
+
+
+def through(*frames: tuple[str, int, str]) -> list[tuple[str, int, str]]:
+    """Innermost first, each forward called through torch's module plumbing, from train.py."""
+    out: list[tuple[str, int, str]] = []
+    for f in frames:
+        out += [f, CALL, WRAPPED]
+    return out + [MAIN]
+
+
+def labels_of(frames, sources=None) -> list[str]:
+    return [lv.label for lv in call_path(tuple(frames), sources)]
+
+
+# ---- classes from the source ------------------------------------------------------------------------------------
+def test_call_path_reads_classes_outermost_first(model):
+    frames = through((model, L["mlp.fc"], "forward"), (model, L["block.mlp"], "forward"),
+                     (model, L["model.loop"], "forward"))
+    path = call_path(tuple(frames))
+    assert [lv.label for lv in path] == ["Model", "Block", "MLP"]
+    assert path_label(path) == f"Model{SEPARATOR}Block{SEPARATOR}MLP" == "Model \u203a Block \u203a MLP"
+    assert [lv.line for lv in path] == [L["model.loop"], L["block.mlp"], L["mlp.fc"]]
+
+
+def test_a_single_forward_frame_is_its_class(model):
+    assert labels_of(through((model, L["mlp.fc"], "forward"))) == ["MLP"]
+
+
+def test_a_level_whose_class_is_not_known_keeps_its_file_line(model):
+    """No file here, or a file of another version (the line is not in a function called `forward`)."""
+    missing = ("/elsewhere/model.py", 12, "forward")
+    other_version = (model, L["model.helper"], "forward")
+    got = labels_of(through(missing, other_version, (model, L["model.loop"], "forward")))
+    assert got == ["Model", f"{model}:{L['model.helper']} forward", "/elsewhere/model.py:12 forward"]
+
+
+def test_no_forward_frame_no_path(model):
+    assert call_path(((model, L["model.helper"], "helper"), MAIN)) == ()
+    assert call_path(()) == ()
+
+
+# ---- which frames are module levels ------------------------------------------------------------------------------
+def test_a_super_forward_call_is_the_callers_module(model):
+    frames = through((model, L["mlp.fc"], "forward"))
+    frames = [frames[0], (model, L["wide.super"], "forward"), *frames[1:]]   # Wide.forward -> super().forward
+    assert labels_of(frames) == ["Wide"]
+
+
+def test_autograd_functions_are_not_modules(model):
+    static = [(model, L["double.forward"], "forward"),
+              ("/env/site-packages/torch/autograd/function.py", 575, "apply"), *through((model, L["mlp.out"], "forward"))]
+    assert labels_of(static) == ["MLP"]
+    unreadable = [("/elsewhere/ops.py", 9, "forward"), ("/env/site-packages/torch/autograd/function.py", 575, "apply"),
+                  *through((model, L["mlp.out"], "forward"))]
+    assert labels_of(unreadable) == ["MLP"]
+    functorch = [("/env/site-packages/torch/_functorch/aot_autograd.py", 1200, "forward"), *through((model, L["mlp.out"], "forward"))]
+    assert labels_of(functorch) == ["MLP"]
+
+
+def test_torch_nn_modules_are_levels_and_constructors_build_paths(model, tmp_path):
+    site = tmp_path / "site"
+    (site / "torch" / "nn" / "modules").mkdir(parents=True)
+    (site / "torch" / "nn" / "modules" / "linear.py").write_text(LINEAR)
+    sources = SourceIndex([site], environment=False)
+    recorded = "/opt/conda/lib/python3.10/site-packages/torch/nn/modules/linear.py"
+    forward = through((recorded, LL["linear.forward"], "forward"), (model, L["mlp.fc"], "forward"))
+    assert labels_of(forward, sources) == ["MLP", "Linear"]
+    # a parameter made in Linear.__init__ inside MLP.__init__, inside Model.__init__ via ModuleList, from a Trainer
+    init = [(recorded, LL["linear.init"], "__init__"), (model, L["mlp.init"], "__init__"),
+            ("/opt/conda/lib/python3.10/site-packages/torch/nn/modules/container.py", 300, "__init__"),
+            (model, L["model.init"], "<genexpr>"), (model, L["model.init"], "__init__"),
+            (model, L["trainer.init"], "__init__"), MAIN]
+    assert labels_of(init, sources) == ["Model", "MLP", "Linear"]     # not the Trainer, not the ModuleList
+    # an unreadable constructor may be anything's: no level
+    assert labels_of([("/elsewhere/x.py", 3, "__init__"), MAIN], sources) == []
+
+
+# ---- finding a frame's file here -----------------------------------------------------------------------------------
+def write(root: Path, relative: str, cls: str) -> Path:
+    path = root / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(MODEL.replace("class MLP(", f"class {cls}("))
+    return path
+
+
+def test_source_root_longest_suffix_wins(tmp_path):
+    short = write(tmp_path / "a", "pkg/model.py", "Short")
+    long = write(tmp_path / "b", "proj/pkg/model.py", "Long")
+    sources = SourceIndex([tmp_path / "a", tmp_path / "b"], environment=False)
+    recorded = "/home/lin/proj/pkg/model.py"
+    assert sources.locate(recorded) == str(long)
+    assert labels_of(through((recorded, L["mlp.fc"], "forward")), sources) == ["Long"]
+    assert SourceIndex([tmp_path / "a"], environment=False).locate(recorded) == str(short)
+    # a Windows path, and a relative one (Kineto's), find the same file
+    assert sources.locate("C:\\Users\\lin\\proj\\pkg\\model.py") == str(long)
+    assert sources.locate("pkg/model.py") in (str(short), str(long))
+    assert sources.locate("/home/lin/../proj/pkg/model.py") is None    # no climbing out of a root
+
+
+def test_one_component_is_enough_under_a_source_root_not_under_the_environment(tmp_path):
+    write(tmp_path / "root", "model.py", "Mine")
+    assert SourceIndex([tmp_path / "root"], environment=False).locate("/x/y/model.py") == str(tmp_path / "root" / "model.py")
+    env = SourceIndex([], environment=False)
+    env.environment = (str(tmp_path / "root"),)
+    assert env.locate("/x/y/model.py") is None
+    write(tmp_path / "root", "y/model.py", "Lib")
+    env = SourceIndex([], environment=False)
+    env.environment = (str(tmp_path / "root"),)
+    assert env.locate("/x/y/model.py") == str(tmp_path / "root" / "y" / "model.py")
+
+
+def test_the_recorded_file_itself_comes_first(model, tmp_path):
+    write(tmp_path / "root", Path(model).name, "Other")
+    assert SourceIndex([tmp_path / "root"], environment=False).locate(model) == model
+
+
+def test_the_environment_is_read_not_imported():
+    """The analysing environment's libraries are found in site-packages, and nothing is imported to find them."""
+    import sys
+
+    before = set(sys.modules)
+    sources = SourceIndex()
+    numpy_file = sources.locate("/somewhere/else/lib/python3.9/site-packages/numpy/__init__.py")
+    assert numpy_file is not None and numpy_file.endswith(os.path.join("numpy", "__init__.py"))
+    assert not {m for m in set(sys.modules) - before if not m.startswith("_")}
+
+
+# ---- hostile file names ---------------------------------------------------------------------------------------------
+def test_fifo_device_huge_and_directory_paths_are_safe(tmp_path):
+    fifo = tmp_path / "fifo.py"
+    os.mkfifo(fifo)
+    device = tmp_path / "zero.py"
+    device.symlink_to("/dev/zero")
+    huge = tmp_path / "huge.py"
+    huge.write_bytes(b"class Huge:\n    def forward(self):\n        pass\n" + b"#" * (MAX_SOURCE_BYTES + 1))
+    folder = tmp_path / "folder.py"
+    folder.mkdir()
+    binary = tmp_path / "binary.py"
+    binary.write_bytes(bytes(range(256)) * 10)
+    start = time.monotonic()
+    for path in (fifo, device, huge, folder, binary):
+        frame = (str(path), 2, "forward")
+        for sources in (None, SourceIndex([tmp_path], environment=False)):
+            assert labels_of(through(frame), sources) == [f"{path}:2 forward"]
+    assert time.monotonic() - start < 5
+
+
+# ---- order numbers ----------------------------------------------------------------------------------------------------
+def level(identity: str, line: int) -> Level:
+    return Level(identity, identity, line, True)
+
+
+def test_repeated_calls_from_one_line_are_numbered_by_order():
+    """Three calls of Block from Model's loop line, each with two allocations (the MLP inside, then Block's own):
+    the stacks repeat, the order tells the calls apart; within one call MLP is not repeated."""
+    paths = [(level("Model", 7), level("Block", 3), level("MLP", 11)), (level("Model", 7), level("Block", 4))]
+    stacks = np.asarray([0, 1] * 3 + [0])
+    times = np.arange(7, dtype=np.float64)
+    steps = np.asarray([1] * 6 + [2])
+    got, numbered = call_path_labels(times, stacks, paths, steps)
+    assert list(got) == ["Model › Block[0] › MLP", "Model › Block[0]", "Model › Block[1] › MLP", "Model › Block[1]",
+                         "Model › Block[2] › MLP", "Model › Block[2]", "Model › Block[0] › MLP"]  # a new step: 0 again
+    assert numbered.all()
+
+
+def test_a_loop_inside_a_call_numbers_the_child_not_the_parent():
+    """Experts called in a loop from one line of one MoE call: the experts are numbered, the MoE is one call."""
+    paths = [(level("MoE", 5), level("Expert", 2)), (level("MoE", 5), level("Expert", 3))]
+    got, _ = call_path_labels(np.arange(4, dtype=np.float64), np.asarray([0, 1, 0, 1]), paths, np.ones(4, dtype=int))
+    assert list(got) == ["MoE › Expert[0]", "MoE › Expert[0]", "MoE › Expert[1]", "MoE › Expert[1]"]
+
+
+def test_calls_from_different_lines_are_different_children_not_numbered():
+    paths = [(level("Model", 5), level("Block", 2)), (level("Model", 6), level("Block", 2))]
+    got, numbered = call_path_labels(np.arange(2, dtype=np.float64), np.asarray([0, 1]), paths, np.ones(2, dtype=int))
+    assert list(got) == ["Model › Block", "Model › Block"] and not numbered.any()
+
+
+def test_untimed_allocations_are_not_numbered():
+    paths = [(level("Model", 5), level("Block", 2))]
+    got, numbered = call_path_labels(np.full(2, np.nan), np.asarray([0, -1]), paths, np.ones(2, dtype=int))
+    assert list(got) == ["Model › Block", None] and not numbered.any()
+
+
+def test_without_order():
+    assert without_order("Model › Block[3] › MLP") == "Model › Block › MLP"
+    assert without_order("/a/b.py:3 forward[2] › Linear") == "/a/b.py:3 forward › Linear"
+
+
+# ---- end to end on a hand-made snapshot ------------------------------------------------------------------------------
+def frame_dicts(frames) -> list[dict]:
+    return [{"filename": f, "line": ln, "name": n} for f, ln, n in frames]
+
+
+def recording(allocs: list[tuple[int, int | None, list, int]], annotations=()) -> pd.DataFrame:
+    """Attribute (start tick, end tick or None, frames, size) allocations; rows in the order given."""
+    base, events = 0x7F0000000000, []
+    for i, (start, end, _, _) in enumerate(allocs):
+        events.append((start, 0, "alloc", i))
+        if end is not None:
+            events += [(end, 1, "free_requested", i), (end, 2, "free_completed", i)]
+    slot = 64 * MiB
+    trace = [{"action": "segment_alloc", "addr": base, "size": len(allocs) * slot, "stream": 0, "time_us": 0,
+              "frames": []}]
+    trace += [{"action": action, "addr": base + i * slot, "size": allocs[i][3], "stream": 0, "time_us": 10 * t,
+               "frames": frame_dicts(allocs[i][2])} for t, _, action, i in sorted(events)]
+    blocks = [{"address": base + i * slot, "size": slot, "requested_size": size if end is None else 0,
+               "state": "inactive" if end is not None else "active_allocated", "frames": frame_dicts(frames)}
+              for i, (_, end, frames, size) in enumerate(allocs)]
+    segment = {"device": 0, "address": base, "total_size": len(allocs) * slot, "stream": 0, "segment_type": "large",
+               "blocks": blocks}
+    marks = [{"device": 0, "name": name, "stage": stage, "time_us": 10 * t + (-5 if stage == "START" else 5)}
+             for name, start, end in annotations for stage, t in (("START", start), ("END", end))]
+    snapshot = {"segments": [segment], "device_traces": [trace],
+                "external_annotations": sorted(marks, key=lambda m: m["time_us"])}
+    return attribute(snapshot_to_trace(snapshot, "hand-made")).allocations.sort_values("addr").reset_index(drop=True)
+
+
+def test_repeated_blocks_end_to_end_with_a_lower_confidence(model):
+    block = through((model, L["block.add"], "forward"), (model, L["model.loop"], "forward"))
+    mlp = through((model, L["mlp.fc"], "forward"), (model, L["block.mlp"], "forward"), (model, L["model.loop"], "forward"))
+    allocs = [(1 + 2 * i + j, 20, stack, MiB) for i in range(3) for j, stack in enumerate((block, mlp))]
+    got = recording(allocs + [(30, None, [MAIN], MiB)])
+    assert list(got["module"][:6].astype(str)) == [f"Model › Block[{i}]{tail}" for i in range(3) for tail in ("", " › MLP")]
+    assert got["label_source"][:6].astype(str).str.endswith("module=frames:call-path+order").all()
+    assert (got["confidence"][:6] == 0.75).all()
+
+
+def test_a_frameless_backward_allocation_takes_the_module_of_the_forward_tensor_it_mirrors(model):
+    """Forward tensors of two modules, kept for backward; in backward (no Python frames, autograd's thread) a
+    gradient is made just before the tensor of its size is released."""
+    mlp = through((model, L["mlp.fc"], "forward"))
+    block = through((model, L["block.add"], "forward"))
+    autograd = [("/env/site-packages/torch/autograd/graph.py", 800, "_engine_run_backward"),
+                ("/env/site-packages/torch/_tensor.py", 600, "backward"), MAIN]
+    got = recording([
+        (1, 12, block, 2 * MiB), (2, 9, mlp, 3 * MiB), (3, 4, mlp, 5 * MiB),  # forward (the last a temporary)
+        (6, None, autograd, 4 * MiB),                                     # the loss's gradient seed, main thread
+        (8, 10, [], 3 * MiB), (11, 13, [], 2 * MiB), (11, 13, [], 7 * MiB)])
+    assert list(got["module"].astype(str)) == ["Block", "MLP", "MLP", "unattributed", "MLP", "Block", "unattributed"]
+    assert got["label_source"][4].endswith("module=size-match:forward-release")
+
+
+def test_optimizer_state_follows_the_parameters_order(model, tmp_path):
+    """Three MLPs' parameters (two Linears each) of one size, made in order by their constructors; Adam's two
+    moments per parameter, made in the same order, take each parameter's MLP. Without the order they would only
+    say some MLP (the shared path)."""
+    site = tmp_path / "site"
+    (site / "torch" / "nn" / "modules").mkdir(parents=True)
+    (site / "torch" / "nn" / "modules" / "linear.py").write_text(LINEAR)
+    # the file as recorded is found under the source root given to the analysis: here, the recording's own path
+    linear = str(site / "torch" / "nn" / "modules" / "linear.py")
+    params = [[(linear, LL["linear.init"], "__init__"), (model, L[at], "__init__"), (model, L["model.init"], "__init__"),
+               MAIN] for _ in range(3) for at in ("mlp.init", "mlp.init2")]
+    forward = through((model, L["mlp.fc"], "forward"))
+    optimizer = [("/env/site-packages/torch/optim/adam.py", 111, "_init_group"),
+                 ("/env/site-packages/torch/optim/adam.py", 157, "step"), MAIN]
+    allocs = [(1 + i, None, p, MiB) for i, p in enumerate(params)] + [(8, 9, forward, 8 * MiB)]
+    allocs += [(11 + i, None, optimizer, MiB) for i in range(12)]
+    got = recording(allocs, [("Optimizer.step#Adam.step", 11, 22)])
+    assert list(got["category"][:6].astype(str)) == ["parameter"] * 6
+    assert list(got["module"][:6].astype(str)) == [f"Model › MLP[{i // 2}] › Linear" for i in range(6)]
+    states = got.iloc[7:]
+    assert list(states["category"].astype(str)) == ["optimizer_state"] * 12
+    assert list(states["module"].astype(str)) == [f"Model › MLP[{i // 4}] › Linear" for i in range(12)]
+    assert states["label_source"].astype(str).str.endswith("module=size-match:parameter-order").all()
+
+
+# ---- the module tree --------------------------------------------------------------------------------------------------
+def test_call_paths_nest_by_level_in_the_module_tree():
+    live = pd.DataFrame({"module": ["Model › Block[0] › MLP", "Model › Block[0]", "Model › Block[1] › MLP",
+                                    "layers.0.attn", "layers.1.attn", "/very/long/path/to/train.py:12 forward › Linear"],
+                         "allocated_bytes": [4, 2, 4, 3, 3, 1]})
+    roots = {n.label: n for n in module_tree(live, min_share=0)}
+    model = roots["Model"]
+    assert model.bytes == 10 and model.path == "Model"
+    kids = {n.label: n for n in model.children}
+    assert kids["Block[0]"].path == "Model › Block[0]" and kids["Block[0]"].bytes == 6
+    assert kids["Block[1] › MLP"].path == "Model › Block[1] › MLP"       # a chain reads as one name
+    assert {n.label for n in kids["Block[0]"].children} == {"MLP", "(own allocations)"}
+    assert roots["layers"].children[0].label == "0.attn"
+    assert "…/path/to/train.py:12 forward › Linear" in roots
+
+
+def test_module_label_shortens_each_level():
+    assert module_label("/very/long/path/to/train.py:12 forward › Linear[2]") == "…/path/to/train.py:12 forward › Linear[2]"
+    assert module_label("encoder.layers.3") == "encoder.layers.3" and module_label("LlamaMLP") == "LlamaMLP"
+
+
+# ---- the simulated fixtures, by class ---------------------------------------------------------------------------------
+MODULE_CLASS_WITHOUT_TAGS = 0.95   # 100% of the peak's bytes on every fixture today
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in SIM.glob("*.pickle")))
+def test_simulated_fixtures_get_the_right_module_class_without_tags(name):
+    pytest.importorskip("torch")
+    from analyzer.evaluate.module_classes import module_class_agreement, simulator_classes
+
+    scores = module_class_agreement(SIM / f"{name}.pickle", simulator_classes())
+    assert scores["module_class"] >= MODULE_CLASS_WITHOUT_TAGS, scores
+
+
+# ---- the command line ---------------------------------------------------------------------------------------------------
+def test_source_root_option_reads_classes_of_frames_recorded_elsewhere(tmp_path, capsys):
+    from analyzer.commands import main
+
+    write(tmp_path / "checkout", "proj/model.py", "Remote")
+    recorded = "/home/someone/proj/model.py"
+    stack = frame_dicts(through((recorded, L["mlp.fc"], "forward")))
+    base = 0x7F0000000000
+    snapshot = {"segments": [{"device": 0, "address": base, "total_size": 2 * MiB, "stream": 0, "segment_type": "large",
+                              "blocks": [{"address": base, "size": 2 * MiB, "requested_size": 2 * MiB,
+                                          "state": "active_allocated", "frames": stack}]}],
+                "device_traces": [[{"action": "alloc", "addr": base, "size": 2 * MiB, "stream": 0, "time_us": 10,
+                                    "frames": stack}]]}
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+
+    def modules(*extra: str) -> list[str]:
+        assert main([str(path), "--format", "json", *extra]) == 0
+        return list(json.loads(capsys.readouterr().out)["devices"][0]["peak"]["by_module"])
+
+    assert modules() == [f"{recorded}:{L['mlp.fc']} forward"]
+    assert modules("--source-root", str(tmp_path / "checkout")) == ["Remote"]
