@@ -2,95 +2,181 @@
 made it. Evaluated once per distinct stack, never per allocation."""
 from __future__ import annotations
 
-import ast
-import os
 import re
-import stat
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
-from analyzer.core.stacks import Frame, format_frame, is_user_frame
+from analyzer.attribute.module_paths import CallPath, SourceIndex, call_path, path_label
+from analyzer.core.stacks import Frame, is_python_frame
 from analyzer.core.vocabulary import Phase
 
-# (pattern on "file function", phase, signal name), checked innermost frame first; the first match wins
-_PHASE_RULES: list[tuple[re.Pattern[str], str, str]] = [
-    (re.compile(r"torch[\\/]utils[\\/]checkpoint\.py "), Phase.BACKWARD.value, "frames:activation-checkpoint-recompute"),
-    (re.compile(r"torch[\\/](_tensor\.py backward|autograd[\\/])"), Phase.BACKWARD.value, "frames:torch.autograd"),
-    (re.compile(r"torch[\\/]optim[\\/]"), Phase.OPTIMIZER.value, "frames:torch.optim"),
-    (re.compile(r"torch[\\/](serialization\.py (save|_save)|distributed[\\/]checkpoint[\\/])"),
-     Phase.CHECKPOINT_SAVE.value, "frames:torch.save"),
-    (re.compile(r" (state_dict|_save_to_state_dict|full_state_dict|get_state_dict|consolidate_state_dict)$"),
-     Phase.CHECKPOINT_SAVE.value, "frames:state_dict"),
-    (re.compile(r"torch[\\/]serialization\.py (load|_load)|load_state_dict$|_load_from_state_dict$"), Phase.LOAD.value,
-     "frames:load_state_dict"),
-    (re.compile(r"torch[\\/]nn[\\/]modules[\\/]module\.py (_apply|to|cuda|convert)$"), Phase.LOAD.value, "frames:module.to"),
-    (re.compile(r"torch[\\/]nn[\\/](modules[\\/]\w+\.py (__init__|reset_parameters)|init\.py \w+)$"), Phase.LOAD.value,
-     "frames:module-init"),
-    (re.compile(r"torch[\\/]_dynamo[\\/]|torch[\\/]_inductor[\\/]"), Phase.COMPILE.value, "frames:torch.compile"),
-    (re.compile(r"torch[\\/]nn[\\/]modules[\\/]module\.py (_call_impl|_wrapped_call_impl)$"), Phase.FORWARD.value,
-     "frames:module.forward"),
-    (re.compile(r" \w*(save|state_dict|consolidate)\w*$", re.IGNORECASE), Phase.CHECKPOINT_SAVE.value,
-     "frames:user-function-name"),
-    (re.compile(r" (__init__|\w*(init_weight|init_all_weights|load_model|load_weights|load_checkpoint|from_pretrained)\w*)$"),
-     Phase.LOAD.value, "frames:model-construction"),
+_T = r"(^|[\\/])torch[\\/]"  # a torch path component (Kineto's paths are relative: torch/nn/...)
+_BACKWARD, _FORWARD, _COMPILE = Phase.BACKWARD.value, Phase.FORWARD.value, Phase.COMPILE.value
+_COMPILED_GRAPH = "frames:compiled-graph"
+_COMPILED_BACKWARD = "frames:compiled-backward"
+_AUTOGRAD = "frames:torch.autograd"
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """What one frame says about the phase. `file` is searched in the frame's file name and `function` in its
+    function name (each anchored where it must be, and none can backtrack badly on a hostile name)."""
+
+    phase: str
+    signal: str
+    file: re.Pattern[str] | None = None
+    function: re.Pattern[str] | None = None
+    kind: str = "strong"     # strong | weak: a forward seen from inside, which frames further out may overrule |
+                             # compiled: torch.compile's output running, the frames outside it decide |
+                             # apply: autograd.Function.apply, its forward when Python called it
+    overrules_forward: bool = False   # further out than a weak forward, it still decides (recompute, autograd,
+                                      # compile)
+    in_compiled: str | None = None    # its signal outside a compiled graph's frames; None: it says nothing there
+    native: bool = False              # about a C++ frame (every other rule is about Python frames)
+
+    def matches(self, filename: str, function: str) -> bool:
+        return ((self.file is None or self.file.search(filename) is not None)
+                and (self.function is None or self.function.search(function) is not None))
+
+
+def _rule(phase: str, signal: str, file: str | None = None, function: str | None = None, **options: Any) -> _Rule:
+    return _Rule(phase, signal, re.compile(file) if file else None, re.compile(function) if function else None,
+                 **options)
+
+
+# Checked innermost frame first; for each frame the first rule that matches is the frame's (see _phase_of).
+# torch.compile: autotuning (benchmarking candidate kernels and configs, at compile time or on a compiled graph's
+# first call: triton.testing.do_bench and its 256 MiB L2-flush buffer, inductor's select_algorithm,
+# autotune_process, runtime/benchmarking, CachingAutotuner.autotune_to_one_config/benchmark_all_configs/bench)
+# and the compile itself (dynamo's tracing, AOTAutograd's, inductor's lowering and passes) are compile-time
+# memory; the compiled graph running (the generated code in inductor's cache directory, default
+# /tmp/torchinductor_USER/xx/cxxxx.py `call`, and its runtime wrappers: CompiledFxGraph.__call__, AOTAutograd's
+# runtime_wrappers and CompiledFunction.forward/backward, cudagraph trees, inductor's runtime/) is forward or
+# backward work, told apart by the frames outside it.
+_PHASE_RULES: list[_Rule] = [
+    _rule(_COMPILE, "frames:compile-autotune",
+          file=r"(^|[\\/])triton[\\/]testing\.py$|" + _T + r"_inductor[\\/](select_algorithm|autotune_process|"
+               r"runtime[\\/]benchmarking)\.py$", in_compiled="frames:compile-autotune", overrules_forward=True),
+    _rule(_COMPILE, "frames:compile-autotune", function=r"^get_empty_cache_for_benchmark$|"
+          r"^(?=\w+$).*?(autotune|benchmark|bench|precompile)", file=r"(^|[\\/])triton[\\/]|" + _T + r"_inductor[\\/]",
+          in_compiled="frames:compile-autotune", overrules_forward=True),
+    _rule(_BACKWARD, _COMPILED_BACKWARD, file=_T + r"_functorch[\\/]_aot_autograd[\\/]runtime_wrappers\.py$",
+          function=r"^(?=\w+$).*?backward", in_compiled=_COMPILED_BACKWARD, overrules_forward=True),
+    _rule(_FORWARD, _COMPILED_GRAPH, kind="compiled",
+          file=r"(^|[\\/])torchinductor_[^\\/]*[\\/]|" + _T + r"(_inductor[\\/](output_code\.py|cudagraph_trees\.py|"
+               r"runtime[\\/])|_functorch[\\/]_aot_autograd[\\/]runtime_wrappers\.py$)"),
+    _rule(_FORWARD, _COMPILED_GRAPH, kind="compiled", function=r"^(run|call_func_at_runtime_with_args|g|forward)$",
+          file=_T + r"(_inductor[\\/](utils|compile_fx)\.py|_functorch[\\/](_aot_autograd[\\/]utils|aot_autograd)\.py)"
+               r"$"),
+    _rule(_COMPILE, "frames:torch.compile", in_compiled="frames:torch.compile", overrules_forward=True,
+          file=_T + r"(_dynamo[\\/](?!eval_frame\.py$|external_utils\.py$)|_inductor[\\/]|"
+               r"_functorch[\\/](aot_autograd\.py$|_aot_autograd[\\/]|partitioners\.py$))"),
+    # activation checkpointing's recomputation, in backward (reentrant: CheckpointFunction.backward; non-reentrant:
+    # the saved-tensor unpack hook's recompute_fn); the checkpointed forward itself runs under `checkpoint`
+    _rule(_BACKWARD, "frames:activation-checkpoint-recompute", file=_T + r"utils[\\/]checkpoint\.py$",
+          function=r"^(?=\w+$).*?(recompute|unpack|backward)", in_compiled="frames:activation-checkpoint-recompute",
+          overrules_forward=True),
+    # autograd's entry points and engine (the engine's thread has C++ frames only when stacks="all"); a custom
+    # Function's `apply` is its forward when Python called it, its backward when the engine did (BackwardCFunction)
+    _rule(_BACKWARD, _AUTOGRAD, kind="apply", file=_T + r"autograd[\\/]function\.py$", function=r"^apply$"),
+    _rule(_BACKWARD, _AUTOGRAD, in_compiled=_COMPILED_BACKWARD, overrules_forward=True,
+          file=_T + r"(_tensor\.py$|autograd[\\/]__init__\.py$|autograd[\\/]graph\.py$)",
+          function=r"^(backward|grad|_engine_run_backward|unpack\w*)$"),
+    _rule(_BACKWARD, _AUTOGRAD, file=_T + r"autograd[\\/]functional\.py$", in_compiled=_COMPILED_BACKWARD,
+          overrules_forward=True),
+    _rule(_BACKWARD, "frames:autograd-engine", function=r"^torch::autograd::(Engine|python::PythonEngine)::",
+          in_compiled=_COMPILED_BACKWARD, overrules_forward=True, native=True),
+    _rule(Phase.OPTIMIZER.value, "frames:torch.optim", file=_T + r"optim[\\/]", in_compiled="frames:torch.optim"),
+    _rule(Phase.CHECKPOINT_SAVE.value, "frames:torch.save", file=_T + r"serialization\.py$", function=r"^_?save"),
+    _rule(Phase.CHECKPOINT_SAVE.value, "frames:torch.save", file=_T + r"distributed[\\/]checkpoint[\\/]"),
+    _rule(Phase.CHECKPOINT_SAVE.value, "frames:state_dict",
+          function=r"^(state_dict|_save_to_state_dict|full_state_dict|get_state_dict|consolidate_state_dict)$"),
+    _rule(Phase.LOAD.value, "frames:load_state_dict", file=_T + r"serialization\.py$", function=r"^_?load"),
+    _rule(Phase.LOAD.value, "frames:load_state_dict", function=r"(load_state_dict|_load_from_state_dict)$"),
+    _rule(Phase.LOAD.value, "frames:module.to", file=_T + r"nn[\\/]modules[\\/]module\.py$",
+          function=r"^(_apply|to|cuda|convert)$"),
+    _rule(Phase.LOAD.value, "frames:module-init", file=_T + r"nn[\\/]modules[\\/]\w+\.py$",
+          function=r"^(__init__|reset_parameters)$"),
+    _rule(Phase.LOAD.value, "frames:module-init", file=_T + r"nn[\\/]init\.py$", function=r"^\w+$"),
+    _rule(_FORWARD, "frames:module.forward", kind="weak", file=_T + r"nn[\\/]modules[\\/]module\.py$",
+          function=r"^(_call_impl|_wrapped_call_impl)$"),
+    _rule(Phase.CHECKPOINT_SAVE.value, "frames:user-function-name", kind="weak",
+          function=r"(?i)^(?=\w+$).*?(save|state_dict|consolidate)"),
+    _rule(Phase.LOAD.value, "frames:model-construction", kind="weak",
+          function=r"^(__init__$|(?=\w+$).*?(init_weight|init_all_weights|load_model|load_weights|load_checkpoint|"
+                   r"from_pretrained))"),
 ]
+_FUNCTION_BACKWARD = _rule(_BACKWARD, _AUTOGRAD, in_compiled=_COMPILED_BACKWARD, overrules_forward=True)
+_PYTHON_RULES = [r for r in _PHASE_RULES if not r.native]
+_NATIVE_RULES = [r for r in _PHASE_RULES if r.native]
+
+
+_CACHED_NAME = 4096   # frames with longer names (none in real stacks; a hostile file's) are not kept in the cache
+
+
+def _rule_of(filename: str, function: str) -> _Rule | None:
+    """The frame's rule: the first that matches (stacks share most of their frames, hence the cache)."""
+    if len(filename) + len(function) <= _CACHED_NAME:
+        return _cached_rule_of(filename, function)
+    return _first_rule(filename, function)
+
+
+def _first_rule(filename: str, function: str) -> _Rule | None:
+    rules = _PYTHON_RULES if is_python_frame((filename, 0, function)) else _NATIVE_RULES
+    return next((rule for rule in rules if rule.matches(filename, function)), None)
+
+
+_cached_rule_of = lru_cache(maxsize=1 << 16)(_first_rule)
+
+
+def _phase_of(frames: tuple[Frame, ...]) -> tuple[str | None, str | None]:
+    """(phase, signal) the frames say, innermost first. The first strong rule decides, except that a weak one
+    seen before it (a module's forward, a user function's name) stands unless the strong one overrules a forward
+    (checkpoint recomputation, autograd, compile); frames of a compiled graph defer to the frames outside them
+    (autograd: backward; the optimizer; compile-time) and are forward where nothing there speaks."""
+    weak: _Rule | None = None
+    compiled = False
+    for i, frame in enumerate(frames):
+        rule = _rule_of(frame[0], frame[2])
+        if rule is None:
+            continue
+        if rule.kind == "apply":
+            if any(is_python_frame(f) for f in frames[i + 1:]):
+                continue                    # Function.apply called from Python: the Function's forward
+            rule = _FUNCTION_BACKWARD       # called by autograd's engine: the Function's backward
+        if rule.kind == "compiled":
+            compiled = compiled or weak is None
+            continue
+        if rule.kind == "weak":
+            weak = weak or (None if compiled else rule)
+            continue
+        if compiled:
+            if rule.in_compiled is not None:
+                return rule.phase, rule.in_compiled
+            continue
+        if weak is not None and not rule.overrules_forward:
+            break
+        return rule.phase, rule.signal
+    if weak is not None:
+        return weak.phase, weak.signal
+    return (_FORWARD, _COMPILED_GRAPH) if compiled else (None, None)
 
 
 @dataclass(frozen=True)
 class StackFacts:
-    has_python: bool
+    has_python: bool           # any Python source frame (analyzer.core.stacks.is_python_frame), torch's too
     phase: str | None          # what torch frames say, or None
     phase_signal: str | None
-    module: str | None         # "Class.forward" (or "file:line forward") of the innermost user forward frame
+    module: str | None         # the module call path "Outer › Inner" (analyzer.attribute.module_paths), or None
+    call_path: CallPath = ()   # its levels, outermost first
 
 
-def stack_facts(frames: tuple[Frame, ...]) -> StackFacts:
-    has_python = any(f[0].endswith(".py") for f in frames)
-    phase = signal = None
-    for filename, _, function in frames:
-        text = f"{filename} {function}"
-        for pattern, rule_phase, rule_signal in _PHASE_RULES:
-            if pattern.search(text):
-                phase, signal = rule_phase, rule_signal
-                break
-        if phase:
-            break
-    module = next((resolve_method(f) for f in frames if is_user_frame(f) and f[2] == "forward"), None)
+def stack_facts(frames: tuple[Frame, ...], sources: SourceIndex | None = None) -> StackFacts:
+    has_python = any(is_python_frame(f) for f in frames)
+    phase, signal = _phase_of(frames)
+    path = call_path(frames, sources)
+    module = path_label(path) if path else None
     if phase is None and module is not None:
         phase, signal = Phase.FORWARD.value, "frames:user-forward"
-    return StackFacts(has_python, phase, signal, module)
-
-
-_MAX_SOURCE_BYTES = 4 << 20  # no real source file is larger; bigger ones are not read
-
-
-@lru_cache(maxsize=4096)
-def _classes_by_line(filename: str) -> tuple[tuple[int, int, str], ...]:
-    """(first line, last line, class name) of every class in a readable source file; empty otherwise.
-
-    The file name comes from the input, so it is untrusted: only a regular file of at most _MAX_SOURCE_BYTES
-    is read (opened without blocking and checked with fstat, so a frame naming /dev/zero, a FIFO or a huge
-    file can neither exhaust memory nor block the analysis)."""
-    try:
-        fd = os.open(filename, os.O_RDONLY | os.O_NONBLOCK)
-        with open(fd, "rb") as source:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return ()
-            data = source.read(_MAX_SOURCE_BYTES + 1)
-        if len(data) > _MAX_SOURCE_BYTES:
-            return ()
-        tree = ast.parse(data.decode("utf-8", errors="replace"))
-    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
-        return ()
-    return tuple((node.lineno, node.end_lineno or node.lineno, node.name)
-                 for node in ast.walk(tree) if isinstance(node, ast.ClassDef))
-
-
-def resolve_method(frame: Frame) -> str:
-    """'Class.method' when the source file is readable here, else 'file:line function'."""
-    filename, line, function = frame
-    enclosing = [c for c in _classes_by_line(filename) if c[0] <= line <= c[1]]
-    if enclosing:
-        innermost = max(enclosing, key=lambda c: c[0])
-        return f"{innermost[2]}.{function}"
-    return format_frame(frame)
+    return StackFacts(has_python, phase, signal, module, path)
