@@ -2,7 +2,7 @@
 then analyse it as a real snapshot (the predicted peak, the OOM if the step does not fit, what to change).
 
     simulate --list
-    simulate --scenario fragmentation [-o out.pickle]
+    simulate --scenario fragmentation [-o out.pickle] [--stacks all]
     simulate train_fns.py --gpu-memory 24GiB [--steps 3] [--expandable-segments] [--fake] -o out.pickle
 
 A user file defines `model_fn()`, `batch_fn(step)` and `optimizer_fn(params)`, and optionally
@@ -36,22 +36,30 @@ class SimulateCommand:
         parser.add_argument("--steps", type=int, default=3, help="training steps to trace (default 3)")
         parser.add_argument("--expandable-segments", action="store_true", help="simulate expandable_segments:True")
         parser.add_argument("--fake", action="store_true", help="trace under FakeTensorMode (no memory used)")
+        parser.add_argument("--stacks", choices=("python", "all"), default="python",
+                            help="frames recorded as _record_memory_history(stacks=...) would: Python only, or "
+                                 "C++ and CPython frames interleaved with them (default python)")
         parser.add_argument("--no-analysis", action="store_true", help="only write the snapshot")
 
     def run(self, args: argparse.Namespace) -> int:
         """0 on success, 2 on a usage error."""
-        from analyzer.simulate.scenarios import SCENARIOS, generate
+        from analyzer.simulate.scenarios import ALL_SCENARIOS, generate
 
         if args.list:
-            for name, scenario in SCENARIOS.items():
+            for name, scenario in ALL_SCENARIOS.items():
                 print(f"{name:22} {scenario.claim}")
             return 0
         if args.scenario:
-            if args.scenario not in SCENARIOS:
-                print(f"analyze simulate: unknown scenario {args.scenario!r}; one of: {', '.join(SCENARIOS)}", file=sys.stderr)
+            if args.scenario not in ALL_SCENARIOS:
+                print(f"analyze simulate: unknown scenario {args.scenario!r}; one of: {', '.join(ALL_SCENARIOS)}",
+                      file=sys.stderr)
                 return 2
             out = args.out or Path(f"{args.scenario}.pickle")
-            simulation = generate(args.scenario, out)
+            try:
+                simulation = generate(args.scenario, out, stacks=args.stacks)
+            except ModuleNotFoundError as error:
+                print(f"analyze simulate: {error}", file=sys.stderr)
+                return 2
         elif args.file:
             if args.gpu_memory is None or args.out is None:
                 print("analyze simulate: a file needs --gpu-memory and -o", file=sys.stderr)
@@ -67,7 +75,7 @@ class SimulateCommand:
             simulation = run(namespace["model_fn"], namespace["batch_fn"], namespace["optimizer_fn"],
                              gpu_memory=args.gpu_memory, out=out, steps=args.steps, loss_fn=namespace.get("loss_fn"),
                              save_fn=namespace.get("save_fn"), expandable_segments=args.expandable_segments,
-                             fake=args.fake)
+                             fake=args.fake, stacks=args.stacks)
         else:
             print(f"usage: {USAGE}", file=sys.stderr)
             return 2

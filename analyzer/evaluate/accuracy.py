@@ -1,8 +1,10 @@
 """Score attribution against ground truth (the simulator's `.truth.json` sidecars): bytes-weighted agreement
-of the labels of the allocations live at the peak. Used by tests and benchmarks/attribution_accuracy.py."""
+of the labels of the allocations live at the peak, or of every allocation of the recording, and of the module
+class. Used by tests, benchmarks/attribution_accuracy.py and benchmarks/zoo_accuracy.py."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -95,3 +97,90 @@ def profiler_agreement(trace_path: Path, raw_timeline_path: Path) -> dict[str, f
         scores[scope] = float(joined.loc[joined["ours"] == theirs, "weight"].sum() / total) if total else 1.0
         scores[f"{scope}_scored_bytes"] = int(total)
     return scores
+
+
+# ---- over the whole recording, and the module's class (the zoo's bars) -----------------------------------------
+def _truth_and_attributed(snapshot: Path, tags: bool) -> tuple[dict, MemoryTrace]:
+    truth = json.loads(snapshot.with_name(snapshot.stem + ".truth.json").read_text())
+    trace = load(snapshot)
+    if not isinstance(trace, MemoryTrace):
+        raise UnsupportedFormat(snapshot, _ONE_RECORDING, "pass one rank's file")
+    return truth, attribute(trace if tags else without_tags(trace))
+
+
+def _keys(rows: pd.DataFrame) -> list[str | None]:
+    return [str(int(s)) if s == s and s is not None else None for s in rows["seq_alloc"].astype("float64")]
+
+
+def _category_share(rows: pd.DataFrame, labels: dict) -> float:
+    """Bytes-weighted share of `rows` whose category is the truth's (parameters and buffers alike)."""
+    weights = rows["allocated_bytes"].to_numpy(dtype=np.float64)
+    ours = rows["category"].astype(str).to_numpy()
+    theirs = [labels[k]["category"] if k in labels else None for k in _keys(rows)]
+    match = np.asarray([_same(t) == _same(o) for o, t in zip(ours, theirs)], dtype=bool)
+    return float(weights[match].sum() / weights.sum()) if weights.sum() else 1.0
+
+
+_SEPARATORS = re.compile(r"\s*(?:›|>|/|::)\s*")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def label_class(label: str | None, fqn_classes: dict[str, str]) -> str | None:
+    """The innermost module class a module label names: the last element of a call path
+    (`LlamaForCausalLM › LlamaModel › LlamaDecoderLayer › LlamaMLP`), the class of `LlamaMLP.forward`, or, for
+    an FQN (`model.layers.0.mlp`), the class the truth gives that module. None: the label names no class."""
+    if not label or label == UNATTRIBUTED:
+        return None
+    if label in fqn_classes:
+        return fqn_classes[label]
+    if label == ROOT_MODULE:
+        return fqn_classes.get("")
+    classes = set(fqn_classes.values())
+    for part in reversed(_SEPARATORS.split(label)):
+        names = _IDENTIFIER.findall(part)
+        known = [n for n in names if n in classes]
+        if known:
+            return known[-1]
+        if names and names[0][:1].isupper():
+            return names[0]
+        if part in fqn_classes:
+            return fqn_classes[part]
+    return None
+
+
+def _module_class_share(rows: pd.DataFrame, labels: dict) -> float:
+    """Bytes-weighted share of `rows` whose module label names the class of the truth's module. Rows whose
+    truth has no module class (made outside every module's forward and backward) are scored on being labelled
+    unattributed or the root module, as `peak_agreement` scores them."""
+    fqn_classes = {a["module"]: a["module_class"] for a in labels.values() if a.get("module_class")}
+    weights = rows["allocated_bytes"].to_numpy(dtype=np.float64)
+    match = []
+    for label, key in zip(rows["module"].astype(str), _keys(rows)):
+        truth = labels.get(key) if key is not None else None
+        wanted = truth.get("module_class", "") if truth else None
+        if not wanted:
+            match.append(label in (UNATTRIBUTED, ROOT_MODULE, ""))
+        else:
+            match.append(label_class(label, fqn_classes) == wanted)
+    picked = np.asarray(match, dtype=bool)
+    return float(weights[picked].sum() / weights.sum()) if weights.sum() else 1.0
+
+
+def recording_agreement(snapshot: Path, tags: bool = True) -> dict[str, float]:
+    """Category agreement over every allocation of the recording, bytes-weighted (each allocation counted once,
+    by its block size, whenever it lived), and the module-class agreement over the same allocations."""
+    truth, trace = _truth_and_attributed(snapshot, tags)
+    rows = trace.allocations[trace.allocations["device"] == truth["device"]]
+    return {"category": _category_share(rows, truth["allocations"]),
+            "module_class": _module_class_share(rows, truth["allocations"])}
+
+
+def zoo_scores(snapshot: Path, tags: bool = False) -> dict[str, float]:
+    """The zoo's three measures (without capture tags by default): category agreement at the peak and over
+    the recording, and module-class agreement at the peak; each a share of bytes in [0, 1]."""
+    truth, trace = _truth_and_attributed(snapshot, tags)
+    labels = truth["allocations"]
+    live = find_peak(trace, truth["device"]).live
+    rows = trace.allocations[trace.allocations["device"] == truth["device"]]
+    return {"category_peak": _category_share(live, labels), "category_recording": _category_share(rows, labels),
+            "module_class_peak": _module_class_share(live, labels)}

@@ -4,7 +4,9 @@ written (`torch.cuda.memory._dump_snapshot`), with a ground-truth sidecar of wha
 
 Modules, one job each: `tracer` (torch dispatch mode + module/phase tracking), `allocator` (the caching
 allocator's rules, over `blocks`, `device`, `expandable`), `snapshot_writer` (torch's dict layout), `truth`
-(the sidecar), `replay` (recorded requests through the model), `scenarios` (built-in workloads), `runner`
+(the sidecar), `replay` (recorded requests through the model), `scenarios` (built-in workloads), `zoo`
+(transformers/PEFT/custom-optimizer/compile/autocast cases), `native_frames` (the C++ and CPython frames of
+`stacks="all"`), `runner`
 (`run()`); the command is `analyzer.commands.simulate`. Only `tracer`, `scenarios` and `runner` import torch, and only
 when used: importing this package, or the allocator model, does not.
 """

@@ -35,6 +35,7 @@ class Alloc:
     step: int
     category: str = Category.OTHER.value     # settled when the trace is finished (a storage's role shows only later)
     stream: int = 0
+    module_class: str = ""                   # the class of `module` ("" when unknown or none)
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Free:
 
     uid: int
     time_us: int
+    frames: list[dict[str, Any]] | None = None   # the stack at the free (None: the allocation's, as before)
 
 
 @dataclass

@@ -3,6 +3,9 @@
 Each is a GPT training loop with a device size and allocator settings; all are traced under FakeTensorMode,
 so sizes are those of real training runs while the CPU only does the bookkeeping. `claim` is the finding a
 detector should reach from the snapshot alone; the sidecar's `measures` give the numbers behind it.
+
+`ZOO_SCENARIOS` are the zoo's cases (simulate/zoo.py: transformers and PEFT models, custom optimizers, compile,
+accumulation, autocast), traced on real small CPU tensors; they need transformers and peft installed.
 """
 from __future__ import annotations
 
@@ -92,6 +95,8 @@ class Scenario:
     gpu_memory: int
     settings: AllocatorSettings = field(default_factory=AllocatorSettings)
     steps: int = 3
+    fake: bool = True                         # traced under FakeTensorMode (the zoo traces real tensors)
+    facts: dict[str, Any] = field(default_factory=dict)   # written into the truth's findings
 
 
 _SMALL = GPTConfig(d_model=768, layers=6, heads=12, max_seq=2048)
@@ -128,9 +133,29 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
 ]}
 
 
-def generate(name: str, out: Path) -> Simulation:
-    """Trace the scenario and write the snapshot to `out` and its ground truth beside it (`.truth.json`)."""
-    scenario = SCENARIOS[name]
-    run = trace_training(scenario.loop(), scenario.steps, fake=True)
-    return simulate_to_files(run, out, scenario.gpu_memory, scenario.settings,
-                             scenario=name, findings={"claim": scenario.claim})
+def _zoo_scenarios() -> dict[str, Scenario]:
+    from analyzer.simulate.zoo import ZOO
+
+    return {name: Scenario(name, case.claim, case.loop, gpu_memory=8 * GiB, steps=case.steps, fake=False,
+                           facts={"model": case.model_facts()})
+            for name, case in ZOO.items()}
+
+
+ZOO_SCENARIOS: dict[str, Scenario] = _zoo_scenarios()
+ALL_SCENARIOS: dict[str, Scenario] = {**SCENARIOS, **ZOO_SCENARIOS}
+
+
+def generate(name: str, out: Path, stacks: str = "python") -> Simulation:
+    """Trace the scenario and write the snapshot to `out` and its ground truth beside it (`.truth.json`);
+    `stacks` as `_record_memory_history(stacks=...)`: "python" or "all" (C++ and CPython frames too)."""
+    scenario = ALL_SCENARIOS[name]
+    if not scenario.fake:
+        from analyzer.simulate.zoo import available
+
+        if not available():
+            raise ModuleNotFoundError(f"scenario {name} needs transformers and peft (pip install transformers peft)")
+    run = trace_training(scenario.loop(), scenario.steps, fake=scenario.fake, stacks=stacks)
+    findings = {"claim": scenario.claim, **scenario.facts}
+    if stacks != "python":
+        findings["stacks"] = stacks
+    return simulate_to_files(run, out, scenario.gpu_memory, scenario.settings, scenario=name, findings=findings)

@@ -62,7 +62,8 @@ def simulate(run: TracedRun, capacity: int | None, settings: AllocatorSettings =
             block = blocks.pop(event.uid, None)
             if block is not None:
                 assert block.context is not None, "a live block keeps the context of its malloc"
-                allocator.free(block, CallContext(event.time_us, block.context.frames))
+                frames = block.context.frames if event.frames is None else event.frames
+                allocator.free(block, CallContext(event.time_us, frames))
         elif isinstance(event, Annotation):
             name = _resolve_uid(event.name, blocks)
             if name is not None:

@@ -66,7 +66,8 @@ def truth_dict(simulation: Simulation, scenario: str, gpu_memory: int | None, st
                findings: dict[str, Any]) -> dict[str, Any]:
     allocations = {
         str(index): {"bytes": label.nbytes, "allocated_bytes": simulation.block_sizes[index],
-                     "category": label.category, "module": label.module, "phase": label.phase, "step": label.step}
+                     "category": label.category, "module": label.module, "module_class": label.module_class,
+                     "phase": label.phase, "step": label.step}
         for index, label in simulation.labels.items()
     }
     oom = None
