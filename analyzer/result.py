@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.core.module_tree import ModuleNode
-from analyzer.core.stacks import short_frame
+from analyzer.core.module_tree import ModuleNode, module_in_sentence
 from analyzer.core.timeline import Peak, allocated_by
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import UNATTRIBUTED, category_plural, phase_noun
 
 SCHEMA = "analyzer/1"
 TOP_ALLOCATIONS = 10
+COMPOSITION_SHARE = 0.10  # of the peak: a smaller largest-known category does not describe it
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class DeviceMeasures:
             top = self.by_category[0]
             parts.append(f"{top['share']:.0%} {top['name'].replace('_', ' ')}")
         where = phase_noun(self.peak_phase) if self.peak_phase not in (None, UNATTRIBUTED) else None
-        module = short_frame(self.peak_module) if self.peak_module not in (None, UNATTRIBUTED) else None
+        module = module_in_sentence(self.peak_module) if self.peak_module not in (None, UNATTRIBUTED) else None
         if where and module:
             parts.append(f"{where} of {module}")
         elif where or module:
@@ -75,9 +75,10 @@ class DeviceMeasures:
         return ", ".join(parts)
 
     def composition(self) -> str:
-        """'activations are 71% of the peak': the largest attributed category, in words."""
+        """'activations are 71% of the peak': the largest attributed category, in words; nothing when even that
+        is under COMPOSITION_SHARE of the peak ('parameters are 2% of the peak' says nothing about it)."""
         top = next((r for r in self.by_category if r["name"] != UNATTRIBUTED), None)
-        if top is None:
+        if top is None or top["share"] < COMPOSITION_SHARE:
             return ""
         return f"{category_plural(top['name'])} are {top['share']:.0%} of the peak"
 

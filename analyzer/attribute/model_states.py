@@ -7,8 +7,8 @@ optimizer's moments repeat it; a state that replaces a parameter inside an optim
 Each rule here labels only what the lifetime rules left open (or, for a replacement, what they could not
 know), and says so in its label source (`structure:…`, confidence below the stack-based labels).
 
-1. Tensors alive from before the recording to its end (a snapshot's blocks), that nothing else labels, are
-   model state:
+1. Tensors alive from before the recording to its end (a snapshot's blocks, in a recording that has a history
+   to compare them with), that nothing else labels, are model state:
    - when gradients are known otherwise (the recording's backward made them, it stopped inside one, or
      frames show the old ones were made by autograd), the rest are parameters;
    - when it ran a backward (at least BACKWARD_SHARE as many allocations as its forward) that made none,
@@ -64,7 +64,7 @@ def _persistent_before_recording(a: pd.DataFrame, sizes: np.ndarray, phase: np.n
     origin = a["origin"].astype(str).to_numpy()
     alive_at_end = a["seq_free"].isna().to_numpy() & a["t_free_us"].isna().to_numpy()
     open_ = (origin != "trace") & alive_at_end & pd.isna(category)
-    if not open_.any():
+    if not open_.any() or not (origin == "trace").any():  # no history: nothing to tell them apart by
         return
     in_the_making = (phase == Phase.BACKWARD) & alive_at_end & (origin == "trace")  # stopped inside a backward
     made_gradients = bool(((category == GRADIENT) | in_the_making).any())

@@ -22,6 +22,23 @@ _CLASS = re.compile(r"^[A-Za-z_]\w*(\[\d+\])?$")   # a call path's level: a clas
 OWN = "(own allocations)"
 
 
+SENTENCE_LEVELS = 3  # a call path in a sentence: its innermost levels, the outer ones folded into "…"
+
+
+def module_in_sentence(name: str) -> str:
+    """A module as a sentence names it: an FQN as it is; a call path by its innermost SENTENCE_LEVELS levels,
+    each frame-like level by its file's name (`… › model.py:382 forward[23] › model.py:520 forward`)."""
+    levels = name.split(MODULE_PATH_SEPARATOR)
+    shown = [level if _FQN.match(level) or _CLASS.match(level) else _file_level(level)
+             for level in levels[-SENTENCE_LEVELS:]]
+    return ("… › " if len(levels) > SENTENCE_LEVELS else "") + MODULE_PATH_SEPARATOR.join(shown)
+
+
+def _file_level(level: str) -> str:
+    location, _, function = level.partition(" ")
+    return f"{location.replace(chr(92), '/').rsplit('/', 1)[-1]} {function}".strip()
+
+
 def module_label(name: str) -> str:
     """A module as a person reads it: a frame-like label (`/long/path/train.py:12 forward`) by the end of its path,
     in a call path level by level."""

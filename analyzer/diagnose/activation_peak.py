@@ -7,7 +7,7 @@ from analyzer.core.breakdown import split
 from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
 from analyzer.diagnose.evidence import top_allocations
-from analyzer.core.stacks import short_frame
+from analyzer.core.module_tree import module_in_sentence
 from analyzer.core.vocabulary import UNATTRIBUTED, Category, Phase
 
 
@@ -20,7 +20,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     activations = live[live["category"] == Category.ACTIVATION]
     modules = [m for m in split(activations, "module", 5) if m["name"] != UNATTRIBUTED]
     steps = [s["step"] for s in d.steps if s.get("phase") in (Phase.FORWARD, Phase.BACKWARD)]
-    where = ", ".join(f"{short_frame(m['name'])} {gib(m['bytes'])}" for m in modules[:3])
+    where = ", ".join(f"{module_in_sentence(m['name'])} {gib(m['bytes'])}" for m in modules[:3])
     return [{
         "kind": "activation_peak", "severity": "warning", "bytes": top["bytes"],
         "summary": (f"Activations are {top['share']:.0%} of the peak ({gib(top['bytes'])} of "

@@ -5,7 +5,7 @@ from typing import Any
 
 import pandas as pd
 
-from analyzer.core.stacks import short_frame
+from analyzer.core.module_tree import module_in_sentence
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import UNATTRIBUTED, phase_in_sentence
 
@@ -22,12 +22,12 @@ def top_allocations(trace: MemoryTrace, rows: pd.DataFrame, n: int = 5) -> list[
 
 
 def oom_where(phase: str | None, module: str | None, step: int | None) -> str:
-    """'in the forward pass of step 1 (…/model.py:54 forward)'."""
+    """'in the forward pass of step 1 (GPT › Block[3] › MLP)', or '(model.py:54 forward)' where no class is known."""
     parts = []
     if phase and phase != UNATTRIBUTED:
         parts.append(f"in {phase_in_sentence(phase)}")
     if step is not None:
         parts.append(f"of step {step}")
     if module and module != UNATTRIBUTED:
-        parts.append(module if module.startswith("(") else f"({short_frame(module)})")
+        parts.append(module if module.startswith("(") else f"({module_in_sentence(module)})")
     return " ".join(parts)

@@ -189,3 +189,10 @@ def test_what_data_parallel_replicates_for_a_forward_is_parameters() -> None:
     a = labels(rec)
     assert by_category(a, a["addr"] == replica) == {"parameter": 4 * MiB}
     assert by_category(a, a["addr"] == activation) == {"activation": 4 * MiB}
+
+
+def test_without_any_history_nothing_is_called_a_parameter() -> None:
+    rec = Recording()
+    before_recording(rec, copies=1)  # an end state only: torch.cuda.memory_snapshot() without history
+    a = labels(rec)
+    assert by_category(a) == {"unattributed": sum(SIZES)}
