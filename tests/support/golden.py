@@ -26,6 +26,7 @@ GOLDEN = ROOT / "tests" / "golden"
 _NOT_INPUTS = (".md", ".truth.json")
 _REAL_SETS = ("kineto-tb_plugin/resnet50_num_workers_0",)   # a folder of traces, read as one input
 _PLACEHOLDER = "<input>"
+_FOLDER = "<input folder>"
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,8 @@ def run(case: Case) -> dict[str, Any]:
     for arg in case.argv:  # the paths depend on where the checkout is
         text = text.replace(json.dumps(arg)[1:-1], _PLACEHOLDER)
     error = stderr.getvalue().strip()
-    for arg in case.argv:
-        error = error.replace(arg, _PLACEHOLDER)
+    for arg in case.argv:  # the input, and files the message names beside it (an export to run first)
+        error = error.replace(arg, _PLACEHOLDER).replace(str(Path(arg).parent), _FOLDER)
     return {"exit_code": code, "error": error or None, "json": _canonical(json.loads(text))}
 
 
