@@ -67,8 +67,8 @@ _PHASE_RULES: list[_Rule] = [
           file=r"(^|[\\/])torchinductor_[^\\/]*[\\/]|" + _T + r"(_inductor[\\/](output_code\.py|cudagraph_trees\.py|"
                r"runtime[\\/])|_functorch[\\/]_aot_autograd[\\/]runtime_wrappers\.py$)"),
     _rule(_FORWARD, _COMPILED_GRAPH, kind="compiled", function=r"^(run|call_func_at_runtime_with_args|g|forward)$",
-          file=_T + r"(_inductor[\\/](utils|compile_fx)\.py|_functorch[\\/](_aot_autograd[\\/]utils|aot_autograd)\.py)"
-               r"$"),
+          file=_T + r"(_inductor[\\/](utils|compile_fx)\.py|_functorch[\\/](_aot_autograd[\\/]utils|aot_autograd)\.py|"
+               r"_dynamo[\\/]backends[\\/]debugging\.py)$"),  # the last: aot_eager's graph, run as compiled
     _rule(_COMPILE, "frames:torch.compile", in_compiled="frames:torch.compile", overrules_forward=True,
           file=_T + r"(_dynamo[\\/](?!eval_frame\.py$|external_utils\.py$)|_inductor[\\/]|"
                r"_functorch[\\/](aot_autograd\.py$|_aot_autograd[\\/]|partitioners\.py$))"),

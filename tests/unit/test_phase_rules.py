@@ -206,3 +206,18 @@ def test_hostile_names_take_linear_time():
         for filename in (f"{T}/_inductor/x.py", f"{T}/utils/checkpoint.py", "/home/u/x.py", "??"):
             stack_facts(((filename, 0, name), (filename + "/" * 50_000, 0, name)))
     assert time.perf_counter() - start < 2.0
+
+
+def test_aot_eagers_graph_running_is_forward_work_not_compile() -> None:
+    """torch.compile(backend="aot_eager"): the graph runs under dynamo's debugging backend's `run`."""
+    from analyzer.attribute.frames import stack_facts
+
+    frames = (("/venv/lib/python3.11/site-packages/torch/_ops.py", 875, "__call__"),
+              ("/venv/lib/python3.11/site-packages/torch/_dynamo/backends/debugging.py", 340, "run"),
+              ("/venv/lib/python3.11/site-packages/torch/_functorch/_aot_autograd/runtime_wrappers.py", 3462, "forward"),
+              ("/src/train.py", 20, "train_step"))
+    facts = stack_facts(frames)
+    assert (facts.phase, facts.phase_signal) == ("forward", "frames:compiled-graph")
+    compiling = (("/venv/lib/python3.11/site-packages/torch/_dynamo/backends/debugging.py", 120, "aot_eager"),
+                 ("/src/train.py", 20, "train_step"))
+    assert stack_facts(compiling).phase == "compile"
