@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.attribute.annotations import annotation_labels, metadata_labels, tensor_marks
-from analyzer.attribute.category import categorise
+from analyzer.attribute.category import categorise, recomputed_activations
 from analyzer.attribute.frames import StackFacts, stack_facts
 from analyzer.attribute.module_paths import SourceIndex
 from analyzer.attribute.model_states import infer_model_states
@@ -38,7 +38,7 @@ from analyzer.attribute.modules import assign_modules
 from analyzer.attribute.steps import number_steps
 from analyzer.attribute.timing import frameless_phases, native_facts
 from analyzer.core.trace import MemoryTrace
-from analyzer.core.vocabulary import UNATTRIBUTED, Phase, Role
+from analyzer.core.vocabulary import UNATTRIBUTED, Category, Phase, Role
 
 CONFIDENCE = {"tag": 1.0, "annotation": 0.95, "frames": 0.9, "timing": 0.7, "lifetime": 0.8, "size-match": 0.6,
               "structure": 0.6}
@@ -136,6 +136,9 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     step = number_steps(ann, t_alloc, phase)
     marked_role, marked_module = _marked_tensors(a, tensor_marks(ann))
     category, category_source = categorise(a, phase, step, ann)
+    t_free = a["t_free_us"].to_numpy(dtype=np.float64, na_value=np.inf)
+    remade = recomputed_activations(source, t_alloc, t_free)
+    category[remade], category_source[remade] = Category.ACTIVATION.value, "lifetime:recomputed-activation"
     infer_model_states(a, phase, category, category_source, list(trace.stacks["frames"]),
                        blocks_before_recording=trace.source_kind == "snapshot")
     has_mark = ~pd.isna(marked_role)

@@ -78,6 +78,26 @@ def categorise(a: pd.DataFrame, phase: np.ndarray, step: np.ndarray,
     return category, source
 
 
+RECOMPUTE_SIGNAL = "frames:activation-checkpoint-recompute"
+
+
+def recomputed_activations(phase_source: np.ndarray, t_alloc: np.ndarray, t_free: np.ndarray) -> np.ndarray:
+    """Rows an activation-checkpointing recomputation made that outlive the recomputation (each run of
+    recomputing allocations, in time): the checkpointed segment's activations, made again for its backward;
+    what the recomputation frees before it ends is its temporaries."""
+    recomputing = np.asarray([str(s) == RECOMPUTE_SIGNAL for s in phase_source], dtype=bool)
+    out = np.zeros(len(phase_source), dtype=bool)
+    if not recomputing.any():
+        return out
+    order = np.argsort(np.where(np.isnan(t_alloc), np.inf, t_alloc), kind="stable")
+    order = order[~np.isnan(t_alloc[order])]
+    flags = recomputing[order]
+    run = np.cumsum(np.r_[True, flags[1:] != flags[:-1]])
+    ends = pd.Series(t_alloc[order]).groupby(run).transform("max").to_numpy()
+    out[order] = flags & (t_free[order] > ends)
+    return out
+
+
 def _next_forward(t_alloc: np.ndarray, phase: np.ndarray, t_free: np.ndarray) -> np.ndarray:
     """For each allocation, the start of the first forward work after it: a tensor loaded for the model
     outlives it; one made and dropped while loading (or reloading, between forwards) does not. With no forward

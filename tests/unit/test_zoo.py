@@ -192,7 +192,6 @@ BARS = {"category_peak": 0.95, "category_recording": 0.90, "module_class_peak": 
 ZOO_GAPS = {
     ("zoo_compile", "module_class_peak"): "dynamo replaces the model's forward frame: the compiled graph's "
                                           "allocations show no module's class",
-    ("zoo_checkpointing", "category_recording"): "recomputed activations freed inside backward read as temporaries",
     ("zoo_bert", "module_class_peak"): "the logits' gradient is labelled with the loss module, the truth with the model",
     ("zoo_lora", "module_class_peak"): "tensors at the start of backward take the model, the truth lora_dropout",
 }
