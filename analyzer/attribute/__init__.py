@@ -6,7 +6,8 @@ Signals, strongest first (the first one that speaks decides; `label_source` name
    `phase::NAME` and
    `module::forward|backward::FQN` ranges written by analyzer's capture helpers (where module ranges
    overlap, the deepest module wins), FSDP ranges carrying FQNs (`FSDP::pre_forward (layers.3)`);
-2. annotations: `Optimizer.step#…`, `Optimizer.zero_grad#…`, `enumerate(DataLoader)#…`, torch.compile
+2. the recording's own labels: the category torch's memory profiler gave every tensor of an
+   `export_memory_timeline` file (`recording:torch-memory-profiler`, kept over every rule below); annotations: `Optimizer.step#…`, `Optimizer.zero_grad#…`, `enumerate(DataLoader)#…`, torch.compile
    `(dynamo_timed)` ranges (phase `compile`: compile-time memory is not training memory), `ProfilerStep#N`
    (steps), user `record_function` ranges named like a phase (`forward`, `backward`, `optimizer` ...);
 3. stack frames: torch frames that identify a phase (autograd, torch.optim, torch.save / state_dict,
@@ -38,9 +39,10 @@ from analyzer.attribute.modules import assign_modules
 from analyzer.attribute.steps import number_steps
 from analyzer.attribute.timing import frameless_phases, native_facts
 from analyzer.core.trace import MemoryTrace
+from analyzer.ingest.memory_timeline import LABEL_SOURCE
 from analyzer.core.vocabulary import UNATTRIBUTED, Category, Phase, Role
 
-CONFIDENCE = {"tag": 1.0, "annotation": 0.95, "frames": 0.9, "timing": 0.7, "lifetime": 0.8, "size-match": 0.6,
+CONFIDENCE = {"tag": 1.0, "recording": 1.0, "annotation": 0.95, "frames": 0.9, "timing": 0.7, "lifetime": 0.8, "size-match": 0.6,
               "structure": 0.6}
 
 
@@ -147,9 +149,25 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     module, module_source = assign_modules(a, ann, times, stacks, [f.call_path for f in facts], category,
                                            metadata_labels(metadata, "module"), step=step, phase=phase)
     module[has_mark], module_source[has_mark] = marked_module[has_mark], "tag:tensor"
+    _recorded_categories(a, category, category_source)
     label_source, confidence = _label_sources(source, category_source, module_source)
     return {"module": module, "phase": phase, "category": category, "step": step, "label_source": label_source,
             "confidence": confidence}
+
+
+#: the recording's own labels, kept over ours: torch's memory profiler categorises every tensor it saw
+_RECORDED = {LABEL_SOURCE: "recording:torch-memory-profiler"}
+_TORCH_ONLY = {"autograd_detail": Category.TEMPORARY.value}  # torch's intermediate gradients: our temporaries
+
+
+def _recorded_categories(a: pd.DataFrame, category: np.ndarray, source: np.ndarray) -> None:
+    given = a["label_source"].astype(str).to_numpy()
+    for reader_source, signal in _RECORDED.items():
+        rows = (given == reader_source) & (a["category"].astype(str).to_numpy() != UNATTRIBUTED)
+        if rows.any():
+            labels = a["category"].astype(str).to_numpy()[rows]
+            category[rows] = [_TORCH_ONLY.get(c, c) for c in labels]
+            source[rows] = signal
 
 
 def _marked_tensors(a: pd.DataFrame, marks: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

@@ -55,3 +55,20 @@ def test_no_gradient_is_made_before_its_steps_backward_begins(path) -> None:
     starts = gradients["step"].map(backward_start)
     early = gradients[starts.isna() | (gradients["t_alloc_us"] < starts)]
     assert early.empty, early[["t_alloc_us", "requested_bytes", "phase", "label_source"]].head()
+
+
+def test_a_memory_timeline_keeps_torchs_own_categories(real_dir) -> None:
+    """export_memory_timeline carries torch's category for every byte: the peak's breakdown is torch's (its
+    AUTOGRAD_DETAIL, intermediate gradients, is our temporary), exactly as the file's own columns at the peak."""
+    name = "cwilson51-colloquium/train_batch_128_nworkers_6_memory_broken.json"
+    columns = load_truth(real_dir)[name]["file_columns_at_peak"]
+    expected = {"activation": columns["ACTIVATION"], "temporary": columns["AUTOGRAD_DETAIL"] + columns["TEMPORARY"],
+                "parameter": columns["PARAMETER"], "gradient": columns["GRADIENT"],
+                "optimizer_state": columns["OPTIMIZER_STATE"], "input": columns["INPUT"],
+                "unattributed": columns["unknown"]}
+    result = analyzer.analyze(real_dir / name)
+    assert isinstance(result, analyzer.Analysis)
+    d = result.devices[0]
+    assert {r["name"]: r["bytes"] for r in d.by_category} == {k: v for k, v in expected.items() if v}
+    assert set(result.trace.allocations["label_source"].astype(str).str.split(";").str[1]) >= {
+        "category=recording:torch-memory-profiler"}
