@@ -15,7 +15,7 @@ import pandas as pd
 
 from analyzer import __version__
 from analyzer.result import Analysis, DeviceAnalysis
-from analyzer.core.module_tree import ModuleNode, module_label
+from analyzer.core.module_tree import ModuleNode, module_in_sentence
 from analyzer.core.units import human_bytes, relative_seconds
 from analyzer.core.stacks import format_frame, is_user_frame, short_frame
 from analyzer.core.timeline import downsample
@@ -291,7 +291,7 @@ def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> De
         oom=_oom_view(d, origin),
         by_category=_shares(d.by_category, category_color, words),
         by_phase=_shares(d.by_phase, phase_color, words),
-        by_module=_shares(d.by_module, lambda _: MODULE_COLOR, module_label),
+        by_module=_shares(d.by_module, lambda _: MODULE_COLOR, module_in_sentence),
         modules=d.module_tree,
         chart=_chart(analysis, d, chart_points) if d.trace_entries else None,
         live=[_live_allocation(trace, r, origin) for r in shown.itertuples(index=False)],
