@@ -7,7 +7,8 @@ Signals, strongest first (the first one that speaks decides; `label_source` name
    `module::forward|backward::FQN` ranges written by analyzer's capture helpers (where module ranges
    overlap, the deepest module wins), FSDP ranges carrying FQNs (`FSDP::pre_forward (layers.3)`);
 2. the recording's own labels: the category torch's memory profiler gave every tensor of an
-   `export_memory_timeline` file (`recording:torch-memory-profiler`, kept over every rule below); annotations: `Optimizer.step#…`, `Optimizer.zero_grad#…`, `enumerate(DataLoader)#…`, torch.compile
+   `export_memory_timeline` file (`recording:torch-memory-profiler`, kept over every rule below);
+   annotations: `Optimizer.step#…`, `Optimizer.zero_grad#…`, `enumerate(DataLoader)#…`, torch.compile
    `(dynamo_timed)` ranges (phase `compile`: compile-time memory is not training memory), `ProfilerStep#N`
    (steps), user `record_function` ranges named like a phase (`forward`, `backward`, `optimizer` ...);
 3. stack frames: torch frames that identify a phase (autograd, torch.optim, torch.save / state_dict,
@@ -37,13 +38,13 @@ from analyzer.attribute.module_paths import SourceIndex
 from analyzer.attribute.model_states import infer_model_states
 from analyzer.attribute.modules import assign_modules
 from analyzer.attribute.steps import number_steps
-from analyzer.attribute.timing import frameless_phases, native_facts
+from analyzer.attribute.timing import frameless_phases
 from analyzer.core.trace import MemoryTrace
-from analyzer.ingest.memory_timeline import LABEL_SOURCE
+from analyzer.ingest.memory_timeline import AS_OUR_CATEGORY, LABEL_SOURCE
 from analyzer.core.vocabulary import UNATTRIBUTED, Category, Phase, Role
 
-CONFIDENCE = {"tag": 1.0, "recording": 1.0, "annotation": 0.95, "frames": 0.9, "timing": 0.7, "lifetime": 0.8, "size-match": 0.6,
-              "structure": 0.6}
+CONFIDENCE = {"tag": 1.0, "recording": 1.0, "annotation": 0.95, "frames": 0.9, "timing": 0.7, "lifetime": 0.8,
+              "size-match": 0.6, "structure": 0.6}
 
 
 #: signals below their kind's confidence: a repeated block told apart by order, not by what was recorded
@@ -131,8 +132,7 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     _fill(phase, source, frame_phase, frame_signal)
     recorded_python = bool(has_python[timed].any())
     frameless = timed & ~has_python & recorded_python
-    native, engine = native_facts(list(trace.stacks["frames"]))
-    _fill(phase, source, *frameless_phases(frameless, phase, t_alloc, native[stacks], engine[stacks]))
+    _fill(phase, source, *frameless_phases(frameless, phase, t_alloc, any(f.has_native for f in facts)))
     _fill(phase, source, *_between_neighbours(phase, t_alloc))
 
     step = number_steps(ann, t_alloc, phase)
@@ -141,7 +141,9 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     t_free = a["t_free_us"].to_numpy(dtype=np.float64, na_value=np.inf)
     remade = recomputed_activations(source, t_alloc, t_free)
     category[remade], category_source[remade] = Category.ACTIVATION.value, "lifetime:recomputed-activation"
-    infer_model_states(a, phase, category, category_source, list(trace.stacks["frames"]),
+    infer_model_states(a, phase, category, category_source,
+                       replicates=np.asarray([f.replicates for f in facts] + [False], dtype=bool)[stacks],
+                       init_site=np.asarray([f.init_site for f in facts] + [None], dtype=object)[stacks],
                        blocks_before_recording=trace.source_kind == "snapshot")
     has_mark = ~pd.isna(marked_role)
     category[has_mark] = np.where(marked_role[has_mark] == Role.BUFFER, Role.BUFFER.category.value, marked_role[has_mark])
@@ -155,19 +157,13 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
             "confidence": confidence}
 
 
-#: the recording's own labels, kept over ours: torch's memory profiler categorises every tensor it saw
-_RECORDED = {LABEL_SOURCE: "recording:torch-memory-profiler"}
-_TORCH_ONLY = {"autograd_detail": Category.TEMPORARY.value}  # torch's intermediate gradients: our temporaries
-
-
 def _recorded_categories(a: pd.DataFrame, category: np.ndarray, source: np.ndarray) -> None:
-    given = a["label_source"].astype(str).to_numpy()
-    for reader_source, signal in _RECORDED.items():
-        rows = (given == reader_source) & (a["category"].astype(str).to_numpy() != UNATTRIBUTED)
-        if rows.any():
-            labels = a["category"].astype(str).to_numpy()[rows]
-            category[rows] = [_TORCH_ONLY.get(c, c) for c in labels]
-            source[rows] = signal
+    """The recording's own labels, kept over ours: torch's memory profiler categorised every tensor of an
+    export_memory_timeline file (its reader keeps them, with its LABEL_SOURCE)."""
+    given = a["category"].astype(str).to_numpy()
+    rows = (a["label_source"].astype(str).to_numpy() == LABEL_SOURCE) & (given != UNATTRIBUTED)
+    category[rows] = [AS_OUR_CATEGORY.get(c, c) for c in given[rows]]
+    source[rows] = "recording:torch-memory-profiler"
 
 
 def _marked_tensors(a: pd.DataFrame, marks: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

@@ -170,6 +170,13 @@ class StackFacts:
     phase_signal: str | None
     module: str | None         # the module call path "Outer › Inner" (analyzer.attribute.module_paths), or None
     call_path: CallPath = ()   # its levels, outermost first
+    has_native: bool = False   # any C++ frame: the recording kept them (stacks="all")
+    replicates: bool = False   # made by nn.DataParallel's replicate: a copy of the module's parameters
+    init_site: str | None = None  # 'file:line' of the user object's __init__ that made it, not a torch.nn module's
+
+
+_NN_CONSTRUCTION = ("torch/nn/", "torch\\nn\\")
+_REPLICATE = ("torch/nn/parallel/replicate.py", "torch\\nn\\parallel\\replicate.py")
 
 
 def stack_facts(frames: tuple[Frame, ...], sources: SourceIndex | None = None) -> StackFacts:
@@ -179,4 +186,15 @@ def stack_facts(frames: tuple[Frame, ...], sources: SourceIndex | None = None) -
     module = path_label(path) if path else None
     if phase is None and module is not None:
         phase, signal = Phase.FORWARD.value, "frames:user-forward"
-    return StackFacts(has_python, phase, signal, module, path)
+    return StackFacts(has_python, phase, signal, module, path,
+                      has_native=any(not f[0].endswith(".py") and "::" in f[2] for f in frames),
+                      replicates=any(f[0].endswith(_REPLICATE) for f in frames), init_site=_init_site(frames))
+
+
+def _init_site(frames: tuple[Frame, ...]) -> str | None:
+    """'file:line' of the innermost user `__init__` that made a tensor, unless a torch.nn module's construction
+    did (a module's own parameters, not an object's state per parameter)."""
+    if any(any(part in f[0] for part in _NN_CONSTRUCTION) for f in frames):
+        return None
+    return next((f"{file}:{line}" for file, line, function in frames if function == "__init__"
+                 and file.endswith(".py") and "torch" not in file.replace("\\", "/").split("/")), None)

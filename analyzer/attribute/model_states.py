@@ -33,27 +33,25 @@ from collections import defaultdict
 import numpy as np
 import pandas as pd
 
-from analyzer.core.stacks import Frame
 from analyzer.core.vocabulary import Category, Phase
 
 PARAMETER, GRADIENT, OPTIMIZER_STATE = Category.PARAMETER.value, Category.GRADIENT.value, Category.OPTIMIZER_STATE.value
 BACKWARD_SHARE = 0.1  # a backward makes about as many allocations as its forward: a tenth of them is one
 PAIRED_STATE_SHARE = 0.75  # tensors / optimizer-state tensors of the state's sizes: 1 for params + grads, 0.5 params
-_NN_CONSTRUCTION = ("torch/nn/", "torch\\nn\\")
-_REPLICATE = ("torch/nn/parallel/replicate.py", "torch\\nn\\parallel\\replicate.py")
 
 
 def infer_model_states(a: pd.DataFrame, phase: np.ndarray, category: np.ndarray, source: np.ndarray,
-                       frames: list[tuple[Frame, ...]], blocks_before_recording: bool) -> None:
-    """Fill or correct `category` and its `source` (arrays over the rows of `a`) in place; `phase` is read.
-    `blocks_before_recording`: the rows not made in the recording are the tensors themselves (a snapshot's
-    blocks), not amounts a reader reconstructed from running totals (a profiler trace)."""
+                       replicates: np.ndarray, init_site: np.ndarray, blocks_before_recording: bool) -> None:
+    """Fill or correct `category` and its `source` (arrays over the rows of `a`) in place; `phase` is read, and
+    what each row's stack says (`analyzer.attribute.frames.StackFacts`): made by DataParallel's replicate, made
+    by the user `__init__` at `init_site`. `blocks_before_recording`: the rows not made in the recording are the
+    tensors themselves (a snapshot's blocks), not amounts a reader reconstructed from running totals (a
+    profiler trace)."""
     sizes = a["requested_bytes"].to_numpy(dtype=np.int64)
     t_alloc = a["t_alloc_us"].to_numpy(dtype=np.float64, na_value=np.nan)
     t_free = a["t_free_us"].to_numpy(dtype=np.float64, na_value=np.inf)
-    stack = a["stack_id"].to_numpy(dtype=np.int64, na_value=-1)
-    _replicas(stack, frames, category, source)
-    _construction_state(sizes, t_alloc, phase, category, source, stack, frames)
+    category[replicates], source[replicates] = PARAMETER, "frames:data-parallel-replica"
+    _construction_state(sizes, t_alloc, phase, category, source, init_site)
     _replaced_parameters(sizes, t_alloc, t_free, phase, category, source)
     if blocks_before_recording:
         _persistent_before_recording(a, sizes, phase, category, source)
@@ -97,40 +95,22 @@ def _persistent_before_recording(a: pd.DataFrame, sizes: np.ndarray, phase: np.n
         _label(group[half:2 * half], GRADIENT, why, category, source)
 
 
-def _replicas(stack: np.ndarray, frames: list[tuple[Frame, ...]], category: np.ndarray, source: np.ndarray) -> None:
-    replicating = np.asarray([any(f[0].endswith(_REPLICATE) for f in fs) for fs in frames] + [False], dtype=bool)
-    rows = replicating[stack]
-    category[rows] = PARAMETER
-    source[rows] = "frames:data-parallel-replica"
-
-
 def _construction_state(sizes: np.ndarray, t_alloc: np.ndarray, phase: np.ndarray, category: np.ndarray,
-                        source: np.ndarray, stack: np.ndarray, frames: list[tuple[Frame, ...]]) -> None:
+                        source: np.ndarray, init_site: np.ndarray) -> None:
     loading = np.flatnonzero((phase == Phase.LOAD) & ~np.isnan(t_alloc))
     loaded = loading[category[loading] == PARAMETER]
     if len(loaded) < 2:
         return
     by_site: dict[str, list[int]] = defaultdict(list)
     for row in loaded:
-        site = _object_init_site(frames[stack[row]]) if stack[row] >= 0 else None
-        if site is not None:
-            by_site[site].append(row)
+        if init_site[row] is not None:
+            by_site[init_site[row]].append(row)
     for site, rows in by_site.items():
         group = np.asarray(rows)
         before = loading[(t_alloc[loading] < t_alloc[group].min()) & ~np.isin(loading, group)]
         if len(group) >= 2 and _repeats(sizes[group], sizes[before]):
             category[group] = OPTIMIZER_STATE
             source[group] = "structure:state-per-parameter-at-construction"
-
-
-def _object_init_site(frames: tuple[Frame, ...]) -> str | None:
-    """'file:line' of the user `__init__` that made a tensor, unless a torch.nn module's construction did."""
-    if any(any(part in f[0] for part in _NN_CONSTRUCTION) for f in frames):
-        return None
-    for filename, line, function in frames:
-        if function == "__init__" and filename.endswith(".py") and "torch" not in filename.replace("\\", "/").split("/"):
-            return f"{filename}:{line}"
-    return None
 
 
 def _repeats(sizes: np.ndarray, earlier: np.ndarray) -> bool:

@@ -17,31 +17,19 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analyzer.core.stacks import Frame
 from analyzer.core.vocabulary import Phase
 
 MAX_FORWARD_RUN = 2  # frameless allocations in a row that still read as part of the forward around them
-_ENGINE = ("torch::autograd::Engine::", "torch::autograd::generated::", "torch::autograd::Node::")
 
 
-def native_facts(stacks: list[tuple[Frame, ...]]) -> tuple[np.ndarray, np.ndarray]:
-    """Per stack (and one more entry for 'no stack'): it holds C++ frames; they show autograd's engine."""
-    native = [any(not f[0].endswith(".py") and "::" in f[2] for f in frames) for frames in stacks]
-    engine = [any(f[2].startswith(_ENGINE) for f in frames) for frames in stacks]
-    return np.asarray(native + [False], dtype=bool), np.asarray(engine + [False], dtype=bool)
-
-
-def frameless_phases(frameless: np.ndarray, phase: np.ndarray, t_alloc: np.ndarray, native: np.ndarray,
-                     engine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Phase and signal for the `frameless` rows (None elsewhere), given the phases decided so far and, per row,
-    whether its stack holds C++ frames (`native`) that show autograd's engine (`engine`)."""
+def frameless_phases(frameless: np.ndarray, phase: np.ndarray, t_alloc: np.ndarray,
+                     native_recorded: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Phase and signal for the `frameless` rows (None elsewhere), given the phases decided so far and whether
+    the recording kept C++ frames. Those showing autograd's engine were already decided by their frames
+    (`frames:autograd-engine`, analyzer.attribute.frames), so with C++ frames kept the rest are left alone."""
     values = np.full(len(phase), None, dtype=object)
     signals = np.full(len(phase), None, dtype=object)
-    if not frameless.any():
-        return values, signals
-    if native.any():  # C++ frames were recorded: they say which thread it was
-        on_engine = frameless & engine
-        values[on_engine], signals[on_engine] = Phase.BACKWARD.value, "frames:autograd-engine"
+    if not frameless.any() or native_recorded:
         return values, signals
     order = np.argsort(np.where(np.isnan(t_alloc), np.inf, t_alloc), kind="stable")
     order = order[~np.isnan(t_alloc[order])]

@@ -16,11 +16,11 @@ from analyzer.pipeline import analyze
 from analyzer.attribute import attribute
 from analyzer.attribute.annotations import classify
 from analyzer.ingest import load
-from analyzer.ingest.memory_timeline import CATEGORIES, CREATE
+from analyzer.ingest.memory_timeline import AS_OUR_CATEGORY, CATEGORIES, CREATE
 from analyzer.ingest.sniff import open_input
 from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace
-from analyzer.core.vocabulary import ROOT_MODULE, UNATTRIBUTED, Category, Role
+from analyzer.core.vocabulary import ROOT_MODULE, UNATTRIBUTED, Role
 from analyzer.result import Analysis
 
 # parameters and buffers are both model state made at load time: the recording cannot tell them apart;
@@ -66,8 +66,6 @@ def peak_agreement(snapshot: Path, tags: bool = True) -> dict[str, float]:
     return scores
 
 
-# torch's memory profiler calls the intermediate gradients of backward AUTOGRAD_DETAIL: our temporaries
-_TORCH_SAME = {"autograd_detail": Category.TEMPORARY.value}
 
 
 def profiler_agreement(trace_path: Path, raw_timeline_path: Path) -> dict[str, float]:
@@ -92,7 +90,7 @@ def profiler_agreement(trace_path: Path, raw_timeline_path: Path) -> dict[str, f
                              "ours": timed["category"].astype(str).to_numpy(), "weight": timed["allocated_bytes"].to_numpy()})
         joined = ours.merge(created, on=["t", "bytes"])
         joined = joined[joined["torch"] != UNATTRIBUTED]
-        theirs = joined["torch"].replace(_TORCH_SAME)
+        theirs = joined["torch"].replace(AS_OUR_CATEGORY)
         total = joined["weight"].sum()
         scores[scope] = float(joined.loc[joined["ours"] == theirs, "weight"].sum() / total) if total else 1.0
         scores[f"{scope}_scored_bytes"] = int(total)

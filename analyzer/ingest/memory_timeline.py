@@ -41,6 +41,8 @@ from analyzer.core.vocabulary import UNATTRIBUTED
 #: torch's category index -> our category name
 CATEGORIES = ("parameter", "optimizer_state", "input", "temporary", "activation", "gradient", "autograd_detail",
               UNATTRIBUTED)
+#: torch's categories that are not ours, as ours: AUTOGRAD_DETAIL (intermediate gradients) is a temporary
+AS_OUR_CATEGORY = {"autograd_detail": "temporary"}
 PREEXISTING, CREATE, INCREMENT_VERSION, DESTROY = 1, 2, 3, 4
 LABEL_SOURCE = "torch_memory_profiler"
 DEVICE = 0

@@ -17,7 +17,7 @@ from analyzer import __version__
 from analyzer.result import Analysis, DeviceAnalysis
 from analyzer.core.module_tree import ModuleNode, module_in_sentence
 from analyzer.core.units import human_bytes, relative_seconds
-from analyzer.core.stacks import format_frame, is_user_frame, short_frame
+from analyzer.core.stacks import format_frame, is_user_frame
 from analyzer.core.timeline import downsample
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import UNATTRIBUTED, category_color, category_rank, phase_color
