@@ -149,7 +149,8 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     category[has_mark] = np.where(marked_role[has_mark] == Role.BUFFER, Role.BUFFER.category.value, marked_role[has_mark])
     category_source[has_mark] = "tag:tensor"
     module, module_source = assign_modules(a, ann, times, stacks, [f.call_path for f in facts], category,
-                                           metadata_labels(metadata, "module"), step=step, phase=phase)
+                                           metadata_labels(metadata, "module"), step=step, phase=phase,
+                                           compiled=np.asarray([f.compiled for f in facts] + [False], dtype=bool)[stacks])
     module[has_mark], module_source[has_mark] = marked_module[has_mark], "tag:tensor"
     _recorded_categories(a, category, category_source)
     label_source, confidence = _label_sources(source, category_source, module_source)

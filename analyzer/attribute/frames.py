@@ -173,6 +173,7 @@ class StackFacts:
     has_native: bool = False   # any C++ frame: the recording kept them (stacks="all")
     replicates: bool = False   # made by nn.DataParallel's replicate: a copy of the module's parameters
     init_site: str | None = None  # 'file:line' of the user object's __init__ that made it, not a torch.nn module's
+    compiled: bool = False     # it runs torch.compile's output (a compiled graph or its runtime wrappers)
 
 
 _NN_CONSTRUCTION = ("torch/nn/", "torch\\nn\\")
@@ -188,7 +189,8 @@ def stack_facts(frames: tuple[Frame, ...], sources: SourceIndex | None = None) -
         phase, signal = Phase.FORWARD.value, "frames:user-forward"
     return StackFacts(has_python, phase, signal, module, path,
                       has_native=any(not f[0].endswith(".py") and "::" in f[2] for f in frames),
-                      replicates=any(f[0].endswith(_REPLICATE) for f in frames), init_site=_init_site(frames))
+                      replicates=any(f[0].endswith(_REPLICATE) for f in frames), init_site=_init_site(frames),
+                      compiled=any(getattr(_rule_of(f[0], f[2]), "kind", None) == "compiled" for f in frames))
 
 
 def _init_site(frames: tuple[Frame, ...]) -> str | None:

@@ -17,6 +17,9 @@
    state or of a step's gradients find their parameter within `ORDER_WINDOW` of the last one matched); else
    the call path the parameters of its size share but for the order numbers (`size-match:parameter-class`:
    some decoder layer's MLP);
+   A compiled graph's allocation that no frame outside it names (Dynamo runs the graph in place of the
+   compiled module's `forward` frame, so no level is left) takes the recording's root module where every call
+   path starts with the same class: `torch.compile(model)` compiles that model (`structure:compiled-root`);
 4. mirror: an allocation of the backward pass (not a parameter's gradient) that no frame labels (autograd's
    thread records no Python frames) is taken for the gradient of a forward tensor when one of its size is among
    the next `MIRROR_RELEASES` forward tensors released after it (autograd releases the tensors a node saved
@@ -37,6 +40,7 @@ from analyzer.attribute.module_paths import SEPARATOR, CallPath, path_label
 from analyzer.core.vocabulary import Category, Phase
 
 CALL_PATH, ORDERED = "frames:call-path", "frames:call-path+order"
+COMPILED_ROOT = "structure:compiled-root"
 MIRROR_RELEASES = 8    # forward tensors released after a backward allocation that may be the one it mirrors
 ORDER_WINDOW = 16      # parameters searched on from the last one matched
 ORDER_STATES = 4       # optimizer states per parameter at most (Adam keeps two, some optimizers more)
@@ -45,8 +49,10 @@ ORDER_SHARE = 0.9      # of the tensors that must find their parameter for the o
 
 def assign_modules(a: pd.DataFrame, annotations: pd.DataFrame, times: np.ndarray, stacks: np.ndarray,
                    paths: Sequence[CallPath], category: np.ndarray, from_metadata: tuple[np.ndarray, np.ndarray],
-                   step: np.ndarray | None = None, phase: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(module, label source) of every row of `a`; `stacks` is each row's stack id (-1: none) into `paths`."""
+                   step: np.ndarray | None = None, phase: np.ndarray | None = None,
+                   compiled: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(module, label source) of every row of `a`; `stacks` is each row's stack id (-1: none) into `paths`;
+    `compiled` marks the rows whose stack runs a compiled graph."""
     module, source = from_metadata
     module, source = module.copy(), source.copy()
     tagged, tag_source = annotation_labels(annotations, times, "tag", "module")
@@ -57,12 +63,25 @@ def assign_modules(a: pd.DataFrame, annotations: pd.DataFrame, times: np.ndarray
     from_frames = pd.isna(module) & ~pd.isna(labels)
     module[from_frames] = labels[from_frames]
     source[from_frames] = np.where(numbered[from_frames], ORDERED, CALL_PATH)
+    root = _root_module(paths)
+    if compiled is not None and root is not None:
+        graph = compiled & pd.isna(module)
+        module[graph], source[graph] = root, COMPILED_ROOT
     _match_parameters(a, module, source, category, exact=True)
     _match_parameter_order(a, times, steps, module, source, category, phase)
     _match_parameters(a, module, source, category, exact=False)
     if phase is not None:
         _mirror_forward(a, times, steps, phase, module, source, category)
     return module, source
+
+
+def _root_module(paths: Sequence[CallPath]) -> str | None:
+    """The class every call path of the recording starts with, if they all start with one read from source."""
+    roots = {(p[0].identity, p[0].label, p[0].resolved) for p in paths if p}
+    if len(roots) != 1:
+        return None
+    ((_, label, resolved),) = roots
+    return label if resolved else None
 
 
 @dataclass
@@ -243,7 +262,7 @@ def _mirror_forward(a: pd.DataFrame, times: np.ndarray, steps: np.ndarray, phase
     sizes = a["requested_bytes"].to_numpy(dtype=np.int64)
     t_free = a["t_free_us"].to_numpy(dtype=np.float64, na_value=np.inf)
     timed = np.isfinite(times)
-    forward = timed & (phase == Phase.FORWARD) & np.isin(source, [CALL_PATH, ORDERED]) & np.isfinite(t_free)
+    forward = timed & (phase == Phase.FORWARD) & np.isin(source, [CALL_PATH, ORDERED, COMPILED_ROOT]) & np.isfinite(t_free)
     # a parameter's gradient has its parameter's size, not an activation's: signal 3's, never mirrored
     backward = timed & (phase == Phase.BACKWARD) & pd.isna(module) & (category != Category.GRADIENT)
     for s in np.intersect1d(steps[forward], steps[backward]):

@@ -144,6 +144,7 @@ class Tracer(TorchDispatchMode):
         self._owner: dict[int, str] = {}               # storage key of a parameter/buffer -> owning module
         self._forward_modules: list[str] = []
         self._backward_modules: list[str] = []
+        self._made_in_forward: dict[int, torch.nn.Module] = {}   # kept alive until their backward has run
         self._mod_tracker = ModTracker()
         self._mod_tracker.register_user_hooks(self._pre_fw, self._post_fw, self._pre_bw, self._post_bw)
         self._exit = contextlib.ExitStack()
@@ -184,6 +185,8 @@ class Tracer(TorchDispatchMode):
         try:
             yield
         finally:
+            if phase == Phase.BACKWARD:
+                self._close_backward_modules()
             self.annotate(phase_label(phase), "END")
             if phase == Phase.FORWARD:
                 self._forward_ends[self.step] = self._window_end[self._window] = self._clock
@@ -318,6 +321,10 @@ class Tracer(TorchDispatchMode):
 
     def _pre_fw(self, module: torch.nn.Module, _inputs: Any) -> None:
         name = self._name(module)
+        if id(module) not in self._fqn:
+            # A loss module made inside forward would be gone before backward reaches it; kept, its backward
+            # hooks name the backward work that mirrors its forward (the gradient of the logits).
+            self._made_in_forward[id(module)] = module
         if not self._forward_modules and self._window < 0 and self._mod_tracker.is_bw:
             self._window = len(self._window_end)       # a checkpointed forward recomputed in backward
             self._window_end[self._window] = -1
@@ -332,7 +339,7 @@ class Tracer(TorchDispatchMode):
             self._window = -1
 
     def _pre_bw(self, module: torch.nn.Module | None, _grads: Any) -> None:
-        if module is None:        # gone before backward reached it (a loss module made in forward)
+        if module is None:        # gone before backward reached it
             return
         name = self._name(module)
         self._backward_modules.append(name)
@@ -341,10 +348,20 @@ class Tracer(TorchDispatchMode):
     def _post_bw(self, module: torch.nn.Module | None, _grads: Any) -> None:
         if module is None:
             return
+        self._made_in_forward.pop(id(module), None)
         name = self._name(module)
         if name in self._backward_modules:
             self._backward_modules.remove(name)
             self.annotate(module_label(Phase.BACKWARD, name), "END")
+
+    def _close_backward_modules(self) -> None:
+        """A module whose backward post-hook never fired (an `nn.Identity` that returns its input: its input's
+        gradient hook is never reached) is not computing once the backward pass is over: without this it would
+        stay the deepest active module and claim every later step's backward work."""
+        for name in reversed(self._backward_modules):
+            self.annotate(module_label(Phase.BACKWARD, name), "END")
+        self._backward_modules.clear()
+        self._made_in_forward.clear()
 
     def _current_module(self, in_backward: bool) -> str:
         if not in_backward or self._forward_modules:     # forward, or a forward recomputed in backward

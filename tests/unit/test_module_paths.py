@@ -424,3 +424,24 @@ def test_source_root_option_reads_classes_of_frames_recorded_elsewhere(tmp_path,
 
     assert modules() == [f"{recorded}:{L['mlp.fc']} forward"]
     assert modules("--source-root", str(tmp_path / "checkout")) == ["Remote"]
+
+
+COMPILED = [("/tmp/torchinductor_lin/ab/cabc123.py", 40, "call"),
+            ("/env/site-packages/torch/_inductor/output_code.py", 460, "__call__"), CALL, WRAPPED, MAIN]
+
+
+def test_a_compiled_graph_takes_the_recordings_one_root_module(model):
+    """Dynamo runs the graph in place of Model.forward: no level is left, but every call path of the recording
+    starts with Model (its layers were built and run eagerly before the model was compiled)."""
+    eager = through((model, L["block.add"], "forward"), (model, L["model.loop"], "forward"))
+    got = recording([(1, None, eager, MiB), (2, 3, COMPILED, 2 * MiB)])
+    assert list(got["module"].astype(str)) == ["Model › Block", "Model"]
+    assert got["label_source"][1].endswith("module=structure:compiled-root")
+    assert got["confidence"][1] == pytest.approx(0.6)
+
+
+def test_a_compiled_graph_stays_unattributed_when_the_recording_has_two_roots(model):
+    mlp_alone = through((model, L["mlp.fc"], "forward"))
+    eager = through((model, L["block.add"], "forward"), (model, L["model.loop"], "forward"))
+    got = recording([(1, None, eager, MiB), (2, None, mlp_alone, MiB), (3, 4, COMPILED, 2 * MiB)])
+    assert list(got["module"].astype(str)) == ["Model › Block", "MLP", "unattributed"]

@@ -188,13 +188,6 @@ def test_simulate_lists_the_zoo(capsys):
 
 #: the issue's bars: category at the peak, over the whole recording, module class at the peak (no tags)
 BARS = {"category_peak": 0.95, "category_recording": 0.90, "module_class_peak": 0.85}
-#: (case, measure) pairs not at their bar yet, and why; every other pair is held to it
-ZOO_GAPS = {
-    ("zoo_compile", "module_class_peak"): "dynamo replaces the model's forward frame: the compiled graph's "
-                                          "allocations show no module's class",
-    ("zoo_bert", "module_class_peak"): "the logits' gradient is labelled with the loss module, the truth with the model",
-    ("zoo_lora", "module_class_peak"): "tensors at the start of backward take the model, the truth lora_dropout",
-}
 
 
 @pytest.mark.parametrize("style", STYLES)
@@ -204,6 +197,4 @@ def test_zoo_meets_the_bars(case, style):
 
     scores = zoo_scores(_path(case, style), tags=False)
     for measure, bar in BARS.items():
-        if (case, measure) in ZOO_GAPS and scores[measure] < bar:
-            continue
-        assert scores[measure] >= bar, (case, style, measure, scores[measure], ZOO_GAPS.get((case, measure)))
+        assert scores[measure] >= bar, (case, style, measure, scores[measure])
