@@ -1,0 +1,184 @@
+"""Counterfactual replay: the run as it would have been with a remedy applied, through the allocator model.
+
+A remedy's formula says how much of the peak's breakdown it removes. Replaying says more: the recorded,
+attributed allocation stream is edited as the remedy would change it (`analyzer.diagnose.transforms`) and fed,
+in order, to the caching-allocator model (`analyzer.simulate.allocator`) on a device of the known capacity. The
+replay gives the new peak of allocated *and* reserved bytes, wherever in the run it moves to, and whether an
+allocation would still fail, fragmentation included: the model splits, caches and releases blocks as torch does.
+
+An input without an allocation history (an end state only, a profiler trace without addresses) has no stream
+to edit: the remedies keep their formula there.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from analyzer.core.trace import MemoryTrace
+from analyzer.core.vocabulary import Category, Phase
+from analyzer.diagnose.transforms import (Stream, accumulation, bf16, checkpointing, micro_batch, optimizer_state,
+                                          zero)
+from analyzer.simulate.allocator import AllocatorSettings, CachingAllocator, SimulatedOutOfMemory
+from analyzer.simulate.blocks import Block
+from analyzer.simulate.device import DeviceMemory
+
+_RELEASES = ("segment_free", "segment_unmap")
+# what a failed request would have been, by the phase it failed in (the rest: other)
+_FAILED = {Phase.FORWARD.value: Category.ACTIVATION.value, Phase.BACKWARD.value: Category.TEMPORARY.value,
+           Phase.OPTIMIZER.value: Category.OPTIMIZER_STATE.value}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The replayed run: its peaks, and whether (and at which recorded event) a request would fail."""
+
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    oom: bool | None              # None: the device's capacity is unknown
+    oom_at: int | None = None     # the recorded event the first failing request comes at (or after)
+
+    def to_dict(self) -> dict[str, int | bool | None]:
+        return {"peak_allocated_bytes": self.peak_allocated_bytes, "peak_reserved_bytes": self.peak_reserved_bytes,
+                "oom": self.oom, "oom_at_event": self.oom_at}
+
+
+Transform = Callable[[Stream], Stream]
+
+
+def transforms(shards: int | None) -> dict[str, tuple[Transform, bool]]:
+    """(transform, expandable segments) of every remedy a replay can predict; ZeRO only with a GPU count."""
+    out: dict[str, tuple[Transform, bool]] = {
+        "micro_batch": (lambda s: micro_batch(s, 2), False),
+        "gradient_accumulation": (lambda s: accumulation(s, 2), False),
+        "activation_checkpointing": (checkpointing, False),
+        "bf16": (bf16, False),
+        "optimizer_8bit": (lambda s: optimizer_state(s, 0.25), False),
+        "adafactor": (lambda s: optimizer_state(s, 0.1), False),
+        "optimizer_offload": (lambda s: optimizer_state(s, 0.0, step_temporaries=0.0), False),
+        "expandable_segments": (lambda s: s, True),
+    }
+    if shards and shards > 1:
+        out["zero1"] = (lambda s: zero(s, 1, shards), False)
+        out["zero2"] = (lambda s: zero(s, 2, shards), False)
+    return out
+
+
+def recorded_stream(trace: MemoryTrace, device: int) -> Stream | None:
+    """The device's attributed allocations as a stream, with the request that failed at the recorded OOM (alive
+    to the end); None without an allocation history."""
+    if not trace.has_history:
+        return None
+    a = trace.allocations[trace.allocations["device"] == device]
+    if not a["seq_alloc"].notna().any():
+        return None
+    rows = pd.DataFrame({
+        "at": a["seq_alloc"].to_numpy(dtype=np.float64, na_value=-1.0),
+        "until": a["seq_free"].to_numpy(dtype=np.float64, na_value=np.inf),
+        "bytes": a["requested_bytes"].to_numpy(dtype=np.int64), "stream": a["stream"].to_numpy(dtype=np.int64),
+        "category": a["category"].astype(str).to_numpy(), "phase": a["phase"].astype(str).to_numpy(),
+        "module": a["module"].astype(str).to_numpy(), "step": a["step"].to_numpy(dtype=np.float64, na_value=-1.0),
+        "stack_id": a["stack_id"].to_numpy(dtype=np.float64, na_value=np.nan)})
+    ooms = trace.ooms[trace.ooms["device"] == device]
+    if len(ooms):
+        seq = float(ooms["seq"].iloc[-1])
+        before = rows[(rows["at"] < seq) & (rows["at"] >= 0)]
+        last = before.loc[before["at"].idxmax()] if len(before) else None
+        phase = str(last["phase"]) if last is not None else Phase.OTHER.value
+        failed = {"at": seq, "until": np.inf, "bytes": int(ooms["requested_bytes"].iloc[-1]), "stream": 0,
+                  "category": _FAILED.get(phase, Category.OTHER.value), "phase": phase, "module": "unattributed",
+                  "step": float(last["step"]) if last is not None else -1.0, "stack_id": np.nan}
+        rows = pd.concat([rows, pd.DataFrame([failed])], ignore_index=True)
+    return Stream(rows=rows, releases=_releases(trace, device), stacks=trace.stacks)
+
+
+def _releases(trace: MemoryTrace, device: int) -> np.ndarray:
+    """Where the allocator released its cache (a burst of segment frees: empty_cache, or a failed cudaMalloc the
+    model reproduces by itself from the capacity), less the bursts that end in the recorded OOM."""
+    events = trace.events[trace.events["device"] == device]
+    action = events["action"].astype(str).to_numpy()
+    release = np.isin(action, _RELEASES)
+    starts = np.flatnonzero(release & ~np.concatenate([[False], release[:-1]]))
+    seqs = events["seq"].to_numpy()
+    keep = []
+    for start in starts:
+        end = start
+        while end < len(action) and release[end]:
+            end += 1
+        if end >= len(action) or action[end] != "oom":
+            keep.append(float(seqs[start]))
+    return np.asarray(keep, dtype=np.float64)
+
+
+def replay(stream: Stream, capacity: int | None, settings: AllocatorSettings = AllocatorSettings()) -> Prediction:
+    """Feed the stream, in position order (frees before allocations at one position), to a fresh allocator on
+    a device of `capacity` usable bytes. A request that fails is noted and the replay goes on as if the device
+    were larger, so that the peaks are what the whole run would need."""
+    rows = stream.rows[stream.rows["bytes"] > 0]
+    n = len(rows)
+    at, until = rows["at"].to_numpy(), rows["until"].to_numpy()
+    freed = np.flatnonzero(np.isfinite(until))
+    positions = np.concatenate([at, until[freed], stream.releases])
+    kinds = np.concatenate([np.full(n, 2), np.zeros(len(freed), dtype=np.int64), np.ones(len(stream.releases),
+                                                                                         dtype=np.int64)])
+    index = np.concatenate([np.arange(n), freed, np.zeros(len(stream.releases), dtype=np.int64)])
+    order = np.lexsort((kinds, positions))
+    sizes, streams = rows["bytes"].to_numpy().tolist(), rows["stream"].to_numpy().tolist()
+    model = CachingAllocator(DeviceMemory(capacity), settings)
+    blocks: list[Block | None] = [None] * n
+    peak_allocated = peak_reserved = 0
+    oom_at: float | None = None
+    for kind, i, position in zip(kinds[order].tolist(), index[order].tolist(), positions[order].tolist()):
+        if kind == 2:
+            try:
+                blocks[i] = model.malloc(sizes[i], streams[i])
+            except SimulatedOutOfMemory:
+                oom_at = position if oom_at is None else oom_at
+                model.device.capacity = None
+                blocks[i] = model.malloc(sizes[i], streams[i])
+            peak_allocated = max(peak_allocated, model.allocated_bytes)
+            peak_reserved = max(peak_reserved, model.reserved_bytes)
+        elif kind == 0:
+            block = blocks[i]
+            if block is not None:
+                model.free(block)
+                blocks[i] = None
+        else:
+            model.empty_cache()
+    return Prediction(peak_allocated, peak_reserved, None if capacity is None else oom_at is not None,
+                      None if oom_at is None else int(np.ceil(oom_at)))
+
+
+def usable_capacity(trace: MemoryTrace, device: int, capacity: int | None) -> int | None:
+    """What the allocator could have had: the capacity less what the recorded OOM shows was used outside it
+    (capacity - reserved - free at the OOM: the CUDA context, other processes)."""
+    if capacity is None:
+        return None
+    ooms = trace.ooms[trace.ooms["device"] == device]
+    if not len(ooms) or pd.isna(ooms["device_free_bytes"].iloc[-1]):
+        return capacity
+    timeline = trace.timeline
+    at = timeline[(timeline["device"] == device) & (timeline["seq"] == int(ooms["seq"].iloc[-1]))]
+    if at.empty:
+        return capacity
+    outside = capacity - int(at["reserved_bytes"].iloc[0]) - int(ooms["device_free_bytes"].iloc[-1])
+    return capacity - max(outside, 0)
+
+
+def predict(trace: MemoryTrace, device: int, remedy_ids: list[str], capacity: int | None,
+            shards: int | None) -> dict[str, Prediction]:
+    """Replayed predictions for those of `remedy_ids` a transform exists for (nothing without a history)."""
+    stream = recorded_stream(trace, device)
+    if stream is None:
+        return {}
+    usable = usable_capacity(trace, device, capacity)
+    recorded = bool(trace.allocator_settings.get("expandable_segments")) if trace.allocator_settings else False
+    known = transforms(shards)
+    out = {}
+    for remedy in remedy_ids:
+        if remedy in known:
+            transform, expandable = known[remedy]
+            out[remedy] = replay(transform(stream), usable, AllocatorSettings(expandable_segments=expandable or recorded))
+    return out

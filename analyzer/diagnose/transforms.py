@@ -1,0 +1,247 @@
+"""What each remedy changes in a recorded run, written as edits of its attributed allocation stream.
+
+A stream is one row per allocation: when it was made and freed (`at`, `until`: positions in the recording's
+event order; `until` is inf for memory alive at the end, `at` is -1 for memory made before the recording), its
+requested bytes and the labels attribution gave it. A transform returns the stream the run would have made
+with the remedy applied: rows resized, dropped (0 bytes), or added at fractional positions between recorded
+events. `analyzer.diagnose.counterfactual` replays the result through the allocator model.
+
+Each transform changes only what the remedy acts on, told by the labels: micro-batches scale what scales with
+the batch (activations, temporaries and inputs of the forward and backward); accumulation also runs the
+forward and backward once per micro-batch with the first one's gradients kept; checkpointing keeps a repeated
+block's output and recomputes the rest in that block's backward; bf16 halves what the ops (or, with Python
+frames only, torch's module files) say autocast runs in bf16 and adds the bf16 weight copies; ZeRO shards the
+model states; 8-bit, Adafactor and offload shrink the optimizer state.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from analyzer.core.vocabulary import Category, Phase
+
+#: positions of recorded events are integers; an added row sits this far (or a fraction of it) after one
+NUDGE = 1e-3
+BATCH_SCALED = (Category.ACTIVATION.value, Category.TEMPORARY.value, Category.INPUT.value)
+STEP_WORK = (Phase.FORWARD.value, Phase.BACKWARD.value, Phase.OTHER.value)
+# a repeated block: `layers.3` (a module's qualified name) or `Block[3]` (a call path with order numbers)
+_BLOCK = re.compile(r"^((?:.*\.)?(?:layers|layer|h|blocks|block|encoder\.layer|decoder\.layers)\.\d+)(?:\.|$)"
+                    r"|^(.*?\[\d+\])")
+# the operators autocast runs in bf16 (matrix products) and those it keeps in fp32 (CUDA's fp32 list: norms,
+# softmax, losses, embeddings, reductions), as the C++ frames of a stacks="all" recording name them
+_BF16_OPS = re.compile(r"aten::(mm|addmm|bmm|baddbmm|matmul|linear|addbmm|conv\w*|cudnn_convolution\w*|"
+                       r"_scaled_dot_product\w*|_flash_attention\w*|_efficient_attention\w*|_scaled_mm)(_|$)")
+_FP32_OPS = re.compile(r"aten::(native_layer_norm|layer_norm|group_norm|native_group_norm|native_batch_norm|"
+                       r"batch_norm|rms_norm|_fused_rms_norm|_softmax|softmax|_log_softmax|log_softmax|_safe_softmax|"
+                       r"nll_loss\w*|cross_entropy\w*|mse_loss|l1_loss|binary_cross_entropy\w*|embedding\w*|"
+                       r"sum|mean|norm|cumsum|prod|exp|log|pow)(_|$)")
+# with Python frames only: the torch file of the innermost torch frame says which module's forward made it
+_BF16_FILES = re.compile(r"torch/nn/modules/(linear|conv)\.py$")
+_FP32_FILES = re.compile(r"torch/nn/modules/(normalization|sparse|batchnorm|loss)\.py$")
+_FP32_FUNCTIONS = {"layer_norm", "group_norm", "batch_norm", "rms_norm", "softmax", "log_softmax", "cross_entropy",
+                   "nll_loss", "embedding", "mse_loss"}
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A run's allocations (columns: at, until, bytes, stream, category, phase, module, step, stack_id) and the
+    positions where the allocator released its cache (empty_cache)."""
+
+    rows: pd.DataFrame
+    releases: np.ndarray
+    stacks: pd.DataFrame          # the trace's stacks table (frames and op of each stack_id)
+
+    def with_rows(self, rows: pd.DataFrame) -> Stream:
+        return replace(self, rows=rows.reset_index(drop=True))
+
+
+def _scaled(rows: pd.DataFrame, mask: pd.Series | np.ndarray, factor: float) -> pd.DataFrame:
+    out = rows.copy()
+    out.loc[mask, "bytes"] = (out.loc[mask, "bytes"] * factor).round().astype(np.int64)
+    return out
+
+
+def batch_scaled(rows: pd.DataFrame) -> pd.Series:
+    """Rows that scale with the batch: activations, temporaries and inputs made outside the optimizer step."""
+    return rows["category"].isin(BATCH_SCALED) & rows["phase"].isin(STEP_WORK)
+
+
+def micro_batch(stream: Stream, k: int) -> Stream:
+    """A micro-batch 1/k as large: what scales with the batch is 1/k of its size."""
+    return stream.with_rows(_scaled(stream.rows, batch_scaled(stream.rows), 1 / k))
+
+
+def _step_windows(rows: pd.DataFrame) -> list[tuple[float, float]]:
+    """Per step: from its first forward-or-input allocation to its last forward or backward event (before
+    its optimizer step), the part of a step gradient accumulation repeats."""
+    work = rows[rows["phase"].isin(STEP_WORK) & (rows["step"] >= 1) & (rows["at"] >= 0)]
+    windows = []
+    for step, part in work.groupby("step"):
+        optimizer = rows.loc[(rows["step"] == step) & (rows["phase"] == Phase.OPTIMIZER.value), "at"]
+        end = float(optimizer.min()) - NUDGE / 2 if len(optimizer) else float(part["at"].max())
+        if part["phase"].isin((Phase.FORWARD.value, Phase.BACKWARD.value)).any():
+            windows.append((float(part["at"].min()) - NUDGE / 2, end))
+    return windows
+
+
+def accumulation(stream: Stream, k: int) -> Stream:
+    """k micro-batches of 1/k the size per step: the step's forward and backward run k times in its window,
+    each copy 1/k as large; the gradients the first copy makes are kept to their recorded free, later copies'
+    gradients are summed into them (each a temporary freed at once); what a copy keeps past the window is
+    freed at the end of that copy, except the last copy's, which keeps its recorded free. Frees inside the
+    window of what was made before it happen in the first copy."""
+    rows = _scaled(stream.rows, batch_scaled(stream.rows), 1 / k)
+    keep = np.ones(len(rows), dtype=bool)
+    until = rows["until"].copy()
+    copies = []
+    for start, end in _step_windows(rows):
+        inside = ((rows["at"] > start) & (rows["at"] < end)).to_numpy()
+        keep &= ~inside
+        freed_inside = ~inside & (rows["at"] <= start).to_numpy() & (rows["until"] > start).to_numpy() \
+            & (rows["until"] < end).to_numpy()
+        until[freed_inside] = start + (rows.loc[freed_inside, "until"] - start) / k
+        made = rows[inside]
+        span = (end - start) / k
+        within = made["until"] < end
+        gradient = made["category"] == Category.GRADIENT.value
+        for j in range(k):
+            offset = start + j * span
+            copy = made.copy()
+            copy["at"] = offset + (made["at"] - start) / k
+            past = made["until"] if j == k - 1 else pd.Series(offset + span, index=made.index)
+            copy["until"] = (offset + (made["until"] - start) / k).where(within, past)
+            if j == 0:
+                copy.loc[gradient & ~within, "until"] = made.loc[gradient & ~within, "until"]
+            else:
+                copy.loc[gradient, "until"] = copy.loc[gradient, "at"] + span * NUDGE
+            copies.append(copy)
+    return stream.with_rows(pd.concat([rows.assign(until=until)[keep], *copies]))
+
+
+def block_key(module: str) -> str | None:
+    """The repeated block a module belongs to (`layers.3`, `GPT › Block[3]`), or None."""
+    match = _BLOCK.match(module)
+    return None if match is None else (match.group(1) or match.group(2))
+
+
+def checkpointing(stream: Stream) -> Stream:
+    """Every repeated block checkpointed: in the forward, its activations other than its output (the latest it
+    made, the next block's input) live only until the block's forward ends; just before the block's backward
+    (its first backward allocation, or the first free of what it saved) its forward runs again, its activations
+    and temporaries in their recorded order, and the recomputed activations live to their recorded frees."""
+    rows = stream.rows
+    blocks = rows["module"].astype(str).map(block_key)
+    if blocks.nunique() < 2:
+        return stream
+    forward = (rows["phase"] == Phase.FORWARD.value) & blocks.notna() & (rows["at"] >= 0)
+    made = rows[forward & rows["category"].isin((Category.ACTIVATION.value, Category.TEMPORARY.value))]
+    calls = made.assign(block=blocks[made.index]).groupby(["step", "block"])
+    backward = rows[(rows["phase"] == Phase.BACKWARD.value) & blocks.notna()]
+    first_backward = backward.groupby([backward["step"], blocks[backward.index]])["at"].min()
+    until = rows["until"].copy()
+    added = []
+    for key, call in calls:
+        activation = (call["category"] == Category.ACTIVATION.value).to_numpy()
+        if not activation.any():
+            continue
+        output = call.index[activation][-1]
+        dropped = call.index[activation & (call.index != output)]
+        lo, hi = float(call["at"].min()), float(call["at"].max()) + NUDGE / 2
+        until[dropped] = np.minimum(until[dropped], hi)
+        recompute = min(float(call.loc[dropped, "until"].min()) if len(dropped) else np.inf,
+                        float(first_backward.get(key, np.inf))) - NUDGE
+        if not np.isfinite(recompute):
+            continue
+        squeeze = NUDGE * 0.9 / max(hi - lo, 1.0)       # the block's forward again, inside (recompute - NUDGE, recompute)
+        again = call.copy()
+        again["at"] = recompute - NUDGE * 0.95 + (call["at"] - lo) * squeeze
+        again["until"] = recompute - NUDGE * 0.95 + (call["until"].clip(upper=hi) - lo) * squeeze
+        again.loc[dropped, "until"] = call.loc[dropped, "until"]
+        again.loc[output, "until"] = recompute          # the recomputed output is not kept
+        added.append(again)
+    return stream.with_rows(pd.concat([rows.assign(until=until), *added]))
+
+
+def _precision(stacks: pd.DataFrame) -> np.ndarray:
+    """Per stack: +1 autocast runs it in bf16, -1 it stays fp32, 0 the stack does not say."""
+    verdict = np.zeros(len(stacks), dtype=np.int8)
+    for i, (frames, op) in enumerate(zip(stacks["frames"], stacks["op"])):
+        if isinstance(op, str):
+            verdict[i] = 1 if _BF16_OPS.match(op) else -1 if _FP32_OPS.match(op) else 0
+            continue
+        torch_frame = next((f for f in frames if "torch/" in f[0].replace("\\", "/")), None)
+        if torch_frame is None:
+            continue
+        filename = torch_frame[0].replace("\\", "/")
+        if _BF16_FILES.search(filename):
+            verdict[i] = 1
+        elif _FP32_FILES.search(filename) or torch_frame[2] in _FP32_FUNCTIONS:
+            verdict[i] = -1
+    return verdict
+
+
+def bf16(stream: Stream) -> Stream:
+    """bf16 autocast: forward activations and temporaries the ops or frames say run in bf16 are halved (what
+    they say stays fp32, or do not say, is kept); a backward allocation of the size of a halved forward
+    activation (its gradient) is halved too; each parameter of a module that ran a bf16 op gets a bf16 copy
+    from the module's first forward allocation of the step to the end of that step's backward."""
+    rows = stream.rows
+    verdict = _precision(stream.stacks)
+    ids = rows["stack_id"].to_numpy(dtype=np.float64)
+    known = ~np.isnan(ids)
+    precision = np.zeros(len(rows), dtype=np.int8)
+    precision[known] = verdict[ids[known].astype(np.int64)]
+    work = rows["category"].isin((Category.ACTIVATION.value, Category.TEMPORARY.value)).to_numpy()
+    forward = work & (rows["phase"] == Phase.FORWARD.value).to_numpy()
+    halved = forward & (precision == 1)
+    halved_sizes = set(rows.loc[halved, "bytes"]) - set(rows.loc[forward & (precision <= 0), "bytes"])
+    backward = work & (rows["phase"] == Phase.BACKWARD.value).to_numpy()
+    gradients = backward & ((precision == 1) | ((precision == 0) & rows["bytes"].isin(halved_sizes).to_numpy()))
+    out = _scaled(rows, halved | gradients, 0.5)
+    bf16_modules = set(rows.loc[halved, "module"].astype(str))
+    params = rows[(rows["category"] == Category.PARAMETER.value) & rows["module"].astype(str).isin(bf16_modules)]
+    copies = []
+    steps = rows[rows["step"] >= 1].groupby("step")
+    for step, part in steps:
+        starts = part[part["phase"] == Phase.FORWARD.value].groupby(part["module"].astype(str))["at"].min()
+        backward = part.loc[part["phase"] == Phase.BACKWARD.value, "at"]
+        if backward.empty:
+            continue
+        at = params["module"].astype(str).map(starts)
+        copy = params[at.notna()].copy()
+        copy["at"] = at[at.notna()] - NUDGE / 4
+        copy["until"] = float(backward.max()) + NUDGE / 4
+        copy["bytes"] //= 2
+        copy["category"], copy["phase"], copy["step"] = Category.TEMPORARY.value, Phase.FORWARD.value, step
+        copies.append(copy)
+    return stream.with_rows(pd.concat([out, *copies]))
+
+
+def zero(stream: Stream, stage: int, shards: int) -> Stream:
+    """ZeRO stage 1-2 over `shards` GPUs: optimizer state and the optimizer step's temporaries are 1/N;
+    from stage 2 each gradient is reduce-scattered as it is made: a full-size temporary, then its 1/N shard."""
+    rows = stream.rows
+    optimizer = (rows["category"] == Category.OPTIMIZER_STATE.value) | (
+        (rows["phase"] == Phase.OPTIMIZER.value) & (rows["category"] == Category.TEMPORARY.value))
+    out = _scaled(rows, optimizer, 1 / shards)
+    if stage < 2:
+        return stream.with_rows(out)
+    gradient = out["category"] == Category.GRADIENT.value
+    full = out[gradient].copy()
+    full["until"] = full["at"] + NUDGE / 2
+    full["category"] = Category.TEMPORARY.value
+    out = _scaled(out, gradient, 1 / shards)
+    out.loc[gradient, "at"] += NUDGE / 4
+    return stream.with_rows(pd.concat([out, full]))
+
+
+def optimizer_state(stream: Stream, factor: float, step_temporaries: float = 1.0) -> Stream:
+    """The optimizer state `factor` of its size (8-bit moments 1/4, Adafactor's factored moments ~1/10,
+    offloaded 0), and the optimizer step's temporaries `step_temporaries` of theirs (0 when it runs on the CPU)."""
+    rows = stream.rows
+    out = _scaled(rows, rows["category"] == Category.OPTIMIZER_STATE.value, factor)
+    step = (out["phase"] == Phase.OPTIMIZER.value) & (out["category"] == Category.TEMPORARY.value)
+    return stream.with_rows(_scaled(out, step, step_temporaries))

@@ -1,0 +1,138 @@
+"""Counterfactual replay on hand-made streams: each transform changes what its remedy acts on and nothing else,
+and the replay's peaks and out-of-memory answer are the allocator model's, fragmentation included."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analyzer.diagnose.counterfactual import predict, recorded_stream, replay
+from analyzer.diagnose.transforms import Stream, accumulation, bf16, block_key, checkpointing, micro_batch, zero
+from analyzer.simulate.allocator import AllocatorSettings
+from tests.support.snapshots import MiB, Recording
+
+NO_STACKS = pd.DataFrame({"stack_id": pd.Series(dtype="int64"), "frames": pd.Series(dtype=object),
+                          "op": pd.Series(dtype=object)})
+
+
+def stream(rows: list[tuple], stacks: pd.DataFrame = NO_STACKS) -> Stream:
+    """rows: (at, until, bytes, category, phase, module[, step, stack_id])."""
+    full = [(*r, 1.0, np.nan)[:8] if len(r) == 6 else r for r in rows]
+    frame = pd.DataFrame(full, columns=["at", "until", "bytes", "category", "phase", "module", "step", "stack_id"])
+    frame["stream"] = 0
+    return Stream(rows=frame.astype({"at": float, "until": float, "bytes": "int64", "step": float, "stack_id": float}),
+                  releases=np.array([]), stacks=stacks)
+
+
+def live_after(s: Stream, position: float) -> int:
+    r = s.rows
+    return int(r.loc[(r["at"] <= position) & (r["until"] > position), "bytes"].sum())
+
+
+def test_micro_batch_scales_what_the_batch_makes_and_leaves_model_states():
+    s = stream([(0, 9, 8 * MiB, "activation", "forward", "m"), (1, 2, 4 * MiB, "temporary", "backward", "m"),
+                (-1, np.inf, 6 * MiB, "parameter", "load", "m"), (3, 4, 2 * MiB, "temporary", "optimizer", "m"),
+                (5, 6, 2 * MiB, "input", "other", "m")])
+    out = micro_batch(s, 2).rows["bytes"].tolist()
+    assert out == [4 * MiB, 2 * MiB, 6 * MiB, 2 * MiB, 1 * MiB]
+
+
+def test_replay_out_of_memory_on_each_side_of_the_capacity():
+    s = stream([(0, 5, 30 * MiB, "activation", "forward", "m"), (1, 6, 30 * MiB, "activation", "forward", "m")])
+    fits, short = replay(s, 60 * MiB), replay(s, 60 * MiB - 512)
+    assert (fits.oom, short.oom) == (False, True)
+    assert fits.peak_allocated_bytes == short.peak_allocated_bytes == 60 * MiB   # the run goes on past the OOM
+    assert fits.peak_reserved_bytes == 60 * MiB
+    assert short.oom_at == 1
+    assert replay(s, None).oom is None
+
+
+def test_fragmentation_fails_where_expandable_segments_fit():
+    """Nine 6 MiB blocks in three 20 MiB segments; two of each three freed: 36 MiB cached, but every segment is
+    split by its live block, so a 30 MiB request needs a new segment the device cannot give."""
+    rows = [(i, 120 if i % 3 == 1 else 20, 6 * MiB, "activation", "forward", "m") for i in range(9)]
+    rows.append((30, 40, 30 * MiB, "activation", "forward", "m"))
+    s = stream(rows)
+    fixed = replay(s, 80 * MiB)
+    expandable = replay(s, 80 * MiB, AllocatorSettings(expandable_segments=True))
+    assert fixed.oom is True and expandable.oom is False
+    assert fixed.peak_allocated_bytes == expandable.peak_allocated_bytes == 54 * MiB
+
+
+def test_checkpointing_keeps_block_outputs_and_recomputes_in_backward():
+    rows = []
+    for b in range(2):          # block b: three activations in forward, freed in backward in reverse
+        for j in range(3):
+            at = 10 * b + j
+            rows.append((at, 100 - at, 4 * MiB, "activation", "forward", f"layers.{b}.mlp"))
+        rows.append((10 * b + 3, 10 * b + 4, 1 * MiB, "temporary", "forward", f"layers.{b}"))
+    rows.append((95, 96, 1 * MiB, "temporary", "backward", "layers.1.mlp"))
+    before = stream(rows)
+    after = checkpointing(before)
+    assert live_after(before, 50) == 24 * MiB
+    assert live_after(after, 50) == 8 * MiB                      # the two outputs
+    # block 1 is recomputed before the first free of what it saved (88), block 0 before its own (99)
+    assert live_after(after, 89.5) == 8 * MiB                    # block 1's last saved tensor and block 0's output
+    assert live_after(after, 99.5) == live_after(before, 99.5) == 4 * MiB
+    assert live_after(after, 98.5) == 0                          # the output went at 98, the recompute comes at 99
+    assert len(after.rows) == len(before.rows) + 8
+
+
+def test_checkpointing_needs_repeated_blocks():
+    s = stream([(0, 9, 4 * MiB, "activation", "forward", "encoder"), (1, 8, 4 * MiB, "activation", "forward", "encoder")])
+    assert checkpointing(s).rows.equals(s.rows)
+    assert block_key("GPT › Block[3] › MLP") == "GPT › Block[3]"
+    assert block_key("model.layers.12.self_attn") == "model.layers.12"
+    assert block_key("lm_head") is None
+
+
+def test_bf16_halves_what_the_ops_say_runs_in_bf16():
+    stacks = pd.DataFrame({"stack_id": [0, 1, 2, 3],
+                           "frames": [(), (), (), (("/x/site-packages/torch/nn/modules/linear.py", 1, "forward"),)],
+                           "op": ["aten::addmm", "aten::native_layer_norm", "aten::gelu", None]})
+    s = stream([(-1, np.inf, 8 * MiB, "parameter", "load", "fc", 0, np.nan),
+                (1, 9, 4 * MiB, "activation", "forward", "fc", 1, 0),
+                (2, 9, 6 * MiB, "activation", "forward", "ln", 1, 1),
+                (3, 9, 2 * MiB, "activation", "forward", "act", 1, 2),
+                (4, 9, 10 * MiB, "activation", "forward", "fc2", 1, 3),
+                (8, 8.5, 4 * MiB, "temporary", "backward", "", 1, np.nan)], stacks)
+    out = bf16(s).rows
+    assert out["bytes"].tolist()[:6] == [8 * MiB, 2 * MiB, 6 * MiB, 2 * MiB, 5 * MiB, 2 * MiB]
+    copy = out.iloc[6]                                   # the bf16 copy of fc's weight, forward to end of backward
+    assert (copy["bytes"], copy["at"] < 1, copy["until"] > 8) == (4 * MiB, True, True)
+    assert len(out) == 7
+
+
+def test_zero_shards_model_states_by_stage():
+    s = stream([(-1, np.inf, 8 * MiB, "parameter", "load", "m"), (5, 20, 8 * MiB, "gradient", "backward", "m"),
+                (10, np.inf, 16 * MiB, "optimizer_state", "optimizer", "m")])
+    one, two = zero(s, 1, 4).rows, zero(s, 2, 4).rows
+    assert one["bytes"].tolist() == [8 * MiB, 8 * MiB, 4 * MiB]
+    assert two["bytes"].tolist() == [8 * MiB, 2 * MiB, 4 * MiB, 8 * MiB]   # the full gradient last: transient
+    assert two.iloc[3]["until"] - two.iloc[3]["at"] < 1
+
+
+def test_accumulation_keeps_the_first_micro_batch_gradients():
+    s = stream([(1, 4, 8 * MiB, "activation", "forward", "m"), (3, 20, 2 * MiB, "gradient", "backward", "m"),
+                (10, 11, 1 * MiB, "temporary", "optimizer", "m")])
+    out = accumulation(s, 2).rows
+    grads = out[out["category"] == "gradient"]
+    assert sorted(grads["bytes"].tolist()) == [2 * MiB, 2 * MiB]
+    assert grads["until"].max() == 20 and (grads["until"] - grads["at"]).min() < 1   # the second is summed in
+    assert sorted(out.loc[out["category"] == "activation", "bytes"].tolist()) == [4 * MiB, 4 * MiB]
+    assert live_after(stream([(1, 4, 8 * MiB, "activation", "forward", "m")]), 2) == 8 * MiB
+    assert max(live_after(accumulation(s, 2).with_rows(out[out["category"] == "activation"]), p)
+               for p in np.arange(0, 10, 0.25)) == 4 * MiB   # the two halves never live at once
+
+
+def test_recorded_stream_carries_the_failed_request_and_needs_a_history():
+    rec = Recording()
+    with rec.step(1), rec.phase("forward"):
+        rec.alloc(64 * MiB)
+    rec.oom(128 * MiB, device_free=0)
+    trace = rec.trace()
+    s = recorded_stream(trace, 0)
+    assert s is not None and s.rows["bytes"].tolist()[-1] == 128 * MiB
+    p = predict(trace, 0, ["micro_batch", "no_such_remedy"], capacity=64 * MiB, shards=None)
+    assert set(p) == {"micro_batch"} and p["micro_batch"].oom is True
+    rec.forget_history()
+    assert recorded_stream(rec.trace(), 0) is None
