@@ -37,18 +37,20 @@ from analyzer.attribute.frames import StackFacts, stack_facts
 from analyzer.attribute.module_paths import SourceIndex
 from analyzer.attribute.model_states import infer_model_states
 from analyzer.attribute.modules import assign_modules
+from analyzer.attribute.profiler_ops import forward_categories, op_labels
 from analyzer.attribute.steps import number_steps
 from analyzer.attribute.timing import frameless_phases
 from analyzer.core.trace import MemoryTrace
 from analyzer.ingest.memory_timeline import AS_OUR_CATEGORY, LABEL_SOURCE
 from analyzer.core.vocabulary import UNATTRIBUTED, Category, Phase, Role
 
-CONFIDENCE = {"tag": 1.0, "recording": 1.0, "annotation": 0.95, "frames": 0.9, "timing": 0.7, "lifetime": 0.8,
+CONFIDENCE = {"tag": 1.0, "recording": 1.0, "annotation": 0.95, "frames": 0.9, "ops": 0.9, "timing": 0.7, "lifetime": 0.8,
               "size-match": 0.6, "structure": 0.6}
 
 
 #: signals below their kind's confidence: a repeated block told apart by order, not by what was recorded
-SIGNAL_CONFIDENCE = {"frames:call-path+order": 0.75}
+SIGNAL_CONFIDENCE = {"frames:call-path+order": 0.75, "ops:before-backward": 0.8, "ops:freed-in-backward": 0.7,
+                     "ops:freed-by-zero_grad": 0.7, "ops:alive-through-inference": 0.6}
 
 
 def _confidence(source: object) -> float:
@@ -129,7 +131,13 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     for kind in ("tag", "annotation"):
         values, signals = annotation_labels(ann, times, kind, "phase")
         _fill(phase, source, values, signals)
+    ops = op_labels(trace, a, ann)
+    if ops is not None:  # what a profiler trace's backward ops ran decides before frames; the rest after them
+        engine = ops.phase_signal == "ops:autograd-engine"
+        _fill(phase, source, np.where(engine, ops.phase, None), ops.phase_signal)
     _fill(phase, source, frame_phase, frame_signal)
+    if ops is not None:
+        _fill(phase, source, ops.phase, ops.phase_signal)
     recorded_python = bool(has_python[timed].any())
     frameless = timed & ~has_python & recorded_python
     _fill(phase, source, *frameless_phases(frameless, phase, t_alloc, any(f.has_native for f in facts)))
@@ -141,6 +149,8 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     t_free = a["t_free_us"].to_numpy(dtype=np.float64, na_value=np.inf)
     remade = recomputed_activations(source, t_alloc, t_free)
     category[remade], category_source[remade] = Category.ACTIVATION.value, "lifetime:recomputed-activation"
+    if ops is not None:
+        forward_categories(ops, phase, category, category_source, t_free)
     infer_model_states(a, phase, category, category_source,
                        replicates=np.asarray([f.replicates for f in facts] + [False], dtype=bool)[stacks],
                        init_site=np.asarray([f.init_site for f in facts] + [None], dtype=object)[stacks],
@@ -152,6 +162,8 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
                                            metadata_labels(metadata, "module"), step=step, phase=phase,
                                            compiled=np.asarray([f.compiled for f in facts] + [False], dtype=bool)[stacks])
     module[has_mark], module_source[has_mark] = marked_module[has_mark], "tag:tensor"
+    if ops is not None:
+        _fill(module, module_source, ops.module, ops.module_signal)
     _recorded_categories(a, category, category_source)
     label_source, confidence = _label_sources(source, category_source, module_source)
     return {"module": module, "phase": phase, "category": category, "step": step, "label_source": label_source,

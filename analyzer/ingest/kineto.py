@@ -103,6 +103,8 @@ SPAN_COLUMNS: dict[str, str] = {
     "python_id": "Int64",        # python_function only: its node in the call tree ...
     "parent_id": "Int64",        # ... and its caller's node
     "external_id": "Int64",      # links cpu_op / user_annotation to the GPU work they launched
+    "sequence": "Int64",         # cpu_op: autograd's Sequence number (a backward node and the forward op that made it)
+    "shapes": "category",        # cpu_op with record_shapes: its tensor inputs, `float[8, 64], float[64]`; "" if none
 }
 
 _MEMORY, _OOM = "[memory]", "[OutOfMemory]"
@@ -117,6 +119,12 @@ _MODULE_MARK = "nn.Module: "
 _HEAD_BYTES = 8 << 20
 _MAX_TS_US = 2.0**53                       # ~285 years: times beyond it are corrupt (and would overflow int64)
 _TAIL_BYTES = 8 << 20
+_SHAPES_CHARS = 160
+_MAX_FRAMES = 1000       # frames kept of one stack (innermost first): a deeper call chain is a hostile input
+_SKIP_DEPTH = 8
+#: ops that only allocate the output of the op around them: the op named for an allocation is the one outside
+_ALLOCATING_OPS = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::resize_",
+                             "aten::new_empty", "aten::new_empty_strided"})
 
 
 # ---- entry points -------------------------------------------------------------------------------------
@@ -253,7 +261,9 @@ class _Kept:
         # spans
         self.s_cat, self.s_name, self.s_ts, self.s_dur = array("b"), array("q"), array("d"), array("d")
         self.s_tid, self.s_python, self.s_parent, self.s_external = array("q"), array("q"), array("q"), array("q")
+        self.s_sequence, self.s_shapes = array("q"), array("q")
         self.names: dict[str, int] = {}
+        self.shapes: dict[str, int] = {"": 0}
         self.kernel_devices: Counter = Counter()
 
     def collect(self, events: Iterable[dict], recorder: _Recorder) -> int:
@@ -270,8 +280,6 @@ class _Kept:
             cat: Any = event.get("cat")  # likewise
             code = _SPAN_CATS.get(cat)
             if code is not None:
-                if code == _CPU_OP and not name.startswith(_BACKWARD) or code == _OPERATOR and "::" in name:
-                    continue
                 span(event, code, name)
             elif cat in _KERNEL_CATS:
                 kernels[(event.get("args") or {}).get("device")] += 1
@@ -299,6 +307,21 @@ class _Kept:
         self.s_python.append(_optional_int(args.get("Python id")))
         self.s_parent.append(_optional_int(args.get("Python parent id")))
         self.s_external.append(_optional_int(args.get("External id")))
+        op = code == _CPU_OP or code == _OPERATOR
+        self.s_sequence.append(_optional_int(args.get("Sequence number")) if op else MISSING)
+        shapes = _shapes(args.get("Input Dims"), args.get("Input type")) if op else ""
+        self.s_shapes.append(self.shapes.setdefault(shapes, len(self.shapes)))
+
+
+def _shapes(dims: Any, types: Any) -> str:
+    """`float[8, 64], float[64]`: the tensor inputs of an op recorded with record_shapes (scalars and lists left
+    out), at most _SHAPES_CHARS characters."""
+    if not isinstance(dims, list) or not isinstance(types, list):
+        return ""
+    tensors = [f"{t}[{', '.join(str(n) for n in d)}]" for d, t in zip(dims, types)
+               if isinstance(d, list) and d and isinstance(t, str) and t]
+    text = ", ".join(tensors)
+    return text if len(text) <= _SHAPES_CHARS else text[: _SHAPES_CHARS - 1] + "…"
 
 
 def _thread(tid: Any) -> int:
@@ -420,67 +443,120 @@ def _metadata_by_tokens(backend: Any, stream: IO[bytes]) -> dict[str, Any]:
     return members
 
 
-# ---- python call stacks -----------------------------------------------------------------------------------
+# ---- python call stacks and ops --------------------------------------------------------------------------
 class _Stacks:
-    """Interned stacks of memory events, found by time containment in the python_function call tree."""
+    """Interned stacks of memory events: the frames of the innermost python_function span open at the event on
+    its thread (its callers through Python parent ids, innermost first, at most _MAX_FRAMES) and the op the
+    trace says made it (the innermost cpu_op open then, passing over the ops that only allocate another op's
+    output, `aten::empty`; with record_shapes its tensor inputs)."""
 
     def __init__(self, kept: _Kept, names: list[str]) -> None:
         self.frames: list[tuple] = []
+        self.ops: list[str | None] = []
         self._ids: dict[tuple, int] = {}
-        python = np.flatnonzero(_array(kept.s_cat, "b") == _PYTHON)
-        self._start = _array(kept.s_ts, "d")[python]
-        self._end = self._start + _array(kept.s_dur, "d")[python]
-        self._tid = _array(kept.s_tid, "q")[python]
-        self._name = [names[i] for i in _array(kept.s_name, "q")[python]]
-        ids = _array(kept.s_python, "q")[python].tolist()
+        cats = _array(kept.s_cat, "b")
+        self._start = _array(kept.s_ts, "d")
+        self._end = self._start + _array(kept.s_dur, "d")
+        self._tid = _array(kept.s_tid, "q")
+        self._names = names
+        self._name = _array(kept.s_name, "q")
+        self._python = np.flatnonzero(cats == _PYTHON)
+        ranges = [i for i, n in enumerate(names) if n.startswith(_BACKWARD) or "#" in n]  # not ops
+        self._ops = np.flatnonzero(((cats == _CPU_OP) | (cats == _OPERATOR)) & ~np.isin(self._name, ranges))
+        self._allocating = np.isin(self._name, [names.index(n) for n in _ALLOCATING_OPS if n in names])
+        shapes = list(kept.shapes)
+        self._shapes = _array(kept.s_shapes, "q")
+        self._shape_text = shapes
+        ids = _array(kept.s_python, "q")[self._python].tolist()
         by_id = {pid: i for i, pid in enumerate(ids) if pid != MISSING}
         # Python ids grow in call order, so a caller's id is smaller: requiring it keeps any input acyclic.
         self._parent = np.array([by_id.get(parent, -1) if parent < pid else -1
-                                 for pid, parent in zip(ids, _array(kept.s_parent, "q")[python].tolist())],
+                                 for pid, parent in zip(ids, _array(kept.s_parent, "q")[self._python].tolist())],
                                 dtype=np.int64)
-        self._memo: dict[int, int | None] = {}
+        self._frame_of = [_frame(names[i]) for i in self._name[self._python].tolist()]
+        self._chains: dict[int, tuple] = {}
 
     def of_events(self, ts: np.ndarray, tid: np.ndarray) -> list[int | None]:
-        """The stack id of each event (None where no Python call contains it)."""
+        """The stack id of each event (None where neither a Python call nor an op contains it)."""
         ids: list[int | None] = [None] * len(ts)
-        if not len(self._start):
+        if not len(self._python) and not len(self._ops):
             return ids
-        for thread in np.unique(tid):
-            spans = np.flatnonzero(self._tid == thread)
-            if not len(spans):
-                continue
-            spans = spans[np.argsort(self._start[spans], kind="stable")]
+        for thread in np.unique(tid).tolist():
             events = np.flatnonzero(tid == thread)
-            candidates = np.searchsorted(self._start[spans], ts[events], side="right") - 1
-            for event, candidate in zip(events.tolist(), candidates.tolist()):
-                ids[event] = self._innermost(ts[event], spans[candidate]) if candidate >= 0 else None
+            calls = np.flatnonzero(self._tid[self._python] == thread)  # positions in self._python
+            spans, ops = self._python[calls], self._ops[self._tid[self._ops] == thread]
+            call = innermost_open(self._start[spans], self._end[spans], ts[events])
+            op = innermost_open(self._start[ops], self._end[ops], ts[events], skip=self._allocating[ops])
+            for event, c, o in zip(events.tolist(), call.tolist(), op.tolist()):
+                frames = self._chain(int(calls[c])) if c >= 0 else ()
+                ids[event] = self._intern(frames, self._op_text(int(ops[o])) if o >= 0 else None)
         return ids
 
-    def _innermost(self, t: float, span: int) -> int | None:
-        """Climb from the latest span that started before `t` to the first one still open at `t`."""
-        while span >= 0 and self._end[span] < t:
-            span = int(self._parent[span])
-        return self._stack_id(span) if span >= 0 else None
+    def _chain(self, node: int) -> tuple:
+        """Frames of python span `node` (a position in self._python) and its callers, innermost first."""
+        chain = self._chains.get(node)
+        if chain is None:
+            frames, at = [], node
+            while at >= 0 and len(frames) < _MAX_FRAMES:
+                frames.append(self._frame_of[at])
+                at = int(self._parent[at])
+            chain = self._chains[node] = tuple(f for f in frames if f is not None)
+        return chain
 
-    def _stack_id(self, span: int) -> int | None:
-        """Intern the frames of `span` and its callers (innermost first)."""
-        if span not in self._memo:
-            chain, node = [], span
-            while node >= 0:
-                chain.append(_frame(self._name[node]))
-                node = int(self._parent[node])
-            content = tuple(f for f in chain if f is not None)
-            sid = self._ids.get(content)
-            if sid is None and content:
-                sid = self._ids[content] = len(self.frames)
-                self.frames.append(content)
-            self._memo[span] = sid
-        return self._memo[span]
+    def _op_text(self, span: int) -> str:
+        shapes = self._shape_text[int(self._shapes[span])]
+        name = self._names[int(self._name[span])]
+        return f"{name}({shapes})" if shapes else name
+
+    def _intern(self, frames: tuple, op: str | None) -> int | None:
+        if not frames and op is None:
+            return None
+        key = (frames, op)
+        sid = self._ids.get(key)
+        if sid is None:
+            sid = self._ids[key] = len(self.frames)
+            self.frames.append(frames)
+            self.ops.append(op)
+        return sid
 
     def table(self) -> pd.DataFrame:
         return make_table("stacks", {"stack_id": np.arange(len(self.frames), dtype=np.int64), "frames": self.frames,
                                      "top_user_frame": [top_user_frame(f) for f in self.frames],
-                                     "op": [stack_op(f) for f in self.frames]})
+                                     "op": [op or stack_op(f) for f, op in zip(self.frames, self.ops)]})
+
+
+def innermost_open(start: np.ndarray, end: np.ndarray, times: np.ndarray,
+                   skip: np.ndarray | None = None) -> np.ndarray:
+    """For spans of one thread (in file order) and event times: the position of the innermost span open at each
+    time (the latest started of those whose [start, end] holds it), -1 where none; with `skip`, passing over
+    open spans marked in it to the one below (an op that only allocates for the op around it).
+
+    One sweep over spans and events in time order with a stack of started spans: a span is pushed once and
+    popped once, so a long chain of ended spans followed by many events costs no more than its length."""
+    out = np.full(len(times), -1, dtype=np.int64)
+    if not len(start) or not len(times):
+        return out
+    order = np.argsort(start, kind="stable")
+    starts, ends = start[order].tolist(), end[order].tolist()
+    skipped = skip[order].tolist() if skip is not None else None
+    stack: list[int] = []
+    pushed = 0
+    for event in np.argsort(times, kind="stable").tolist():
+        t = times[event]
+        while pushed < len(starts) and starts[pushed] <= t:
+            stack.append(pushed)
+            pushed += 1
+        while stack and ends[stack[-1]] < t:
+            stack.pop()
+        if not stack:
+            continue
+        found = stack[-1]
+        if skipped is not None and skipped[found]:
+            # bounded look below: allocating ops sit directly inside the op they allocate for
+            below = [s for s in stack[-_SKIP_DEPTH:-1] if ends[s] >= t and not skipped[s]]
+            found = below[-1] if below else found
+        out[event] = order[found]
+    return out
 
 
 def _frame(name: str) -> tuple[str, int, str] | None:
@@ -622,7 +698,8 @@ class _Assembler:
         """The kept spans as SPAN_COLUMNS; names and categories as pandas categoricals (interned once)."""
         k = self.kept
         start = _array(k.s_ts, "d")
-        python, parent, external = (_array(c, "q") for c in (k.s_python, k.s_parent, k.s_external))
+        python, parent, external, sequence = (_array(c, "q") for c in (k.s_python, k.s_parent, k.s_external,
+                                                                        k.s_sequence))
         return pd.DataFrame({
             "name": pd.Categorical.from_codes(_array(k.s_name, "q"), categories=self.names) if self.names
             else pd.Categorical([]),
@@ -632,6 +709,8 @@ class _Assembler:
             "python_id": pd.arrays.IntegerArray(python.copy(), python == MISSING),
             "parent_id": pd.arrays.IntegerArray(parent.copy(), parent == MISSING),
             "external_id": pd.arrays.IntegerArray(external.copy(), external == MISSING),
+            "sequence": pd.arrays.IntegerArray(sequence.copy(), sequence == MISSING),
+            "shapes": pd.Categorical.from_codes(_array(k.s_shapes, "q"), categories=list(k.shapes)),
         }, columns=list(SPAN_COLUMNS))
 
     def _era(self) -> str:
