@@ -96,6 +96,8 @@ class Diagnosis:
     demand_bytes: int                     # what the run needed: peak, or allocated + request at the OOM
     capacity_bytes: int | None            # the device memory the advice was judged against
     capacity_source: str                  # where that number came from
+    workload: dict[str, Any] = field(default_factory=dict)  # analyzer.diagnose.workload: what the advice acts on
+    fits: dict[str, int] | None = None    # {peak, capacity, headroom}_bytes when the run fits as it is
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,6 +200,8 @@ def _device_json(d: DeviceAnalysis) -> dict[str, Any]:
         "verdict": dx.verdict,
         "triage": dx.triage,
         "demand_bytes": dx.demand_bytes,
+        "workload": dx.workload,
+        "fits": dx.fits,
         "fragmentation": dx.fragmentation,
         "theory": dx.theory,
         "findings": dx.findings,

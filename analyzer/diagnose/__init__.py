@@ -3,7 +3,10 @@
 Detectors read a DeviceContext and return finding dicts: kind, severity, bytes, summary, evidence (time
 window, event window, allocations with their stacks, details). Order matters only for presentation: the OOM
 first, then growth across steps, then what explains the peak. The triage (outside PyTorch, leak, phase spike
-or steady state) is decided from the findings before the remedies and the verdict, which follow from it.
+or steady state) and the workload (training, fine-tuning, forward only, mixed precision, GPUs) are decided
+before the remedies and the verdict, which follow from them. Host memory (device -1 of a profiler trace)
+beside a GPU is measured, never treated: GPU remedies do not act on it. A trace of host memory alone (a run
+on the CPU) gets the remedies that are not the CUDA allocator's.
 """
 from __future__ import annotations
 
@@ -16,8 +19,10 @@ from analyzer.diagnose.evidence import oom_where
 from analyzer.core.units import gib, rate_bytes
 from analyzer.core.vocabulary import Category, Phase
 from analyzer.diagnose.triage import triage
-from analyzer.diagnose.remedies import Demand, checkpointable_bytes, count_layers, describe, rank_remedies
+from analyzer.diagnose.remedies import (LAYOUT_ONLY, Demand, checkpointable_bytes, count_layers, describe,
+                                        fits_as_is, rank_remedies)
 from analyzer.diagnose.theory import explain_model_states
+from analyzer.diagnose.workload import Workload, recognise
 from analyzer.result import Diagnosis
 
 DETECTORS = [outside, oom, leak, reserved_growth, activation_peak, optimizer_spike, checkpoint_gather, fragmentation]
@@ -30,15 +35,33 @@ _REQUEST_CATEGORY: dict[str, str] = {
 
 def diagnose(ctx: DeviceContext) -> Diagnosis:
     """Findings, theory, fragmentation, triage, remedies and verdict of one device."""
-    findings = [f for detector in DETECTORS for f in detector.detect(ctx)]
-    fragmentation = ctx.fragmentation_at_oom or ctx.fragmentation_at_peak
+    host = ctx.device < 0 and beside_a_gpu(ctx)
+    findings = [f for detector in DETECTORS if not (ctx.device < 0 and detector is fragmentation)
+                for f in detector.detect(ctx)]
+    picture = ctx.fragmentation_at_oom or ctx.fragmentation_at_peak
     theory = theory_check(ctx)
     triaged = triage(ctx, findings)
-    demand = _demand(ctx, findings, theory, triaged["verdict"], fragmentation)
-    remedies = rank_remedies(demand)
-    return Diagnosis(findings=findings, remedies=remedies, theory=theory, fragmentation=fragmentation, triage=triaged,
-                     demand_bytes=demand.total, verdict=verdict(ctx, findings, remedies, demand, triaged),
-                     capacity_bytes=ctx.capacity_bytes, capacity_source=ctx.capacity_source)
+    workload = recognise(ctx)
+    demand = _demand(ctx, findings, theory, triaged["verdict"], picture, workload)
+    remedies = [] if host else [r for r in rank_remedies(demand) if ctx.device >= 0 or r["id"] not in LAYOUT_ONLY]
+    fits = _fits(demand)
+    return Diagnosis(findings=findings, remedies=remedies, theory=theory, fragmentation=picture, triage=triaged,
+                     demand_bytes=demand.total, verdict=verdict(ctx, findings, remedies, demand, triaged, fits),
+                     capacity_bytes=ctx.capacity_bytes, capacity_source=ctx.capacity_source,
+                     workload={**vars(workload), "summary": workload.describe()}, fits=fits)
+
+
+def beside_a_gpu(ctx: DeviceContext) -> bool:
+    """The recording holds memory of a GPU besides this host device."""
+    return bool((ctx.trace.allocations["device"] >= 0).any())
+
+
+def _fits(d: Demand) -> dict[str, int] | None:
+    """{peak, capacity, headroom} bytes when the run fits as it is (remedies.fits_as_is), else None."""
+    if not fits_as_is(d):
+        return None
+    assert d.capacity is not None  # fits_as_is needs it
+    return {"peak_bytes": d.total, "capacity_bytes": d.capacity, "headroom_bytes": d.capacity - d.total}
 
 
 def theory_check(ctx: DeviceContext) -> dict[str, Any]:
@@ -68,7 +91,7 @@ def theory_check(ctx: DeviceContext) -> dict[str, Any]:
 
 
 def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str, Any], triaged: str,
-            fragmentation: dict[str, Any] | None) -> Demand:
+            fragmentation: dict[str, Any] | None, workload: Workload) -> Demand:
     """What the run needed: at an OOM, what was allocated plus the failed request; else the peak."""
     d = ctx.d
     oom_finding = next((f for f in findings if f["kind"] == "oom"), None)
@@ -90,7 +113,10 @@ def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str
     regime = theory.get("regime")
     return Demand(
         total=total, by_category={k: int(v) for k, v in by_category.items()}, capacity=ctx.capacity_bytes,
-        world_size=ctx.world_size, layers=count_layers([r["name"] for r in d.by_module] +
+        world_size=workload.gpus, oomed=d.oom is not None, reserved_peak=d.reserved_peak_bytes,
+        workload=workload.kind, frozen_share=workload.frozen_share, graph_kept=workload.graph_kept,
+        graph_bytes=_graph_bytes(live) if workload.graph_kept else 0, autocast=workload.mixed_precision_on,
+        layers=count_layers([r["name"] for r in d.by_module] +
                                                        [str(m) for m in ctx.allocations["module"].unique()]),
         findings={f["kind"] for f in findings}, oom_verdict=oom_finding["verdict"] if oom_finding else None,
         mixed_precision=None if regime is None else regime.startswith("mixed"), checkpointable=checkpointable_bytes(live),
@@ -98,19 +124,40 @@ def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str
         lazy_state_trouble=bool(spike and spike["lazy_state_bytes"] and (
             spike["oom_in_first_step"] or (spike.get("first_step_excess_bytes") or 0) > 0)),
         expandable_segments=ctx.expandable_segments(),
-        recoverable_fragmentation=int(picture.get("inactive_bytes") or 0),
+        recoverable_fragmentation=int(picture.get("inactive_bytes" if oom_finding and oom_finding["verdict"] == "fragmentation"
+                                                  else "external_bytes") or 0),
         triage=triaged, leak_bytes=leak.leaked_bytes_at(ctx, worst),
         leak_stacks=[] if leak_finding is None else
         [f"{leak.place(s)}: +{rate_bytes(s['bytes_per_step'])} per step" for s in leak_finding["stacks"]],
     )
 
 
+def _graph_bytes(live: Any) -> int:
+    """What running the forward without autograd would free: the activations alive, but the latest one (the
+    output, which the caller keeps)."""
+    activations = live[live["category"] == Category.ACTIVATION]
+    if activations.empty:
+        return 0
+    latest = activations.loc[activations["t_alloc_us"].astype("float64").fillna(-1).idxmax(), "allocated_bytes"]
+    return int(activations["allocated_bytes"].sum() - latest)
+
+
 def verdict(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[dict[str, Any]], demand: Demand,
-            triaged: dict[str, str]) -> str:
-    """One sentence: what ran out, where, why, what to try first."""
+            triaged: dict[str, str], fits: dict[str, int] | None = None) -> str:
+    """One sentence: what ran out, where, why, what to try first (nothing to try when the run fits)."""
     d = ctx.d
+    if ctx.device < 0 and beside_a_gpu(ctx):
+        return (f"Host memory ({ctx.trace.device_label(d.device)}): peak {gib(d.peak.allocated_bytes)} allocated; "
+                "GPU remedies do not act on it")
     first = next((r for r in remedies if r["try_first"]), None)
     advice = f" Try first: {describe(first, demand.capacity)}." if first else ""
+    if fits is not None:
+        advice = (f" Fits: peak {gib(fits['peak_bytes'])} of {gib(fits['capacity_bytes'])}, "
+                  f"{gib(fits['headroom_bytes'])} headroom" + ("; the remedies listed are optional ways to grow the "
+                                                             "batch or the model." if remedies else "."))
+    elif first is not None and demand.capacity is None and d.oom is None:
+        advice = (f" The device's memory is not known (pass --gpu-memory); to lower the peak, try first: "
+                  f"{describe(first, None)}.")
     oom_finding = next((f for f in findings if f["kind"] == "oom"), None)
     where = "" if oom_finding is None else oom_where(oom_finding.get("phase"), oom_finding.get("module"),
                                                      oom_finding.get("step"))

@@ -1,11 +1,19 @@
-"""Fragmentation: reserved memory that holds no tensor, and whether a request could have found a block.
+"""Fragmentation: reserved memory that holds no tensor, measured where it can hurt, at the peak and at the OOM.
 
 - internal: allocated − requested (the allocator's rounding inside blocks);
-- external: free bytes inside segments that also hold live blocks (unusable for a larger request);
-- cached: whole free segments the allocator keeps (released before an OOM is declared);
+- external (fragmentation): free bytes inside segments that also hold live blocks (unusable for a larger request);
+- cache: whole free segments the allocator keeps (released and retried before an OOM is declared, so cache
+  is never what makes a run fail, and it is reported as cache, not as fragmentation);
 - largest free block: the biggest gap between live blocks of any segment, what a request can get without
   new cudaMalloc memory.
 Expandable segments map and unmap pages on demand, so their free space is not split into fixed blocks.
+
+Only a snapshot records segments. A profiler trace or a memory timeline records the reserved total: there
+the picture is reserved − allocated and nothing else (`None`: not recorded).
+
+A warning is given only when fragmentation caused the OOM (the oom detector's verdict) or nearly caused one:
+at the peak, what was reserved reached NEAR_OOM_SHARE of the device's memory while the free pieces inside
+used segments were at least RECOVERY_THRESHOLD of it.
 """
 from __future__ import annotations
 
@@ -17,7 +25,9 @@ import pandas as pd
 from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
 
-RECOVERY_THRESHOLD = 0.05  # free cached memory worth reporting: at least this share of what is reserved
+RECOVERY_THRESHOLD = 0.05  # free memory worth reporting: at least this share of what is reserved
+NEAR_OOM_SHARE = 0.95      # reserved at the peak above this share of the device: an OOM nearly happened
+SEGMENTED_SOURCES = ("snapshot",)  # inputs that record segments and blocks (profiler traces record totals)
 
 
 def segments_at(ctx: DeviceContext, seq: int) -> pd.DataFrame:
@@ -56,45 +66,70 @@ def _largest_gaps(segments: pd.DataFrame, blocks: pd.DataFrame) -> np.ndarray:
     return np.maximum(largest, segments["end"].to_numpy() - last_end)
 
 
+def segments_recorded(ctx: DeviceContext) -> bool:
+    """The input records the allocator's segments (a snapshot), not only its reserved total."""
+    return ctx.trace.source_kind in SEGMENTED_SOURCES
+
+
 def fragmentation_at(ctx: DeviceContext, seq: int, request: int | None = None) -> dict[str, Any]:
-    """The fragmentation picture just after event `seq` (the peak, or the OOM)."""
+    """The fragmentation picture just after event `seq` (the peak, or the OOM); what the input does not
+    record (segments, blocks) is None."""
     row = ctx.at(seq)
-    segments = segments_at(ctx, seq)
-    partly_used = segments["used_bytes"] > 0
-    expandable = bool(segments["expandable"].any()) if len(segments) else False
     live = ctx.live_at(seq)
-    return {
+    picture: dict[str, Any] = {
         "event_index": int(seq),
         "reserved_bytes": int(row["reserved_bytes"]),
         "allocated_bytes": int(row["allocated_bytes"]),
         "inactive_bytes": int(row["reserved_bytes"] - row["allocated_bytes"]),
         "internal_bytes": int((live["allocated_bytes"] - live["requested_bytes"]).sum()),
+        "external_bytes": None, "cached_free_segments_bytes": None, "largest_free_block_bytes": None,
+        "request_bytes": request,
+        "expandable_segments": ctx.expandable_segments(),
+        "segments_recorded": segments_recorded(ctx),
+        "segments": [],
+    }
+    if not picture["segments_recorded"]:
+        return picture
+    segments = segments_at(ctx, seq)
+    partly_used = segments["used_bytes"] > 0
+    expandable = bool(segments["expandable"].any()) if len(segments) else False
+    picture.update({
         "external_bytes": int(segments.loc[partly_used, "free_bytes"].sum()),
         "cached_free_segments_bytes": int(segments.loc[~partly_used, "free_bytes"].sum()),
         "largest_free_block_bytes": None if expandable else int(segments["largest_free_bytes"].max() if len(segments) else 0),
-        "request_bytes": request,
-        "expandable_segments": ctx.expandable_segments(),
         "segments": [{"addr": int(r.addr), "bytes": int(r.bytes), "used_bytes": int(r.used_bytes),
                       "free_bytes": int(r.free_bytes), "largest_free_bytes": int(r.largest_free_bytes)}
                      for r in segments.sort_values("free_bytes", ascending=False).head(50).itertuples()],
-    }
+    })
+    return picture
+
+
+def nearly_out_of_memory(picture: dict[str, Any], capacity: int | None) -> bool:
+    """Fragmentation nearly caused an OOM: the reserve reached NEAR_OOM_SHARE of the device while the free
+    pieces inside used segments were a meaningful share of it (cache alone never is: it is released first)."""
+    reserved, fragmented = picture["reserved_bytes"], picture["external_bytes"]
+    return (capacity is not None and fragmented is not None and reserved >= NEAR_OOM_SHARE * capacity
+            and fragmented >= RECOVERY_THRESHOLD * reserved)
 
 
 def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
-    """Reserved memory holding no tensor at the reserved peak, when it is a meaningful share."""
-    seq = int(ctx.timeline.loc[ctx.timeline["reserved_bytes"].idxmax(), "seq"])
+    """Fragmentation at the allocated peak, warned about only when it nearly caused an OOM (an OOM it caused is
+    the oom detector's verdict)."""
+    seq = ctx.d.peak.event_index
     picture = fragmentation_at(ctx, seq)
     ctx.fragmentation_at_peak = picture
-    reserved, unused = picture["reserved_bytes"], picture["inactive_bytes"]
-    if not reserved or unused < RECOVERY_THRESHOLD * reserved:
+    if ctx.d.oom is not None or not nearly_out_of_memory(picture, ctx.capacity_bytes):
         return []
-    recoverable = picture["external_bytes"] + picture["cached_free_segments_bytes"]
+    reserved, fragmented = picture["reserved_bytes"], picture["external_bytes"]
+    assert ctx.capacity_bytes is not None  # nearly_out_of_memory needs it
+    largest = picture["largest_free_block_bytes"]
     return [{
-        "kind": "fragmentation", "severity": "warning" if unused > 0.2 * reserved else "info", "bytes": unused,
-        "summary": (f"{unused / reserved:.0%} of the reserved memory holds no tensor at the reserved peak "
-                    f"({gib(unused)} of {gib(reserved)}): {gib(picture['external_bytes'])} free inside partly used "
-                    f"segments, {gib(picture['cached_free_segments_bytes'])} in wholly free cached segments, "
-                    f"{gib(picture['internal_bytes'])} lost to rounding"),
+        "kind": "fragmentation", "severity": "warning", "bytes": fragmented,
+        "summary": (f"At the peak {gib(reserved)} of the {gib(ctx.capacity_bytes)} device was reserved, "
+                    f"{gib(fragmented)} of it free in pieces inside used segments"
+                    + ("" if largest is None else f" (the largest {gib(largest)})")
+                    + f": a request larger than the largest piece would have failed; "
+                      f"{gib(picture['cached_free_segments_bytes'])} more was cache (whole free segments)"),
         "evidence": {"event_index": [seq, seq], "details": {k: v for k, v in picture.items() if k != "segments"}},
-        "recoverable_bytes": recoverable,
+        "recoverable_bytes": fragmented,
     }]

@@ -3,7 +3,8 @@
 Verdicts:
 - fragmentation: the free device memory could not serve the request, but the allocator's own free cached
   blocks would have (together with it) and they are a meaningful share of what it reserved, while no single
-  free block was large enough: the work fits, the memory layout does not;
+  free block was large enough: the work fits, the memory layout does not (only where the input records the
+  segments: a profiler trace's reserved total cannot show blocks);
 - outside PyTorch: the device's capacity is known and much more of it is neither free nor reserved by
   PyTorch (NCCL buffers, cuBLAS/cuDNN workspaces, the CUDA context, other processes);
 - capacity: the work does not fit.
@@ -44,7 +45,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
                                            "reserved by PyTorch (NCCL, cuBLAS/cuDNN workspaces, CUDA context, other "
                                            "processes)")
     elif shortfall > 0 and cached >= shortfall and cached >= RECOVERY_THRESHOLD * reserved and \
-            (largest is None or largest < oom.requested_bytes):
+            picture["segments_recorded"] and (largest is None or largest < oom.requested_bytes):
         verdict, why = "fragmentation", (f"{gib(free)} free on the device plus {gib(cached)} free in PyTorch's cache "
                                          f"would cover the {gib(oom.requested_bytes)} request, but the largest free "
                                          f"block is {gib(largest)}")

@@ -1,11 +1,22 @@
-"""Remedies, cheapest first, each with the bytes it would save on THIS run.
+"""Remedies in the order practitioners try them (USER-STORIES.md "Fix order"), each with the bytes it would save
+on THIS run, offered only where it acts on the workload the recording shows (analyzer.diagnose.workload).
 
-The list is data (`REMEDIES`, in the order practitioners try them: USER-STORIES.md "Fix order"); each
-estimate is computed from the breakdown of the run's own peak (or, after an OOM, of the memory it needed:
-what was allocated plus the failed request). The cheapest remedy whose new peak fits the device is marked
-`try_first`. A remedy is listed only when the memory it acts on is a meaningful part of the peak, or when a
-finding calls for it. When the triage says leak, fixing the leak comes first and is what to try first, and
-batch-size advice is left out: a smaller batch only delays the out of memory.
+The list is data (`REMEDIES`, cheapest first); each estimate is computed from the breakdown of the run's own peak
+(or, after an OOM, of the memory it needed: what was allocated plus the failed request). Rules:
+- a run that fits (no OOM, AMPLE_HEADROOM of the known device memory left at its allocated peak, and its
+  reserved peak under FIT_HEADROOM of it) has nothing to fix: no remedy is `try_first`, and the list is of
+  optional ways to grow the batch or the model (`purpose: grow`);
+- otherwise the cheapest remedy whose new peak fits the device is `try_first` (on an unknown device, the
+  cheapest that saves a tenth of the peak); the list order is the cost order, and `rank` is the position in
+  it. A remedy whose premise the recording cannot confirm (`no_grad`: is autograd on?) is listed in its
+  place and says its condition, but is never what to try first;
+- a remedy is listed only when the memory it acts on is a meaningful part of the peak, or when a finding calls
+  for it, and only when it saves more than MIN_SAVING_SHARE of it (never 0 B or less);
+- two remedies with the same saving say so: the dearer one names the cheaper one and what both act on;
+- a remedy that needs N GPUs names N: `--gpus` (or the trace's world size); without it, the fewest GPUs that
+  fit; without a known device memory either, 8, said to be assumed. With one GPU, sharding is not offered;
+- when the triage says leak, fixing the leak comes first and is what to try first, and batch-size advice is
+  left out: a smaller batch only delays the out of memory.
 """
 from __future__ import annotations
 
@@ -17,11 +28,20 @@ from typing import Any
 import pandas as pd
 
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import Category
+from analyzer.core.vocabulary import Category, category_plural
 
 RELEVANT_SHARE = 0.05     # a remedy must act on at least this share of the peak to be listed
+MIN_SAVING_SHARE = 0.01   # a remedy must save more than this share of the peak to be listed
+SAME_SAVING_SHARE = 0.01  # two savings closer than this share of the peak are the same saving
 FIT_HEADROOM = 0.95       # a new peak "fits" when it uses at most this share of the device
+AMPLE_HEADROOM = 0.20     # a run with no OOM whose peak leaves this share of the device free fits as it is
+ASSUMED_GPUS = 8          # GPUs a sharding estimate assumes when neither --gpus nor the device memory is known
+MAX_GPUS = 64             # the most GPUs "the fewest that fit" looks at
+NODE_GPUS = 8             # tensor parallelism stays inside a node
+TRAINING, FORWARD_ONLY, UNKNOWN = "training", "forward_only", "unknown"
 _LAYER = re.compile(r"^(?:.*\.)?(?:layers|layer|h|blocks|block|encoder\.layer|decoder\.layers)\.(\d+)(?:\.|$)")
+_BATCH = (Category.ACTIVATION, Category.INPUT, Category.TEMPORARY)
+_STATES = (Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE)
 
 
 @dataclass
@@ -31,13 +51,20 @@ class Demand:
     total: int
     by_category: dict[str, int]
     capacity: int | None
-    world_size: int | None
+    world_size: int | None                   # GPUs the job can shard over: --gpus, else the trace's world size
     layers: int | None                       # repeated blocks seen in module names
     findings: set[str] = field(default_factory=set)
     oom_verdict: str | None = None
+    oomed: bool = False                      # the recording ends with an out-of-memory
+    reserved_peak: int | None = None         # the most the allocator reserved over the recording
+    workload: str = TRAINING                 # training | forward_only | unknown (analyzer.diagnose.workload)
+    frozen_share: float | None = None        # share of the parameters that train nothing (fine-tuning)
+    graph_kept: bool = False                 # forward-only, with activations kept for a backward
+    graph_bytes: int = 0                     # what no_grad would free: activations but the latest (the output)
+    autocast: bool | None = None             # mixed precision already on (autocast seen in the stacks)
     mixed_precision: bool | None = None      # from the theory check of model states
     expandable_segments: bool | None = None
-    recoverable_fragmentation: int = 0       # reserved bytes expandable segments would give back
+    recoverable_fragmentation: int = 0       # free pieces inside used segments at the worst moment (not cache)
     checkpointable: int | None = None        # activations inside repeated blocks minus the blocks' inputs
     first_step_excess: int | None = None     # how much higher the first optimizer step peaks than later ones
     lazy_state_trouble: bool = False         # the first optimizer step (lazy state creation) OOMed or peaks highest
@@ -52,27 +79,39 @@ class Demand:
 @dataclass(frozen=True)
 class Remedy:
     id: str
-    title: str
+    title: str | Callable[[Demand], str]
     cost: str
     how: str | Callable[[Demand], str]                     # code, or code written for this run
     estimate: Callable[[Demand], tuple[int | None, str]]   # (bytes saved, confidence)
     applies: Callable[[Demand], bool]
+    acts_on: tuple[str, ...] = ()   # the categories it shrinks (what a before/after diff must show shrinking)
     layout_only: bool = False   # frees reserved-but-unused memory: the allocated peak stays, the layout fits it
     first: bool = False         # tried before everything else whenever it applies, fit or not
+    conditional: bool = False   # rests on a premise the recording cannot confirm: listed, never tried first
+
+
+def fits_as_is(d: Demand) -> bool:
+    """No OOM, a known device, AMPLE_HEADROOM of it left at the allocated peak and the reserve within it."""
+    if d.oomed or d.capacity is None:
+        return False
+    reserved = d.reserved_peak if d.reserved_peak is not None else d.total
+    return d.total <= (1 - AMPLE_HEADROOM) * d.capacity and reserved <= FIT_HEADROOM * d.capacity
 
 
 def _batch_scaled(d: Demand) -> int:
-    return d.bytes(Category.ACTIVATION, Category.INPUT, Category.TEMPORARY)
+    return d.bytes(*_BATCH)
 
 
 def _accumulation(d: Demand) -> tuple[int, str]:
     """Half the batch-scaled memory, less the gradients accumulation keeps alive through the second micro-batch
     (where the peak had none: with zero_grad(set_to_none=True) the forward and early backward run without them).
-    Gradients are as large as the parameters when the model states match Adam's 16Ψ (every parameter trains);
-    otherwise some may be frozen, and the optimizer state, when there is one, bounds the trainable part (Adam
-    keeps 2x the gradients, SGD with momentum 1x)."""
+    Gradients are as large as the parameters that train: all of them when the model states match Adam's 16Ψ,
+    the unfrozen part of a fine-tune; otherwise the optimizer state, when there is one, bounds the trainable
+    part (Adam keeps 2x the gradients, SGD with momentum 1x)."""
     trainable = d.bytes(Category.PARAMETER)
-    if d.mixed_precision is None and d.bytes(Category.OPTIMIZER_STATE):
+    if d.frozen_share is not None:
+        trainable = int(trainable * (1 - d.frozen_share))
+    elif d.mixed_precision is None and d.bytes(Category.OPTIMIZER_STATE):
         trainable = min(trainable, d.bytes(Category.OPTIMIZER_STATE))
     kept_gradients = max(0, trainable - d.bytes(Category.GRADIENT))
     return _batch_scaled(d) // 2 - kept_gradients, "high" if d.mixed_precision is not None else "medium"
@@ -92,8 +131,36 @@ def _optimizer_moments(d: Demand) -> int:
     return int(d.bytes(Category.OPTIMIZER_STATE) * (8 / 12 if d.mixed_precision else 1.0))
 
 
-def _shards(d: Demand) -> int:
-    return d.world_size or 8
+def _sharded(*categories: str) -> Callable[[Demand], int]:
+    return lambda d: d.bytes(*categories)
+
+
+def gpus_for(d: Demand, sharded: int) -> tuple[int, str]:
+    """(N, how N was chosen) for a remedy that shards `sharded` bytes over N GPUs."""
+    if d.world_size:
+        return d.world_size, ""
+    if d.capacity is not None:
+        for n in range(2, MAX_GPUS + 1):
+            if d.total - sharded * (1 - 1 / n) <= FIT_HEADROOM * d.capacity:
+                return n, "the fewest that fit; pass --gpus for your count"
+    return ASSUMED_GPUS, "assumed; pass --gpus for your count"
+
+
+def _over(d: Demand, sharded: int) -> str:
+    n, how = gpus_for(d, sharded)
+    return f"over {n} GPUs" + (f" ({how})" if how else "")
+
+
+def _zero(*categories: str) -> Callable[[Demand], tuple[int, str]]:
+    def estimate(d: Demand) -> tuple[int, str]:
+        sharded = d.bytes(*categories)
+        n, how = gpus_for(d, sharded)
+        return int(sharded * (1 - 1 / n)), "high" if not how else "medium"
+    return estimate
+
+
+def _tp_gpus(d: Demand) -> int:
+    return min(d.world_size, NODE_GPUS) if d.world_size else 2
 
 
 def _checkpointing(d: Demand) -> tuple[int, str]:
@@ -111,9 +178,27 @@ def _relevant(*categories: str) -> Callable[[Demand], bool]:
     return lambda d: d.bytes(*categories) >= RELEVANT_SHARE * d.total
 
 
+def _trains(d: Demand) -> bool:
+    """Remedies of a backward pass or of gradients: training, or a run that ended before it could show one."""
+    return d.workload != FORWARD_ONLY
+
+
+def _shards_possible(d: Demand) -> bool:
+    return d.world_size != 1
+
+
 def _batch_advice(d: Demand) -> bool:
-    """Batch size acts on activations and inputs; against a leak it only delays the out of memory."""
-    return d.triage != "leak" and _relevant(Category.ACTIVATION, Category.INPUT)(d)
+    """Batch size acts on activations, inputs and temporaries; against a leak it only delays the out of memory."""
+    return d.triage != "leak" and _relevant(*_BATCH)(d)
+
+
+def _micro_batch_title(d: Demand) -> str:
+    return "Halve the batch (or the sequence length)" if d.workload == FORWARD_ONLY else "Halve the micro-batch"
+
+
+def _zero2_title(d: Demand) -> str:
+    frozen = "" if d.frozen_share is None else " (of the trainable part: the frozen base has neither)"
+    return f"ZeRO-2: shard optimizer state and gradients {_over(d, d.bytes(Category.OPTIMIZER_STATE, Category.GRADIENT))}{frozen}"
 
 
 def _fix_leak_how(d: Demand) -> str:
@@ -131,10 +216,12 @@ REMEDIES: list[Remedy] = [
     Remedy("state_dict_offload", "Gather the state dict to CPU while saving", "a slower save",
            "from torch.distributed.checkpoint.state_dict import get_state_dict, StateDictOptions\n"
            "sd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))",
-           lambda d: (d.bytes(Category.OTHER), "medium"), lambda d: "checkpoint_gather" in d.findings),
+           lambda d: (d.bytes(Category.OTHER), "medium"), lambda d: "checkpoint_gather" in d.findings,
+           acts_on=(Category.OTHER,)),
     Remedy("sharded_save", "Save a sharded checkpoint (torch.distributed.checkpoint)", "a directory of shards instead of one file",
            "import torch.distributed.checkpoint as dcp\ndcp.save({'model': model.state_dict()}, checkpoint_id=path)",
-           lambda d: (int(d.bytes(Category.OTHER) * (1 - 1 / _shards(d))), "medium"), lambda d: "checkpoint_gather" in d.findings),
+           lambda d: (int(d.bytes(Category.OTHER) * (1 - 1 / gpus_for(d, d.bytes(Category.OTHER))[0])), "medium"),
+           lambda d: "checkpoint_gather" in d.findings and _shards_possible(d), acts_on=(Category.OTHER,)),
     # story 5: the first optimizer step OOMs while later ones would fit: create Adam's state up front, in a clean
     # allocator, instead of lazily on top of the first step's gradients and temporaries
     Remedy("init_optimizer_state", "Create the optimizer state before the first batch", "one extra step at lr 0 "
@@ -142,49 +229,68 @@ REMEDIES: list[Remedy] = [
            "for p in model.parameters():\n    p.grad = torch.zeros_like(p)\nlrs = [g['lr'] for g in optimizer.param_groups]\n"
            "for g in optimizer.param_groups:\n    g['lr'] = 0.0\noptimizer.step(); optimizer.zero_grad(set_to_none=True)\n"
            "for g, lr in zip(optimizer.param_groups, lrs):\n    g['lr'] = lr",
-           lambda d: (d.first_step_excess, "low"), lambda d: d.lazy_state_trouble),
-    Remedy("micro_batch", "Halve the micro-batch", "instant; lower throughput; very small batches can hurt convergence",
-           "batch_size = batch_size // 2   # keep the global batch with gradient accumulation (next remedy)",
-           lambda d: (_batch_scaled(d) // 2, "high"), _batch_advice),
+           lambda d: (d.first_step_excess, "low"), lambda d: d.lazy_state_trouble, acts_on=(Category.TEMPORARY,)),
+    # a forward-only run that keeps the autograd graph holds every activation for a backward that never comes
+    Remedy("no_grad", "If the forward runs with autograd on: run it under torch.inference_mode()",
+           "none, when no backward follows", "with torch.inference_mode():   # or torch.no_grad()\n    out = model(batch)",
+           lambda d: (d.graph_bytes, "low"), lambda d: d.graph_kept, acts_on=(Category.ACTIVATION,), conditional=True),
+    Remedy("micro_batch", _micro_batch_title, "instant; lower throughput; very small batches can hurt convergence",
+           lambda d: ("batch_size = batch_size // 2   # fewer sequences at once: the KV cache and activations scale "
+                      "with batch x sequence" if d.workload == FORWARD_ONLY else
+                      "batch_size = batch_size // 2   # keep the global batch with gradient accumulation"),
+           lambda d: (_batch_scaled(d) // 2, "high"), _batch_advice, acts_on=_BATCH),
     Remedy("bf16", "Train in bf16 mixed precision", "small; fp16 needs loss scaling, bf16 needs Ampere or newer",
            "with torch.autocast(device_type='cuda', dtype=torch.bfloat16):\n    loss = model(batch)",
-           _bf16, lambda d: d.mixed_precision is not True and _relevant(Category.ACTIVATION)(d)),
+           _bf16, lambda d: _trains(d) and d.autocast is not True and d.mixed_precision is not True
+           and _relevant(Category.ACTIVATION)(d), acts_on=(Category.ACTIVATION,)),
+    Remedy("weight_quantization", "8-bit weights (bitsandbytes LLM.int8)", "a new dependency; slower matmuls; "
+           "small accuracy loss",
+           "from transformers import BitsAndBytesConfig\n"
+           "model = AutoModelForCausalLM.from_pretrained(name, quantization_config=BitsAndBytesConfig(load_in_8bit=True))",
+           lambda d: (d.bytes(Category.PARAMETER) // 2, "medium"),
+           lambda d: d.workload == FORWARD_ONLY and _relevant(Category.PARAMETER)(d), acts_on=(Category.PARAMETER,)),
     Remedy("gradient_accumulation", "Gradient accumulation: 2 micro-batches of half the size",
            "slower steps; the same effective batch (BatchNorm-style layers see smaller batches)",
            "for i, chunk in enumerate(batch.chunk(2)):\n    (model(chunk).loss / 2).backward()\noptimizer.step(); optimizer.zero_grad()",
-           _accumulation, _batch_advice),
+           _accumulation, lambda d: _trains(d) and _batch_advice(d), acts_on=_BATCH),
     Remedy("activation_checkpointing", "Activation checkpointing of each block", "about 20-30% more compute",
            "from torch.utils.checkpoint import checkpoint\nx = checkpoint(block, x, use_reentrant=False)",
-           lambda d: _checkpointing(d), _relevant(Category.ACTIVATION)),
+           _checkpointing, lambda d: _trains(d) and _relevant(Category.ACTIVATION)(d), acts_on=(Category.ACTIVATION,)),
     Remedy("optimizer_8bit", "8-bit Adam (bitsandbytes)", "a new dependency; usually no accuracy loss",
            "import bitsandbytes as bnb\noptimizer = bnb.optim.AdamW8bit(model.parameters(), lr=lr)",
-           lambda d: (int(_optimizer_moments(d) * 0.75), "medium"), _relevant(Category.OPTIMIZER_STATE)),
+           lambda d: (int(_optimizer_moments(d) * 0.75), "medium"), _relevant(Category.OPTIMIZER_STATE),
+           acts_on=(Category.OPTIMIZER_STATE,)),
     Remedy("adafactor", "Adafactor (factored second moment, no first moment)", "may need tuning of the learning rate",
            "from transformers.optimization import Adafactor\noptimizer = Adafactor(model.parameters(), lr=lr, relative_step=False)",
-           lambda d: (int(_optimizer_moments(d) * 0.9), "low"), _relevant(Category.OPTIMIZER_STATE)),
+           lambda d: (int(_optimizer_moments(d) * 0.9), "low"), _relevant(Category.OPTIMIZER_STATE),
+           acts_on=(Category.OPTIMIZER_STATE,)),
     Remedy("optimizer_offload", "Offload optimizer state to CPU", "slower optimizer steps, bounded by PCIe",
            "# DeepSpeed: \"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": {\"device\": \"cpu\"}}",
-           lambda d: (d.bytes(Category.OPTIMIZER_STATE), "medium"), _relevant(Category.OPTIMIZER_STATE)),
-    Remedy("zero1", "ZeRO-1: shard optimizer state over the GPUs", "communication; needs data parallelism",
+           lambda d: (d.bytes(Category.OPTIMIZER_STATE), "medium"), _relevant(Category.OPTIMIZER_STATE),
+           acts_on=(Category.OPTIMIZER_STATE,)),
+    Remedy("zero1", lambda d: f"ZeRO-1: shard optimizer state {_over(d, d.bytes(Category.OPTIMIZER_STATE))}",
+           "communication; needs data parallelism",
            "torch.distributed.optim.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW)",
-           lambda d: (int(d.bytes(Category.OPTIMIZER_STATE) * (1 - 1 / _shards(d))), "high" if d.world_size else "medium"),
-           _relevant(Category.OPTIMIZER_STATE)),
-    Remedy("zero2", "ZeRO-2: shard optimizer state and gradients", "more communication",
+           _zero(Category.OPTIMIZER_STATE),
+           lambda d: _shards_possible(d) and _relevant(Category.OPTIMIZER_STATE)(d), acts_on=(Category.OPTIMIZER_STATE,)),
+    Remedy("zero2", _zero2_title, "more communication",
            "# DeepSpeed: \"zero_optimization\": {\"stage\": 2}  |  FSDP: ShardingStrategy.SHARD_GRAD_OP",
-           lambda d: (int(d.bytes(Category.OPTIMIZER_STATE, Category.GRADIENT) * (1 - 1 / _shards(d))), "high" if d.world_size else "medium"),
-           _relevant(Category.OPTIMIZER_STATE, Category.GRADIENT)),
-    Remedy("zero3", "ZeRO-3 / FSDP: shard parameters too", "most communication; parameters gathered per layer",
+           _zero(Category.OPTIMIZER_STATE, Category.GRADIENT),
+           lambda d: _shards_possible(d) and _relevant(Category.OPTIMIZER_STATE, Category.GRADIENT)(d),
+           acts_on=(Category.OPTIMIZER_STATE, Category.GRADIENT)),
+    Remedy("zero3", lambda d: f"ZeRO-3 / FSDP: shard parameters too, {_over(d, d.bytes(*_STATES))}",
+           "most communication; parameters gathered per layer",
            "from torch.distributed.fsdp import fully_shard\nfor block in model.layers: fully_shard(block)\nfully_shard(model)",
-           lambda d: (int(d.bytes(Category.OPTIMIZER_STATE, Category.GRADIENT, Category.PARAMETER) * (1 - 1 / _shards(d))),
-                      "high" if d.world_size else "medium"),
-           _relevant(Category.OPTIMIZER_STATE, Category.GRADIENT, Category.PARAMETER)),
-    Remedy("tensor_parallel", "Tensor parallelism over 2 GPUs (inside a node)", "needs model code changes; fast links",
+           _zero(*_STATES), lambda d: _trains(d) and _shards_possible(d) and _relevant(*_STATES)(d), acts_on=_STATES),
+    Remedy("tensor_parallel", lambda d: f"Tensor parallelism over {_tp_gpus(d)} GPUs (inside a node)",
+           "needs model code changes; fast links",
            "from torch.distributed.tensor.parallel import parallelize_module  # ColwiseParallel / RowwiseParallel",
-           lambda d: (d.bytes(Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE, Category.ACTIVATION) // 2, "low"),
-           _relevant(Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE, Category.ACTIVATION)),
+           lambda d: (int(d.bytes(*_STATES, Category.ACTIVATION) * (1 - 1 / _tp_gpus(d))), "low"),
+           lambda d: _shards_possible(d) and _relevant(*_STATES, Category.ACTIVATION)(d),
+           acts_on=(*_STATES, Category.ACTIVATION)),
     Remedy("model_changes", "Model changes: GQA/MQA, efficient attention (SDPA/FlashAttention), fewer or narrower layers",
            "changes the model; may need retraining", "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)",
-           lambda d: (None, "low"), _relevant(Category.ACTIVATION)),
+           lambda d: (None, "low"), _relevant(Category.ACTIVATION), acts_on=(Category.ACTIVATION,)),
     Remedy("expandable_segments", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "none measurable",
            "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
            lambda d: (d.recoverable_fragmentation, "medium"),
@@ -195,14 +301,22 @@ REMEDIES: list[Remedy] = [
            "may raise reserved memory for large blocks", "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,max_split_size_mb:512",
            lambda d: (d.recoverable_fragmentation // 2, "low"),
            lambda d: d.expandable_segments is True and d.oom_verdict == "fragmentation", layout_only=True),
-    Remedy("offload", "Offload parameters / activations to CPU", "large slowdown, bounded by PCIe",
-           "# FSDP: CPUOffload(offload_params=True)  |  torch.autograd.graph.save_on_cpu() for activations",
-           lambda d: (d.bytes(Category.PARAMETER) + d.bytes(Category.ACTIVATION) // 2, "low"), _relevant(Category.PARAMETER, Category.ACTIVATION)),
+    Remedy("offload", lambda d: "Offload the weights to CPU (accelerate device_map='auto')" if d.workload == FORWARD_ONLY
+           else "Offload parameters / activations to CPU", "large slowdown, bounded by PCIe",
+           lambda d: ("model = AutoModel.from_pretrained(name, device_map='auto', max_memory={0: '20GiB', 'cpu': '200GiB'})"
+                      if d.workload == FORWARD_ONLY else
+                      "# FSDP: CPUOffload(offload_params=True)  |  torch.autograd.graph.save_on_cpu() for activations"),
+           lambda d: (d.bytes(Category.PARAMETER) + (0 if d.workload == FORWARD_ONLY else d.bytes(Category.ACTIVATION) // 2),
+                      "low"),
+           lambda d: _relevant(Category.PARAMETER, *(() if d.workload == FORWARD_ONLY else (Category.ACTIVATION,)))(d),
+           acts_on=(Category.PARAMETER, Category.ACTIVATION)),
 ]
 
 
 LAYOUT_ONLY = {r.id for r in REMEDIES if r.layout_only}
+CONDITIONAL = {r.id for r in REMEDIES if r.conditional}
 FIRST = {r.id for r in REMEDIES if r.first}
+BY_ID = {r.id: r for r in REMEDIES}
 
 
 def count_layers(modules: list[str]) -> int | None:
@@ -224,40 +338,64 @@ def checkpointable_bytes(live: pd.DataFrame) -> int | None:
 
 
 def rank_remedies(demand: Demand) -> list[dict[str, Any]]:
-    """The applicable remedies in priority order with their estimates; a `first` remedy (fixing a leak) leads
-    and is `try_first`, else the first that fits is.
+    """The remedies that act on this run, cheapest first, with their estimates; a `first` remedy (fixing a leak)
+    leads and is `try_first`, else the cheapest that fits is, and none when the run fits as it is.
 
     When the OOM is fragmentation, the allocator settings (free to try) come first. Their `saved_bytes` is
     reserved memory given back; the allocated peak stays, and it fits when it is within the device."""
     layout_first = demand.oom_verdict == "fragmentation"
     order = sorted(REMEDIES, key=lambda r: (not r.first, layout_first and not r.layout_only))
+    grow = fits_as_is(demand)
     out: list[dict[str, Any]] = []
     for remedy in order:
         if not remedy.applies(demand):
             continue
         saved, confidence = remedy.estimate(demand)
+        if saved is not None and saved <= MIN_SAVING_SHARE * demand.total:
+            continue
         new_peak = None if saved is None else demand.total - (0 if remedy.layout_only else saved)
         limit = 1.0 if remedy.layout_only else FIT_HEADROOM
         fits = None if new_peak is None or demand.capacity is None else new_peak <= limit * demand.capacity
-        out.append({"id": remedy.id, "rank": len(out) + 1, "title": remedy.title, "saved_bytes": saved,
+        title = remedy.title(demand) if callable(remedy.title) else remedy.title
+        out.append({"id": remedy.id, "rank": len(out) + 1, "title": title, "saved_bytes": saved,
                     "new_peak_bytes": new_peak, "fits": fits, "confidence": confidence, "try_first": False,
+                    "purpose": "grow" if grow else "fix", "note": _same_saving(demand, remedy, saved, out),
                     "how": remedy.how(demand) if callable(remedy.how) else remedy.how, "cost": remedy.cost})
-    first = next((r for r in out if r["id"] in FIRST), None) or next((r for r in out if r["fits"]), None)
+    if grow:
+        return out
+    candidates = [r for r in out if r["id"] not in CONDITIONAL]
+    first = next((r for r in out if r["id"] in FIRST), None) or next((r for r in candidates if r["fits"]), None)
     if first is None and demand.capacity is None:
-        first = next((r for r in out if r["saved_bytes"] and r["saved_bytes"] >= 0.1 * demand.total), None)
+        first = next((r for r in candidates if r["saved_bytes"] and r["saved_bytes"] >= 0.1 * demand.total), None)
     if first is not None:
         first["try_first"] = True
     return out
 
 
+def _same_saving(d: Demand, remedy: Remedy, saved: int | None, cheaper: list[dict[str, Any]]) -> str | None:
+    """'the same saving as #1 (Halve the micro-batch): both act on activations': why two remedies tie."""
+    if saved is None:
+        return None
+    same = next((r for r in cheaper if r["saved_bytes"] is not None
+                 and abs(r["saved_bytes"] - saved) <= SAME_SAVING_SHARE * d.total), None)
+    if same is None:
+        return None
+    other = BY_ID[same["id"]]
+    shared = [c for c in remedy.acts_on if c in other.acts_on and d.bytes(c)] or list(remedy.acts_on)
+    what = " and ".join(category_plural(str(c)) for c in shared) or "the same memory"
+    return (f"the same saving as #{same['rank']} ({same['title']}): both estimates rest on the {what} at the peak; "
+            "the cheaper one is listed first")
+
+
 def describe(remedy: dict[str, Any], capacity: int | None) -> str:
     """'Halve the micro-batch (peak 61.2 → 38.4 GiB, fits in 80 GiB)'."""
     saved, new_peak = remedy["saved_bytes"], remedy["new_peak_bytes"]
+    low = "; low confidence" if remedy.get("confidence") == "low" else ""
     if saved is None or new_peak is None:
         return remedy["title"]
     fit = ""
     if capacity is not None:
         fit = f", fits in {gib(capacity)}" if remedy["fits"] else f", still above {gib(capacity)}"
     if remedy["id"] in LAYOUT_ONLY:
-        return f"{remedy['title']} (gives back {gib(saved)} of cached memory; needed {gib(new_peak)}{fit})"
-    return f"{remedy['title']} (peak {gib(new_peak + saved)} → {gib(new_peak)}{fit})"
+        return f"{remedy['title']} (gives back {gib(saved)} of fragmented memory; needed {gib(new_peak)}{fit}{low})"
+    return f"{remedy['title']} (peak {gib(new_peak + saved)} → {gib(new_peak)}{fit}{low})"

@@ -1,5 +1,6 @@
 """The terminal summary: the verdict first, then per device what the peak is made of, the findings one line each
-and the three cheapest remedies. Strings from the input are passed as `Text`, never as markup."""
+and the three cheapest remedies. Strings from the input are passed as `Text`, never as markup, each on one line with its controls escaped
+(`printable`): a terminal would obey them."""
 from __future__ import annotations
 
 from rich.columns import Columns
@@ -10,6 +11,7 @@ from rich.text import Text
 from analyzer.result import Analysis
 from analyzer.core.units import human_bytes
 from analyzer.report.view import DeviceView, Share, build_view, words
+from analyzer.core.printable import printable
 from analyzer.core.stacks import short_frame
 
 TOP_MODULES = 5
@@ -24,7 +26,7 @@ def _shares(rows: list[Share], title: str) -> Table:
     table.add_column("bytes", justify="right", no_wrap=True)
     table.add_column("share", justify="right", no_wrap=True)
     for r in rows:
-        table.add_row(Text(r.label), human_bytes(r.bytes), f"{r.share:.0%}")
+        table.add_row(Text(printable(r.label)), human_bytes(r.bytes), f"{r.share:.0%}")
     return table
 
 
@@ -36,8 +38,8 @@ def _largest(d: DeviceView) -> Group:
     table.add_column("allocated by (innermost user frame)", overflow="fold")
     for a in d.live[:TOP_LIVE]:
         table.add_row(human_bytes(a.allocated_bytes), words(a.category),
-                      Text(short_frame(a.where)) if a.where else
-                      Text(f"no user frame; {a.op}" if a.op else "no user frame recorded", style="dim"))
+                      Text(printable(short_frame(a.where))) if a.where else
+                      Text(printable(f"no user frame; {a.op}") if a.op else "no user frame recorded", style="dim"))
     return Group(table)
 
 
@@ -49,43 +51,47 @@ def _findings(d: DeviceView) -> Table:
     table.add_column(overflow="fold")
     for f in d.findings:
         table.add_row(Text(f.severity, style=_SEVERITY_STYLE.get(f.severity, "")), Text(words(f.kind)),
-                      human_bytes(f.bytes) if f.bytes is not None else "", Text(f.summary))
+                      human_bytes(f.bytes) if f.bytes is not None else "", Text(printable(f.summary)))
     return table
 
 
 def _remedies(d: DeviceView) -> Group:
     """One line a remedy (what, saving, new peak, fits), its first line of code under it: readable at any width."""
-    lines: list[Text] = [Text("what to change, cheapest first", style="dim")]
+    lines: list[Text] = [Text(d.remedies_heading, style="dim")]
     for i, r in enumerate(d.remedies[:TOP_REMEDIES], 1):
-        line = Text.assemble((f"{i}. {r.title}", "bold" if r.try_first else ""))
+        line = Text.assemble((printable(f"{i}. {r.title}"), "bold" if r.try_first else ""))
         if r.saved_bytes is not None and r.new_peak_bytes is not None:
             line.append(f": saves {human_bytes(r.saved_bytes)}, peak {human_bytes(r.new_peak_bytes)}")
         fits = None if r.fits is None else {True: (" (fits)", "green"), False: (" (still too large)", "red")}[r.fits]
         if fits:
             line.append(*fits)
+        if r.confidence == "low":
+            line.append(" (low confidence)", "yellow")
         if r.try_first:
             line.append("  ← try first", "bold green")
         lines.append(line)
+        if r.note:
+            lines.append(Text("     " + r.note, style="dim"))
         how = (r.how or "").strip().splitlines()
         if how:
-            lines.append(Text("     " + how[0] + (" …" if len(how) > 1 else ""), style="cyan"))
+            lines.append(Text("     " + printable(how[0]) + (" …" if len(how) > 1 else ""), style="cyan"))
     return Group(*lines)
 
 
 def _device(d: DeviceView, console: Console, several: bool) -> None:
-    head = Text.assemble((d.name, "bold"), "  peak ", (human_bytes(d.peak_allocated_bytes), "bold"),
+    head = Text.assemble((printable(d.name), "bold"), "  peak ", (human_bytes(d.peak_allocated_bytes), "bold"),
                          f" allocated ({human_bytes(d.peak_requested_bytes)} requested, "
                          f"{human_bytes(d.peak_reserved_bytes)} reserved) at {d.peak_when}, event {d.peak_event} "
                          f"of {d.trace_entries}; highest reserved {human_bytes(d.reserved_peak_bytes)}")
     console.print()
     console.print(head)
     if several:
-        console.print(Text(d.verdict))
+        console.print(Text(printable(d.verdict)))
     if d.oom:
         line = Text.assemble(("  OUT OF MEMORY", "bold red"), f" at {d.oom.when}: asked for "
                              f"{human_bytes(d.oom.requested_bytes)} with {human_bytes(d.oom.device_free_bytes)} free")
         if d.oom.where:
-            line.append(f" from {short_frame(d.oom.where)}")
+            line.append(printable(f" from {short_frame(d.oom.where)}"))
         console.print(line)
     if d.by_category:
         console.print(Columns([_shares(d.by_category, "category"), _shares(d.by_phase, "phase"),
@@ -97,16 +103,17 @@ def _device(d: DeviceView, console: Console, several: bool) -> None:
     if d.remedies:
         console.print(_remedies(d))
     console.print(f"  end: {human_bytes(d.end['allocated_bytes'])} allocated, {human_bytes(d.end['reserved_bytes'])} "
-                  f"reserved, largest free block {human_bytes(d.end['largest_free_block_bytes'])}")
+                  f"reserved, largest free block "
+                  + ("not recorded" if d.end["largest_free_block_bytes"] is None else human_bytes(d.end["largest_free_block_bytes"])))
 
 
 def print_summary(analysis: Analysis, console: Console) -> None:
     if console.quiet:
         return
     view = build_view(analysis)
-    console.print(Text(view.verdict, style="bold"))
-    console.print(Text.assemble((view.input.path, ""), (f"  {view.input.kind}, {view.input.torch_era}", "dim")))
+    console.print(Text(printable(view.verdict), style="bold"))
+    console.print(Text.assemble((printable(view.input.path), ""), (f"  {view.input.kind}, {view.input.torch_era}", "dim")))
     for d in view.devices:
         _device(d, console, len(view.devices) > 1)
     for w in view.warnings:
-        console.print(Text.assemble(("warning: ", "yellow"), w))
+        console.print(Text.assemble(("warning: ", "yellow"), printable(w)))

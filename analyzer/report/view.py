@@ -21,6 +21,8 @@ from analyzer.core.stacks import format_frame, is_user_frame
 from analyzer.core.timeline import downsample
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import UNATTRIBUTED, category_color, category_rank, phase_color
+from analyzer.diagnose.fragmentation import SEGMENTED_SOURCES
+from analyzer.report.shown import shown
 
 LIVE_SHOWN = 25          # allocations live at the peak listed with their stacks
 FRAMES_SHOWN = 40        # frames of one stack, innermost first
@@ -132,6 +134,7 @@ class RemedyView:
     how: str | None
     cost: str | None
     addresses: list[str]
+    note: str | None = None              # why it saves what a cheaper one saves, when it does
 
 
 @dataclass
@@ -203,7 +206,7 @@ class DeviceView:
     trace_entries: int
     live_count: int
     capacity_bytes: int | None
-    end: dict[str, int]
+    end: dict[str, int | None]          # None: the input does not record it (a profiler trace has no blocks)
     oom: OomView | None
     by_category: list[Share]
     by_phase: list[Share]
@@ -219,6 +222,8 @@ class DeviceView:
     theory: TheoryView | None
     steps: list[dict[str, Any]]
     steps_left_out: int
+    remedies_heading: str = "what to change, cheapest first"   # or, for a run that fits, ways to grow it
+    workload: str = ""                  # what the advice was chosen for (analyzer.diagnose.workload)
 
 
 @dataclass
@@ -250,16 +255,16 @@ def build_view(analysis: Analysis) -> ReportView:
     trace = analysis.trace
     low, high, budget = CHART_POINTS
     points = min(high, max(low, budget // max(len(analysis.devices), 1)))  # the file stays small on 8 GPUs
-    devices = [_device_view(analysis, d, points) for d in analysis.devices]
-    lead = _lead_device(analysis.devices)
+    devices = sorted((_device_view(analysis, d, points) for d in analysis.devices), key=lambda v: v.device < 0)
+    lead = _lead_device(analysis.devices)  # host memory last: it is never the patient beside a GPU
     if lead is None:
         verdict = "The input holds no allocations and no history on any device."
     else:
         view = next(v for v in devices if v.device == lead.device)
         named = len(devices) == 1 or view.name in view.verdict
         verdict = view.verdict if named else f"{view.name}: {view.verdict}"
-    return ReportView(verdict=verdict, devices=devices, input=_input_view(trace), warnings=list(analysis.warnings),
-                      lead_device=None if lead is None else lead.device)
+    return shown(ReportView(verdict=verdict, devices=devices, input=_input_view(trace),
+                            warnings=list(analysis.warnings), lead_device=None if lead is None else lead.device))
 
 
 def _lead_device(devices: list[DeviceAnalysis]) -> DeviceAnalysis | None:
@@ -267,7 +272,8 @@ def _lead_device(devices: list[DeviceAnalysis]) -> DeviceAnalysis | None:
     (host memory, device -1 in profiler traces, only when no GPU was recorded)."""
     if not devices:
         return None
-    ooms = [(d.oom, d) for d in devices if d.oom is not None]
+    gpus = [d for d in devices if d.device >= 0]
+    ooms = [(d.oom, d) for d in (gpus or devices) if d.oom is not None]
     if ooms:
         return min(ooms, key=lambda od: (od[0].time_us is None, od[0].time_us or 0, od[1].device))[1]
     return max(devices, key=lambda d: (d.device >= 0, d.peak.allocated_bytes, -d.device))
@@ -287,7 +293,7 @@ def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> De
         peak_requested_bytes=d.peak.requested_bytes,
         peak_reserved_bytes=d.peak.reserved_bytes, reserved_peak_bytes=d.reserved_peak_bytes,
         peak_when=relative_seconds(d.peak.time_us, origin), peak_event=d.peak.event_index,
-        trace_entries=d.trace_entries, live_count=len(live), capacity_bytes=d.capacity_bytes, end=d.end,
+        trace_entries=d.trace_entries, live_count=len(live), capacity_bytes=d.capacity_bytes, end=_end(d, trace),
         oom=_oom_view(d, origin),
         by_category=_shares(d.by_category, category_color, words),
         by_phase=_shares(d.by_phase, phase_color, words),
@@ -304,7 +310,24 @@ def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> De
         fragmentation=_fragmentation_view(d, trace),
         theory=_theory_view(d.diagnosis.theory),
         steps=steps, steps_left_out=len(d.steps) - len(steps),
+        remedies_heading=("optional: ways to grow the batch or the model (it fits as it is)" if d.diagnosis.fits
+                          else "what to change, cheapest first"),
+        workload=str(d.diagnosis.workload.get("summary", "")),
     )
+
+
+def _end(d: DeviceAnalysis, trace: MemoryTrace) -> dict[str, int | None]:
+    """The state at the end of the recording: the allocator's final blocks where the input records them (a
+    snapshot); else the timeline's last point, with what it cannot hold (blocks) None."""
+    if trace.source_kind in SEGMENTED_SOURCES:
+        return dict(d.end)
+    timeline = trace.timeline[trace.timeline["device"] == d.device]
+    if timeline.empty:
+        return {**dict(d.end), "inactive_bytes": None, "largest_free_block_bytes": None}
+    last = timeline.iloc[-1]
+    allocated, reserved = int(last["allocated_bytes"]), int(last["reserved_bytes"])
+    return {"allocated_bytes": allocated, "requested_bytes": int(last["requested_bytes"]), "reserved_bytes": reserved,
+            "inactive_bytes": reserved - allocated, "largest_free_block_bytes": None}
 
 
 def words(name: str) -> str:
@@ -435,6 +458,7 @@ def _remedy_view(r: dict[str, Any]) -> RemedyView:
         saved_bytes=_optional_int(r.get("saved_bytes")), new_peak_bytes=_optional_int(r.get("new_peak_bytes")),
         fits=r.get("fits"), confidence=r.get("confidence"), try_first=bool(r.get("try_first")),
         how=r.get("how"), cost=r.get("cost"), addresses=[str(a) for a in r.get("addresses") or []],
+        note=r.get("note"),
     )
 
 
@@ -462,10 +486,11 @@ def _fragmentation_view(d: DeviceAnalysis, trace: MemoryTrace) -> FragmentationV
             other=[Detail(words(k), _detail_text(k, v)) for k, v in measured.items()
                    if k not in _FRAGMENTATION_SHOWN and not isinstance(v, (dict, list))],
         )
+    end = _end(d, trace)
     return FragmentationView(
-        where="at the end of the recording", reserved_bytes=d.end["reserved_bytes"],
-        allocated_bytes=d.end["allocated_bytes"], inactive_bytes=d.end["inactive_bytes"],
-        largest_free_block_bytes=d.end["largest_free_block_bytes"],
+        where="at the end of the recording", reserved_bytes=end["reserved_bytes"],
+        allocated_bytes=end["allocated_bytes"], inactive_bytes=end["inactive_bytes"],
+        largest_free_block_bytes=end["largest_free_block_bytes"],
         request_bytes=d.oom.requested_bytes if d.oom else None,
         expandable_segments=trace.allocator_settings.get("expandable_segments"), segments=[], segments_left_out=0,
         other=[],

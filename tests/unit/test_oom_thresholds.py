@@ -3,7 +3,9 @@
 - outside PyTorch: more than 10% of the device neither free nor reserved by PyTorch at the OOM
   (analyzer.diagnose.oom.OUTSIDE_THRESHOLD);
 - fragmentation: the allocator's free cached memory would cover the request and is at least 5% of what it
-  reserved (analyzer.diagnose.fragmentation.RECOVERY_THRESHOLD), at the OOM and at the reserved peak.
+  reserved (analyzer.diagnose.fragmentation.RECOVERY_THRESHOLD), at the OOM; at the peak, free pieces inside
+  used segments of at least 5% of the reserve while the reserve is at least 95% of the device
+  (NEAR_OOM_SHARE); whole free segments are cache, never fragmentation.
 """
 from __future__ import annotations
 
@@ -101,15 +103,60 @@ def test_a_byte_less_free_cached_memory_is_a_capacity_oom():
     assert "expandable_segments" not in {r["id"] for r in d.remedies}
 
 
-# ---- RECOVERY_THRESHOLD at the reserved peak -------------------------------------------------------------------
-@pytest.mark.parametrize(("unused", "reported"), [(CACHED_AT, True), (CACHED_AT - 1, False)], ids=["at", "below"])
-def test_fragmentation_is_reported_from_5_percent_of_the_reserve_holding_no_tensor(unused, reported):
+# ---- fragmentation at the peak: warned only when it nearly caused an OOM ---------------------------------------
+NEAR_OOM_SHARE = 0.95
+PIECE = 16 * MiB   # a freed tensor in a used segment: a free piece, not cache
+
+
+def _peak_with_piece(cache: int) -> Recording:
+    """ALLOCATED + PIECE bytes alive in the forward pass, a PIECE free beside a live one in a used segment
+    (fragmentation) and `cache` bytes of wholly free segments (cache)."""
     rec = Recording()
     with rec.step(1), rec.phase("forward"):
+        if cache:
+            rec.reserve(cache)
+        rec.alloc(PIECE, segment=rec.reserve(2 * PIECE))
         rec.alloc(ALLOCATED)
-        rec.reserve(unused)        # the reserved peak: `unused` bytes of it hold no tensor
-    d = analyzer.analyze(rec.trace()).devices[0]
+    return rec
+
+
+def _near_capacity(reserved: int) -> int:
+    """The largest device memory under which `reserved` is at least NEAR_OOM_SHARE of it."""
+    return math.floor(reserved / NEAR_OOM_SHARE)
+
+
+@pytest.mark.parametrize(("extra", "warned"), [(0, True), (1, False)], ids=["at", "above"])
+def test_fragmentation_at_the_peak_is_a_warning_from_95_percent_of_the_device_reserved(extra, warned):
+    rec = _peak_with_piece(0)
+    reserved = ALLOCATED + 2 * PIECE
+    d = analyzer.analyze(rec.trace(), gpu_memory=_near_capacity(reserved) + extra).devices[0]
+    picture = d.diagnosis.fragmentation
+    assert (picture["reserved_bytes"], picture["external_bytes"], picture["cached_free_segments_bytes"]) == \
+        (reserved, PIECE, 0)
     found = [f for f in d.diagnosis.findings if f["kind"] == "fragmentation"]
-    assert d.diagnosis.fragmentation["reserved_bytes"] == ALLOCATED + unused
-    assert d.diagnosis.fragmentation["inactive_bytes"] == unused
-    assert [f["bytes"] for f in found] == ([unused] if reported else [])
+    assert [f["bytes"] for f in found] == ([PIECE] if warned else [])
+    assert ("expandable_segments" in {r["id"] for r in d.diagnosis.remedies}) == warned
+
+
+def test_cache_is_not_fragmentation_however_much_of_the_device_it_reserves():
+    """Whole free segments are released and retried before an OOM: at 99% of the device reserved, a cache of
+    ten times the free piece is reported as cache and warns of nothing when the piece is under 5% of the reserve."""
+    rec = _peak_with_piece(10 * PIECE)
+    reserved = ALLOCATED + 12 * PIECE
+    assert PIECE < RECOVERY_THRESHOLD * reserved
+    d = analyzer.analyze(rec.trace(), gpu_memory=math.floor(reserved / 0.99)).devices[0]
+    picture = d.diagnosis.fragmentation
+    assert (picture["external_bytes"], picture["cached_free_segments_bytes"]) == (PIECE, 10 * PIECE)
+    assert not [f for f in d.diagnosis.findings if f["kind"] == "fragmentation"]
+
+
+def test_the_picture_is_the_allocated_peak_not_the_reserved_peak():
+    """Cache reserved before the work (and given back) does not count at the peak."""
+    rec = Recording()
+    with rec.step(1), rec.phase("forward"):
+        early = rec.reserve(4 * ALLOCATED)
+        rec.release(early)
+        rec.alloc(ALLOCATED)
+    d = analyzer.analyze(rec.trace()).devices[0]
+    assert d.diagnosis.fragmentation["event_index"] == d.peak.event_index
+    assert d.diagnosis.fragmentation["reserved_bytes"] == ALLOCATED

@@ -1,0 +1,105 @@
+"""What kind of run the recording shows, so that only the remedies that act on it are offered.
+
+Read from what the recording holds, never from what a typical run would do:
+- training: a backward pass, an optimizer step, optimizer state, or gradients of at least GRADIENT_SHARE of
+  the parameters were seen; forward-only otherwise (inference, or a profile of the forward). A recording that
+  ends with an out-of-memory (on any of its devices) before any of these shows no backward yet, so whether it
+  trains is not known (`unknown`): the remedies of a training run stay, none that needs a forward-only run;
+- frozen part: gradients (or, without them, Adam's two moments) cover less than FROZEN_SHARE of the
+  parameters: a fine-tune of a frozen base (LoRA ...) whose base has no gradients and no optimizer state;
+- activations kept: a forward-only run whose activations (tensors that outlive the computation that made
+  them) are a meaningful share of the peak: an autograd graph (which `torch.no_grad()` /
+  `torch.inference_mode()` would free as the forward goes), or tensors the code keeps (a KV cache, outputs).
+  The recording cannot tell which, so the remedy that acts on a graph is offered on that condition;
+- mixed precision on: the allocator stacks show autocast's weight casts (`at::autocast::cached_cast`, C++
+  frames of stacks="all"); unknown without C++ frames;
+- GPUs: `--gpus`, else the world size the trace records; unknown otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from analyzer.core.vocabulary import Category, Phase
+from analyzer.diagnose.context import DeviceContext
+
+FROZEN_SHARE = 0.5        # trainable bytes under this share of the parameters: the rest is frozen
+GRADIENT_SHARE = 0.05     # gradients of at least this share of the parameters show training without a backward seen
+GRAPH_KEPT_SHARE = 0.05   # activations at the peak of a forward-only run above this share: a graph is kept
+_AUTOCAST_FRAME = "at::autocast::"
+
+
+@dataclass(frozen=True)
+class Workload:
+    kind: str                      # training | forward_only | unknown
+    frozen_share: float | None     # share of the parameter bytes without gradients (fine-tuning), else None
+    graph_kept: bool               # forward-only with activations kept (an autograd graph, or a KV cache)
+    mixed_precision_on: bool | None  # autocast seen in the stacks; None when the stacks cannot show it
+    gpus: int | None               # GPUs the job can shard over, when known
+
+    @property
+    def training(self) -> bool:
+        return self.kind == "training"
+
+    @property
+    def forward_only(self) -> bool:
+        return self.kind == "forward_only"
+
+    def describe(self) -> str:
+        """'training, bf16 autocast on, 1 GPU': what the advice was chosen for."""
+        parts = {"training": "training", "forward_only": "forward only (no backward, no optimizer)",
+                 "unknown": "forward so far (the recording ends before any backward)"}[self.kind]
+        words = [parts]
+        if self.frozen_share is not None:
+            words.append(f"{self.frozen_share:.0%} of the parameters frozen (no gradients, no optimizer state)")
+        if self.graph_kept:
+            words.append("activations kept (an autograd graph or a cache: the recording cannot tell)")
+        if self.mixed_precision_on:
+            words.append("autocast (mixed precision) on")
+        if self.gpus is not None:
+            words.append(f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}")
+        return ", ".join(words)
+
+
+def recognise(ctx: DeviceContext) -> Workload:
+    """The workload of one device's recording."""
+    most = {c: int(ctx.timeline[f"{c.value}_bytes"].max()) if f"{c.value}_bytes" in ctx.timeline else 0
+            for c in (Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE)}
+    phases = set(ctx.labels["phase"].astype(str)) if "phase" in ctx.labels else set()
+    backward = Phase.BACKWARD.value in phases or Phase.OPTIMIZER.value in phases
+    trains = (backward or most[Category.OPTIMIZER_STATE] > 0
+              or most[Category.GRADIENT] >= GRADIENT_SHARE * max(most[Category.PARAMETER], 1))
+    ended_in_forward = not ctx.trace.ooms.empty and not trains
+    kind = "training" if trains else ("unknown" if ended_in_forward else "forward_only")
+    activations = ctx.category_bytes(Category.ACTIVATION)
+    graph_kept = kind == "forward_only" and activations > GRAPH_KEPT_SHARE * max(ctx.d.peak.allocated_bytes, 1)
+    gpus = ctx.world_size or ctx.trace.world_size
+    return Workload(kind=kind, frozen_share=frozen_share(most[Category.PARAMETER], most[Category.GRADIENT],
+                                                         most[Category.OPTIMIZER_STATE]) if trains else None,
+                    graph_kept=graph_kept, mixed_precision_on=autocast_on(ctx), gpus=gpus)
+
+
+def frozen_share(parameters: int, gradients: int, optimizer_state: int) -> float | None:
+    """The share of the parameter bytes that trains nothing, when it is at least 1 - FROZEN_SHARE. Gradients are
+    as large as the parameters they belong to; without any, Adam's two moments (2x the fp32 parameters they
+    follow) bound the trainable part."""
+    if not parameters:
+        return None
+    trainable = gradients if gradients else optimizer_state / 2
+    if not trainable or trainable >= FROZEN_SHARE * parameters:
+        return None
+    return 1 - trainable / parameters
+
+
+def autocast_on(ctx: DeviceContext) -> bool | None:
+    """Autocast was on when an allocation of this device was made under autocast's dispatch; None when no
+    stack of the recording carries C++ frames (Python-only stacks cannot show it)."""
+    stacks = ctx.trace.stacks
+    if stacks.empty:
+        return None
+    frames = stacks["frames"]
+    native = frames.map(lambda fr: any(not str(f[0]).endswith(".py") and "::" in str(f[2]) for f in fr))
+    if not native.any():
+        return None
+    autocast = set(stacks.loc[frames.map(lambda fr: any(_AUTOCAST_FRAME in str(f[2]) for f in fr)), "stack_id"])
+    used = ctx.allocations["stack_id"].dropna().astype(int)
+    return bool(used.isin(autocast).any())

@@ -1,0 +1,207 @@
+"""Advice chosen for the workload, at its boundaries (issue 18): a run that fits gets no try-first, remedies
+saving too little are left out, ties are explained, a sharding remedy names its GPU count, and each workload
+(training, frozen base, forward only, autocast on, one GPU, host memory) gets only the remedies that act on it.
+
+Thresholds are written here with their documented values (analyzer.diagnose.remedies, .workload); inputs sit
+one byte either side of them.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import analyzer
+from analyzer.diagnose.remedies import Demand, gpus_for, rank_remedies
+from analyzer.diagnose.workload import frozen_share
+from support.paths import FIXTURES, REAL
+from support.snapshots import GiB, MiB, Recording
+
+AMPLE_HEADROOM = 0.20     # remedies.AMPLE_HEADROOM: a run fits as it is with 20% of the device free at its peak
+FIT_HEADROOM = 0.95       # remedies.FIT_HEADROOM: ... and its reserve within 95% of it
+MIN_SAVING_SHARE = 0.01   # remedies.MIN_SAVING_SHARE: a remedy saving at most 1% of the peak is left out
+FROZEN_SHARE = 0.5        # workload.FROZEN_SHARE: gradients of under half the parameters: a frozen part
+SHARDING = {"zero1", "zero2", "zero3", "tensor_parallel", "sharded_save"}
+TRAINING_ONLY = {"gradient_accumulation", "activation_checkpointing", "bf16", "zero1", "zero2", "zero3"}
+CAPACITY = 80 * GiB
+
+
+def _ids(demand: Demand) -> list[str]:
+    return [r["id"] for r in rank_remedies(demand)]
+
+
+def _training(total: int, **kw) -> Demand:
+    """A training peak of `total` bytes: 60% activations, 10% each parameters, gradients, optimizer state and
+    temporaries."""
+    tenth = total // 10
+    by_category = {"activation": total - 4 * tenth, "parameter": tenth, "gradient": tenth,
+                   "optimizer_state": tenth, "temporary": tenth}
+    return Demand(**{"total": total, "by_category": by_category, "capacity": CAPACITY, "world_size": None,
+                     "layers": None, **kw})
+
+
+# ---- AMPLE_HEADROOM: a run that fits gets no try-first --------------------------------------------------------
+FITS_AT = math.floor((1 - AMPLE_HEADROOM) * CAPACITY)
+
+
+@pytest.mark.parametrize(("total", "fits"), [(FITS_AT, True), (FITS_AT + 1, False)], ids=["at", "above"])
+def test_a_run_with_a_fifth_of_the_device_free_fits_and_gets_no_try_first(total, fits):
+    remedies = rank_remedies(_training(total))
+    assert remedies, "the remedies stay, as ways to grow the batch or the model"
+    assert {r["purpose"] for r in remedies} == ({"grow"} if fits else {"fix"})
+    assert any(r["try_first"] for r in remedies) is not fits
+
+
+def test_a_run_that_oomed_never_fits_as_it_is():
+    remedies = rank_remedies(_training(GiB, oomed=True))
+    assert {r["purpose"] for r in remedies} == {"fix"} and any(r["try_first"] for r in remedies)
+
+
+@pytest.mark.parametrize(("reserved", "fits"), [(math.floor(FIT_HEADROOM * CAPACITY), True),
+                                                (math.floor(FIT_HEADROOM * CAPACITY) + 1, False)], ids=["at", "above"])
+def test_a_run_whose_reserve_nears_the_device_does_not_fit_as_it_is(reserved, fits):
+    remedies = rank_remedies(_training(GiB, reserved_peak=reserved))
+    assert any(r["try_first"] for r in remedies) is not fits
+
+
+def test_an_unknown_device_is_never_said_to_fit():
+    assert any(r["try_first"] for r in rank_remedies(_training(GiB, capacity=None)))
+
+
+def test_the_verdict_of_a_run_that_fits_says_so_with_its_headroom():
+    rec = Recording()
+    with rec.step(1), rec.phase("forward"):
+        rec.alloc(512 * MiB)
+    d = analyzer.analyze(rec.trace(), gpu_memory=24 * GiB).devices[0].diagnosis
+    assert d.fits == {"peak_bytes": 512 * MiB, "capacity_bytes": 24 * GiB, "headroom_bytes": 24 * GiB - 512 * MiB}
+    assert "Fits: peak 0.50 GiB of 24.00 GiB, 23.50 GiB headroom" in d.verdict and "Try first" not in d.verdict
+
+
+# ---- MIN_SAVING_SHARE: no remedy saves nothing -----------------------------------------------------------------
+TOTAL = 100 * GiB
+
+
+@pytest.mark.parametrize(("recoverable", "listed"), [(math.floor(MIN_SAVING_SHARE * TOTAL) + 1, True),
+                                                     (math.floor(MIN_SAVING_SHARE * TOTAL), False)],
+                         ids=["above", "at"])
+def test_a_remedy_saving_at_most_one_percent_of_the_peak_is_left_out(recoverable, listed):
+    demand = Demand(total=TOTAL, by_category={"activation": TOTAL}, capacity=None, world_size=None, layers=None,
+                    findings={"fragmentation"}, recoverable_fragmentation=recoverable)
+    assert ("expandable_segments" in _ids(demand)) is listed
+
+
+def test_no_listed_remedy_saves_zero_or_less():
+    """A forward-only peak of parameters alone: accumulation's estimate (half the batch less the gradients it
+    keeps) is negative and ZeRO has nothing to shard; neither is listed."""
+    demand = Demand(total=10 * GiB, by_category={"parameter": 7 * GiB, "activation": 3 * GiB}, capacity=None,
+                    world_size=None, layers=None)
+    remedies = rank_remedies(demand)
+    assert remedies and all(r["saved_bytes"] is None or r["saved_bytes"] > 0 for r in remedies)
+    assert "gradient_accumulation" not in {r["id"] for r in remedies}
+
+
+def test_equal_savings_name_the_cheaper_remedy_and_what_both_act_on():
+    demand = Demand(total=80 * GiB, by_category={"activation": 80 * GiB}, capacity=CAPACITY, world_size=None,
+                    layers=None, oomed=True)
+    remedies = {r["id"]: r for r in rank_remedies(demand)}
+    assert remedies["micro_batch"]["note"] is None
+    assert remedies["activation_checkpointing"]["saved_bytes"] == remedies["micro_batch"]["saved_bytes"]
+    assert remedies["activation_checkpointing"]["note"].startswith(
+        f"the same saving as #{remedies['micro_batch']['rank']} (Halve the micro-batch): both estimates rest on the "
+        "activations")
+
+
+def test_the_order_is_the_cost_order_and_try_first_the_cheapest_that_fits():
+    demand = _training(90 * GiB, oomed=True)
+    remedies = rank_remedies(demand)
+    assert [r["rank"] for r in remedies] == list(range(1, len(remedies) + 1))
+    first = next(r for r in remedies if r["try_first"])
+    assert not any(r["fits"] for r in remedies[: remedies.index(first)])
+
+
+# ---- GPUs: sharding names N ------------------------------------------------------------------------------------
+def test_sharding_over_the_given_gpus_names_them():
+    titles = {r["id"]: r["title"] for r in rank_remedies(_training(90 * GiB, oomed=True, world_size=4))}
+    assert titles["zero3"].endswith("over 4 GPUs") and titles["tensor_parallel"].startswith("Tensor parallelism over 4")
+
+
+def test_one_gpu_gets_no_sharding():
+    assert not SHARDING & set(_ids(_training(90 * GiB, oomed=True, world_size=1)))
+
+
+def test_without_gpus_sharding_takes_the_fewest_that_fit():
+    demand = _training(90 * GiB, oomed=True)
+    states = demand.bytes("parameter", "gradient", "optimizer_state")
+    n, how = gpus_for(demand, states)
+    assert demand.total - states * (1 - 1 / n) <= FIT_HEADROOM * CAPACITY
+    assert demand.total - states * (1 - 1 / (n - 1)) > FIT_HEADROOM * CAPACITY or n == 2
+    title = next(r["title"] for r in rank_remedies(demand) if r["id"] == "zero3")
+    assert title.endswith(f"over {n} GPUs (the fewest that fit; pass --gpus for your count)") and "fewest" in how
+
+
+def test_without_gpus_or_device_memory_the_assumed_8_is_said():
+    title = next(r["title"] for r in rank_remedies(_training(90 * GiB, capacity=None)) if r["id"] == "zero3")
+    assert title.endswith("over 8 GPUs (assumed; pass --gpus for your count)")
+
+
+# ---- workloads -------------------------------------------------------------------------------------------------
+def test_forward_only_gets_no_training_remedies():
+    demand = Demand(total=20 * GiB, by_category={"parameter": 14 * GiB, "activation": 6 * GiB}, capacity=16 * GiB,
+                    world_size=None, layers=None, workload="forward_only")
+    ids = set(_ids(demand))
+    assert not TRAINING_ONLY & ids
+    assert {"micro_batch", "weight_quantization"} <= ids
+    assert next(r for r in rank_remedies(demand) if r["id"] == "micro_batch")["title"].startswith("Halve the batch")
+
+
+def test_kept_activations_offer_inference_mode_on_its_condition_never_first():
+    demand = Demand(total=20 * GiB, by_category={"parameter": 4 * GiB, "activation": 16 * GiB}, capacity=16 * GiB,
+                    world_size=None, layers=None, workload="forward_only", graph_kept=True, graph_bytes=15 * GiB)
+    remedies = {r["id"]: r for r in rank_remedies(demand)}
+    assert remedies["no_grad"]["title"].startswith("If the forward runs with autograd on")
+    assert remedies["no_grad"]["fits"] and not remedies["no_grad"]["try_first"]
+
+
+def test_temporaries_dominating_get_the_halved_batch():
+    demand = Demand(total=10 * GiB, by_category={"temporary": 9 * GiB, "parameter": GiB}, capacity=8 * GiB,
+                    world_size=None, layers=None, workload="forward_only", oomed=True)
+    assert rank_remedies(demand)[0]["id"] == "micro_batch"
+
+
+@pytest.mark.parametrize(("autocast", "offered"), [(True, False), (False, True), (None, True)])
+def test_bf16_is_not_offered_when_autocast_is_already_on(autocast, offered):
+    assert ("bf16" in _ids(_training(90 * GiB, oomed=True, autocast=autocast))) is offered
+
+
+@pytest.mark.parametrize(("gradients", "frozen"), [(math.ceil(FROZEN_SHARE * 100), False),
+                                                   (math.ceil(FROZEN_SHARE * 100) - 1, True)])
+def test_gradients_of_under_half_the_parameters_show_a_frozen_part(gradients, frozen):
+    assert (frozen_share(100, gradients, 0) is not None) is frozen
+
+
+def test_a_frozen_base_is_said_to_have_no_gradients_to_shard():
+    demand = _training(90 * GiB, oomed=True, world_size=4, frozen_share=0.9)
+    title = next(r["title"] for r in rank_remedies(demand) if r["id"] == "zero2")
+    assert title.endswith("(of the trainable part: the frozen base has neither)")
+
+
+def test_host_memory_alone_is_treated_without_the_cuda_allocator_settings():
+    """A profiler trace of a run on the CPU (host memory only, device -1): its own advice, but not the CUDA
+    caching allocator's settings."""
+    analysis = analyzer.analyze(FIXTURES / "kineto" / "train.pt.trace.json.gz")
+    assert [d.device for d in analysis.devices] == [-1]
+    d = analysis.devices[0].diagnosis
+    assert not d.verdict.startswith("Host memory")
+    assert not {"expandable_segments", "max_split_size"} & {r["id"] for r in d.remedies}
+
+
+def test_host_memory_beside_a_gpu_gets_no_remedies_and_never_leads():
+    path = REAL / "tracelens" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+    if not path.exists():
+        pytest.skip(f"real recordings not found at {REAL}")
+    from analyzer.report.view import build_view
+    analysis = analyzer.analyze(path)
+    host = analysis.device(-1)
+    assert host.diagnosis.remedies == [] and host.diagnosis.verdict.startswith("Host memory")
+    view = build_view(analysis)
+    assert view.lead_device == 0 and view.devices[-1].device == -1 and not view.verdict.startswith("Host")
