@@ -1,226 +1,120 @@
-"""Issue 4 benchmark: does applying a remedy save what the analysis estimated it would?
+"""Issue 18 benchmark: does replaying a run with a remedy applied predict the peak of the run with the remedy?
 
-For each GPT configuration, a baseline training run is simulated on the CPU (`analyzer.simulate.run` under
-FakeTensorMode, so the sizes are those of a real GPU run), analysed, and each remedy that can run here is
-applied and simulated again: the micro-batch halved, bf16 autocast, activation checkpointing of every block,
-gradient accumulation over 2 micro-batches of half the size. The baseline's `saved_bytes` for that remedy is
-compared with the measured saving, the difference of `demand_bytes` (the peak: no run here runs out of memory).
-Target: every estimate within 15% of the measured saving.
+For each GPT configuration a baseline training run is simulated on the CPU (FakeTensorMode: the sizes are a
+real GPU run's), analysed, and every remedy the counterfactual replay covers is predicted from the baseline's
+recording alone (`analyzer.diagnose.counterfactual`). Then the remedy is applied to the training code and
+simulated (`analyzer.simulate.remedy_runs`: the micro-batch halved, 2 x half accumulation, checkpointed
+blocks, bf16 autocast with CUDA's op lists, ZeRO-1/2 as rank 0 of 4 GPUs, 8-bit Adam), and its peak allocated
+and reserved bytes are the truth. The formula's new peak (demand minus the remedy's estimated saving) is shown
+beside. expandable_segments is checked on the fragmentation scenario against the same workload simulated with
+expandable segments (fixtures/traces/sim): whether the OOM still happens, and the reserved peak.
+
+Targets: predicted peak within 10% for micro-batch, accumulation, checkpointing and ZeRO; within 25% for bf16.
 
     python benchmarks/remedy_accuracy.py [--out benchmarks/results/remedy_accuracy.md]
-
-bf16 is run twice. CPU autocast (`torch.autocast("cpu", dtype=torch.bfloat16)`) is what the tracer sees, but its
-op lists are not CUDA's: CUDA autocast runs softmax, log_softmax and layer_norm in fp32 and CPU autocast does not
-(see `torch._C._dispatch_dump("aten::softmax.int")`: an AutocastCUDA kernel, no AutocastCPU one). The second
-run registers CUDA's policy for those ops on the AutocastCPU key, so it allocates what a GPU step would.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import torch
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
-
-from analyzer.result import DeviceAnalysis
+from analyzer.diagnose.counterfactual import predict, recorded_stream, replay, usable_capacity
 from analyzer.pipeline import analyze
-from analyzer.simulate import run
-from analyzer.simulate.gpt import GPT, Attention, Block, GPTConfig
+from analyzer.simulate.gpt import GPTConfig
+from analyzer.simulate.remedy_runs import REMEDY_RUNS, SHARDS, RemedySetup, simulate
 
 GiB = 1 << 30
-DEVICE = 80 * GiB          # large enough that no run here runs out of memory: demand is the peak
-STEPS = 3                  # optimizer steps; the peak is reached by step 2, when Adam's state exists
-TOLERANCE = 0.15
 RESULTS = Path(__file__).resolve().parent / "results" / "remedy_accuracy.md"
-
-
-# ---- the remedies that change the model ------------------------------------------------------------------
-class FusedAttention(Attention):
-    """Attention through scaled_dot_product_attention: no b·h·s² score tensors are kept for backward."""
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        b, s, d = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        return self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, d))
-
-
-class CheckpointedBlock(Block):
-    """A block whose activations are recomputed in backward: only its input is kept."""
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return checkpoint(super().forward, x, mask, use_reentrant=False)
-
-
-class Model(GPT):
-    """The scenarios' GPT with the model-side switches. Blocks and attention are retyped in place: the
-    subclasses change only `forward`, so parameters and module names stay those of `analyzer.simulate.gpt`."""
-
-    def __init__(self, config: GPTConfig, fused_attention: bool, checkpointing: bool, autocast: bool) -> None:
-        super().__init__(config)
-        self.autocast = autocast
-        for block in self.layers:
-            if checkpointing:
-                block.__class__ = CheckpointedBlock
-            if fused_attention:
-                block.attn.__class__ = FusedAttention
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
-            return super().forward(idx, targets)
-
-
-@contextlib.contextmanager
-def cuda_autocast_policy() -> Iterator[None]:
-    """While open, CPU autocast casts as CUDA autocast does for the ops where the two differ in a transformer:
-    softmax and log_softmax produce fp32 (CUDA's fp32_set_opt_dtype), layer_norm runs in fp32."""
-    excluded = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
-
-    def fp32_output(op: Callable) -> Callable:
-        def kernel(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-            with torch._C._ExcludeDispatchKeyGuard(excluded):
-                return op(x, dim, dtype=torch.float32 if x.is_floating_point() else dtype)
-        return kernel
-
-    def layer_norm(x: torch.Tensor, shape: list[int], weight: torch.Tensor | None = None,
-                   bias: torch.Tensor | None = None, eps: float = 1e-5, cudnn_enable: bool = True) -> torch.Tensor:
-        fp32 = [t.float() if t is not None and t.is_floating_point() else t for t in (x, weight, bias)]
-        with torch._C._ExcludeDispatchKeyGuard(excluded):
-            return torch.ops.aten.layer_norm(fp32[0], shape, fp32[1], fp32[2], eps, cudnn_enable)
-
-    library = torch.library.Library("aten", "IMPL")
-    try:
-        library.impl("softmax.int", fp32_output(torch.ops.aten.softmax.int), "AutocastCPU")
-        library.impl("log_softmax.int", fp32_output(torch.ops.aten.log_softmax.int), "AutocastCPU")
-        library.impl("layer_norm", layer_norm, "AutocastCPU")
-        yield
-    finally:
-        library._destroy()
-
-
-# ---- the remedies that change the loop -------------------------------------------------------------------
-class StepEvery:
-    """Gradient accumulation inside the simulator's loop, which steps the optimizer after every batch: the
-    wrapped optimizer steps (and gradients are cleared) only every `n`-th call, so gradients accumulate
-    over n micro-batches as in `for chunk in batch.chunk(n): loss(chunk).backward()`."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, n: int) -> None:
-        self.optimizer, self.n, self.calls = optimizer, n, 0
-
-    @property
-    def state(self) -> dict:
-        return self.optimizer.state
-
-    def step(self) -> None:
-        self.calls += 1
-        if self.calls % self.n == 0:
-            self.optimizer.step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        if self.calls % self.n == 0:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
-
-
-# ---- configurations and runs -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Setup:
-    """One training configuration; the remedies are changes of it."""
-
-    name: str
-    config: GPTConfig
-    batch: int
-    seq: int
-    fused_attention: bool = False
-    checkpointing: bool = False
-    autocast: str | None = None       # None, "cpu" (CPU autocast's op lists) or "cuda" (CUDA's)
-    accumulation: int = 1
-
-    def loop(self) -> dict[str, Any]:
-        """The keyword arguments of `analyzer.simulate.run` for this setup."""
-        config, micro = self.config, self.batch // self.accumulation
-
-        def optimizer_fn(params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer | StepEvery:
-            adam = torch.optim.Adam(params, lr=3e-4, foreach=True)
-            return adam if self.accumulation == 1 else StepEvery(adam, self.accumulation)
-
-        return {"model_fn": lambda: Model(config, self.fused_attention, self.checkpointing, self.autocast is not None),
-                "batch_fn": lambda step: (torch.randint(0, config.vocab, (micro, self.seq)),
-                                          torch.randint(0, config.vocab, (micro, self.seq))),
-                "optimizer_fn": optimizer_fn, "steps": STEPS * self.accumulation}
-
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "sim"
+#: the issue's bars: |predicted - simulated| / simulated peak
+TOLERANCE = {"micro_batch": 0.10, "gradient_accumulation": 0.10, "activation_checkpointing": 0.10, "zero1": 0.10,
+             "zero2": 0.10, "bf16": 0.25}
 
 CONFIGS = [
-    Setup("eager d768 L6 s1024 b8", GPTConfig(d_model=768, layers=6, heads=12, max_seq=1024), batch=8, seq=1024),
-    Setup("eager d1024 L12 s512 b8", GPTConfig(d_model=1024, layers=12, heads=16, max_seq=512), batch=8, seq=512),
-    Setup("eager d512 L4 s2048 b4", GPTConfig(d_model=512, layers=4, heads=8, max_seq=2048), batch=4, seq=2048),
-    Setup("sdpa d768 L6 s1024 b8", GPTConfig(d_model=768, layers=6, heads=12, max_seq=1024), batch=8, seq=1024,
-          fused_attention=True),
-    Setup("sdpa d1024 L12 s2048 b4", GPTConfig(d_model=1024, layers=12, heads=16, max_seq=2048), batch=4, seq=2048,
-          fused_attention=True),
+    RemedySetup("eager d768 L6 s1024 b8", GPTConfig(d_model=768, layers=6, heads=12, max_seq=1024), batch=8, seq=1024),
+    RemedySetup("eager d1024 L12 s512 b8", GPTConfig(d_model=1024, layers=12, heads=16, max_seq=512), batch=8, seq=512),
+    RemedySetup("eager d512 L4 s2048 b4", GPTConfig(d_model=512, layers=4, heads=8, max_seq=2048), batch=4, seq=2048),
+    RemedySetup("sdpa d768 L6 s1024 b8", GPTConfig(d_model=768, layers=6, heads=12, max_seq=1024), batch=8, seq=1024,
+                fused_attention=True),
+    RemedySetup("sdpa d1024 L12 s2048 b4", GPTConfig(d_model=1024, layers=12, heads=16, max_seq=2048), batch=4,
+                seq=2048, fused_attention=True),
+    RemedySetup("states d2048 L8 s256 b2", GPTConfig(d_model=2048, layers=8, heads=16, max_seq=256), batch=2, seq=256),
 ]
-# (remedy id, label, the setup after applying it)
-REMEDIES: list[tuple[str, str, Callable[[Setup], Setup]]] = [
-    ("micro_batch", "micro-batch halved", lambda s: replace(s, batch=s.batch // 2)),
-    ("bf16", "bf16 autocast (CPU op lists)", lambda s: replace(s, autocast="cpu")),
-    ("bf16", "bf16 autocast (CUDA op lists)", lambda s: replace(s, autocast="cuda")),
-    ("activation_checkpointing", "activation checkpointing", lambda s: replace(s, checkpointing=True)),
-    ("gradient_accumulation", "gradient accumulation 2 x half", lambda s: replace(s, accumulation=2)),
-]
-
-
-def simulate(setup: Setup, folder: Path) -> DeviceAnalysis:
-    """Trace the setup's training steps, write the snapshot and analyse it."""
-    out = folder / f"{abs(hash(setup))}.pickle"
-    policy = cuda_autocast_policy() if setup.autocast == "cuda" else contextlib.nullcontext()
-    with policy:
-        run(**setup.loop(), gpu_memory=DEVICE, out=out, fake=True)
-    device = analyze(out).devices[0]
-    if device.oom is not None:
-        raise RuntimeError(f"{setup.name}: out of memory on the simulated {DEVICE / GiB:.0f} GiB device")
-    return device
 
 
 @dataclass
 class Row:
     setup: str
     remedy: str
-    label: str
-    estimated: int | None
-    measured: int
+    predicted: int           # replayed peak allocated
+    simulated: int
+    predicted_reserved: int
+    simulated_reserved: int
+    formula: int | None      # demand minus the formula's saving
 
     @property
-    def error(self) -> float | None:
-        """Estimate relative to the measured saving (+: the estimate promised more)."""
-        if self.estimated is None or not self.measured:
-            return None
-        return (self.estimated - self.measured) / abs(self.measured)
+    def error(self) -> float:
+        return (self.predicted - self.simulated) / self.simulated
+
+    @property
+    def formula_error(self) -> float | None:
+        return None if self.formula is None else (self.formula - self.simulated) / self.simulated
+
+    @property
+    def within(self) -> bool | None:
+        bar = TOLERANCE.get(self.remedy)
+        return None if bar is None else abs(self.error) <= bar
 
 
-def measure(setups: list[Setup], folder: Path) -> list[Row]:
+def measure_pair(setup: RemedySetup, folder: Path, remedies: list[str]) -> list[Row]:
+    """The baseline's predictions for `remedies` against the simulated runs with each applied."""
+    out = folder / "base.pickle"
+    simulate(setup, out)
+    before = analyze(out, world_size=SHARDS)
+    device = before.devices[0]
+    predictions = predict(before.trace, 0, remedies, None, SHARDS)
+    formula = {r["id"]: r["saved_bytes"] for r in device.diagnosis.remedies}
     rows = []
-    for setup in setups:
-        before = simulate(setup, folder)
-        estimates = {r["id"]: r["saved_bytes"] for r in before.diagnosis.remedies}
-        for remedy, label, apply in REMEDIES:
-            after = simulate(apply(setup), folder)
-            rows.append(Row(setup.name, remedy, label, estimates.get(remedy), before.diagnosis.demand_bytes - after.diagnosis.demand_bytes))
-            print(f"  {setup.name}: {label} done", file=sys.stderr)
+    for remedy in remedies:
+        after_path = folder / f"{remedy}.pickle"
+        simulate(REMEDY_RUNS[remedy](setup), after_path)
+        after = analyze(after_path).devices[0]
+        saved = formula.get(remedy)
+        rows.append(Row(setup.name, remedy, predictions[remedy].peak_allocated_bytes, after.peak.allocated_bytes,
+                        predictions[remedy].peak_reserved_bytes, after.reserved_peak_bytes,
+                        None if saved is None else device.diagnosis.demand_bytes - saved))
+        print(f"  {setup.name}: {remedy} {rows[-1].error:+.1%}", file=sys.stderr)
     return rows
 
 
+def expandable_pair() -> str:
+    """The fragmentation scenario replayed with expandable segments against the expandable scenario."""
+    before = analyze(FIXTURES / "fragmentation.pickle", gpu_memory=22 * GiB)
+    after = analyze(FIXTURES / "expandable.pickle", gpu_memory=22 * GiB).devices[0]
+    stream = recorded_stream(before.trace, 0)
+    assert stream is not None
+    base = replay(stream, usable_capacity(before.trace, 0, 22 * GiB))    # the recording replayed unchanged
+    p = predict(before.trace, 0, ["expandable_segments"], 22 * GiB, None)["expandable_segments"]
+    oom = "yes" if after.oom is not None else "no"
+    return (f"| fragmentation (22 GiB) | expandable_segments | {p.peak_allocated_bytes / GiB:.2f} | "
+            f"{after.peak.allocated_bytes / GiB:.2f} | {(p.peak_allocated_bytes - after.peak.allocated_bytes) / after.peak.allocated_bytes:+.1%} | "
+            f"{p.peak_reserved_bytes / GiB:.2f} | {after.reserved_peak_bytes / GiB:.2f} | "
+            f"{'yes' if p.oom else 'no'} / {oom} (the recording replayed unchanged: "
+            f"{'OOM' if base.oom else 'no OOM'}, as recorded) |")
+
+
 def table(rows: list[Row]) -> str:
-    """A markdown table: configuration, remedy, estimated and measured saving (GiB), error."""
-    lines = ["| configuration | remedy | estimated GiB | measured GiB | error |", "|---|---|---:|---:|---:|"]
+    lines = ["| configuration | remedy | predicted GiB | simulated GiB | error | predicted reserved GiB | "
+             "simulated reserved GiB | formula GiB (error) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        estimated = "not listed" if r.estimated is None else f"{r.estimated / GiB:.2f}"
-        error = "" if r.error is None else f"{r.error:+.1%}" + ("" if abs(r.error) <= TOLERANCE else " ✗")
-        lines.append(f"| {r.setup} | {r.label} | {estimated} | {r.measured / GiB:.2f} | {error} |")
+        mark = "" if r.within is None else (" ✓" if r.within else " ✗")
+        formula = "not listed" if r.formula is None or r.formula_error is None else \
+            f"{r.formula / GiB:.2f} ({r.formula_error:+.1%})"
+        lines.append(f"| {r.setup} | {r.remedy} | {r.predicted / GiB:.2f} | {r.simulated / GiB:.2f} | {r.error:+.1%}{mark} | "
+                     f"{r.predicted_reserved / GiB:.2f} | {r.simulated_reserved / GiB:.2f} | {formula} |")
     return "\n".join(lines)
 
 
@@ -228,17 +122,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as folder:
-        rows = measure(CONFIGS, Path(folder))
+    rows = []
+    for setup in CONFIGS:
+        with tempfile.TemporaryDirectory() as folder:
+            rows += measure_pair(setup, Path(folder), list(REMEDY_RUNS))
     text = table(rows)
-    within = sum(r.error is not None and abs(r.error) <= TOLERANCE for r in rows)
-    summary = f"{within} of {len(rows)} estimates within {TOLERANCE:.0%} of the measured saving"
-    print(text + "\n\n" + summary)
+    checked = [r for r in rows if r.within is not None]
+    summary = (f"{sum(bool(r.within) for r in checked)} of {len(checked)} predictions within their bar "
+               "(10% micro-batch, accumulation, checkpointing, ZeRO; 25% bf16); 8-bit Adam is reported, not held to a bar")
+    expandable = ("| scenario | remedy | predicted GiB | simulated GiB | error | predicted reserved GiB | "
+                  "simulated reserved GiB | OOM predicted / simulated |\n|---|---|---:|---:|---:|---:|---:|---|\n"
+                  + expandable_pair())
+    print(text + "\n\n" + summary + "\n\n" + expandable)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(f"# Remedy accuracy (benchmarks/remedy_accuracy.py)\n\nSaving of each remedy as the baseline's "
-                        f"analysis estimated it and as the simulated run with the remedy measured it (difference of "
-                        f"`demand_bytes`); error = (estimated - measured) / measured, ✗ beyond {TOLERANCE:.0%}.\n\n"
-                        f"{text}\n\n{summary}\n")
+    args.out.write_text(
+        "# Remedy accuracy (benchmarks/remedy_accuracy.py)\n\nPeak allocated bytes predicted by replaying the "
+        "baseline's recording with the remedy applied (analyzer.diagnose.counterfactual) against the simulated run "
+        "with the remedy applied to the training code; error = (predicted - simulated) / simulated. The formula's new "
+        "peak (demand minus its estimated saving) is shown for comparison. ZeRO is rank 0 of "
+        f"{SHARDS} GPUs.\n\n{text}\n\n{summary}\n\n{expandable}\n")
 
 
 if __name__ == "__main__":
