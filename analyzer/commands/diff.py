@@ -1,7 +1,9 @@
 """`analyze diff BEFORE AFTER`: did the change help, and did it help as much as the estimate said?
 
-Peaks, breakdowns and findings side by side per device. The remedy being checked is `--remedy ID`, or else
-the one of BEFORE's remedies whose estimate is closest to the measured saving (said so in the output).
+Peaks, breakdowns and findings side by side per device. The remedy being checked is `--remedy ID`, or else,
+among BEFORE's remedies whose memory actually shrank (each acts on some categories: ZeRO-3 on the model
+states, bf16 on activations), the one whose estimate is closest to the measured saving (said so in the output).
+When none of them shrank what it acts on, no remedy is credited.
 """
 from __future__ import annotations
 
@@ -11,9 +13,12 @@ from typing import Any
 
 from analyzer.result import Analysis, DeviceAnalysis
 from analyzer.pipeline import analyze
-from analyzer.diagnose.remedies import LAYOUT_ONLY
-from analyzer.core.units import gib, parse_bytes
-from analyzer.errors import UnsupportedFormat
+from analyzer.commands.estimate import device_memory
+from analyzer.diagnose.remedies import BY_ID, LAYOUT_ONLY
+from analyzer.core.units import gib
+from analyzer.errors import AnalyzerError, UnsupportedFormat
+
+SHRANK = 0.05   # a category shrank when it lost at least this share of its bytes
 
 
 def compare_device(before: DeviceAnalysis, after: DeviceAnalysis, remedy_id: str | None) -> dict[str, Any]:
@@ -23,7 +28,8 @@ def compare_device(before: DeviceAnalysis, after: DeviceAnalysis, remedy_id: str
     categories = {name: {"before": b_cat.get(name, 0), "after": a_cat.get(name, 0),
                          "change": (a_cat.get(name, 0) - b_cat.get(name, 0)) / b_cat[name] if b_cat.get(name) else None}
                   for name in sorted(set(b_cat) | set(a_cat))}
-    estimated = [r for r in before.diagnosis.remedies if r.get("saved_bytes") is not None]
+    estimated = [r for r in before.diagnosis.remedies if r.get("saved_bytes") is not None
+                 and _shrank(r["id"], b_cat, a_cat)]
     chosen, how = None, None
     layout = [r for r in before.diagnosis.remedies if r["id"] in LAYOUT_ONLY]
     if remedy_id:
@@ -48,6 +54,13 @@ def compare_device(before: DeviceAnalysis, after: DeviceAnalysis, remedy_id: str
     }
 
 
+def _shrank(remedy_id: str, before: dict[str, int], after: dict[str, int]) -> bool:
+    """Some category the remedy acts on lost at least SHRANK of its bytes between the runs."""
+    remedy = BY_ID.get(remedy_id)
+    acts_on = remedy.acts_on if remedy is not None else ()
+    return any(before.get(c, 0) and after.get(c, 0) <= (1 - SHRANK) * before[c] for c in acts_on)
+
+
 def compare(before: Analysis, after: Analysis, remedy_id: str | None = None) -> dict[str, Any]:
     pairs = [(b, next(a for a in after.devices if a.device == b.device)) for b in before.devices
              if any(a.device == b.device for a in after.devices)]
@@ -67,8 +80,11 @@ def render(result: dict[str, Any]) -> str:
             lines.append(f"  {name:<16} {gib(c['before']):>12} -> {gib(c['after']):>12}{change}")
         lines.append(f"  findings: {', '.join(d['findings_before']) or 'none'} -> {', '.join(d['findings_after']) or 'none'}")
         check = d["remedy_check"]
+        if check is None and d["saving_bytes"]:
+            lines.append("  no remedy of BEFORE shrank what it acts on: pass --remedy ID to check one")
         if check:
-            error = "" if check["error"] is None else f" (measured is {check['error']:+.0%} of the estimate)"
+            error = "" if check["error"] is None else \
+                f" (the measured saving is {1 + check['error']:.0%} of the estimated one)"
             lines.append(f"  estimate for {check['remedy']} ({check['chosen']}): -{gib(check['estimated_saving_bytes'])}; "
                          f"measured: -{gib(check['measured_saving_bytes'])}{error}")
     return "\n".join(lines)
@@ -81,11 +97,15 @@ class DiffCommand:
         parser.add_argument("before")
         parser.add_argument("after")
         parser.add_argument("--remedy", help="the remedy id applied between the runs (see `analyze FILE --format json`)")
-        parser.add_argument("--gpu-memory", type=parse_bytes)
+        parser.add_argument("--gpu-memory", help="memory per GPU with its unit, e.g. 80GiB")
         parser.add_argument("--format", choices=("text", "json"), default="text")
 
     def run(self, args: argparse.Namespace) -> int:
-        result = compare(_one(args.before, args.gpu_memory), _one(args.after, args.gpu_memory), args.remedy)
+        if args.remedy is not None and args.remedy not in BY_ID:
+            raise AnalyzerError(None, f"--remedy {args.remedy}: no such remedy",
+                                f"Use one of: {', '.join(BY_ID)}.")
+        memory = device_memory(args.gpu_memory)
+        result = compare(_one(args.before, memory), _one(args.after, memory), args.remedy)
         print(json.dumps(result, indent=2) if args.format == "json" else render(result))
         return 0
 
