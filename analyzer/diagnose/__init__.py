@@ -14,6 +14,7 @@ from typing import Any
 
 from analyzer.diagnose import (activation_peak, checkpoint_gather, fragmentation, leak, oom, optimizer_spike, outside,
                                reserved_growth)
+from analyzer.diagnose import counterfactual
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import oom_where
 from analyzer.core.units import gib, rate_bytes
@@ -43,6 +44,8 @@ def diagnose(ctx: DeviceContext) -> Diagnosis:
     triaged = triage(ctx, findings)
     workload = recognise(ctx)
     demand = _demand(ctx, findings, theory, triaged["verdict"], picture, workload)
+    offered = [] if host else [r["id"] for r in rank_remedies(demand)]
+    demand.replayed = counterfactual.replayed(ctx, demand, offered)   # only what is offered is replayed
     remedies = [] if host else [r for r in rank_remedies(demand) if ctx.device >= 0 or r["id"] not in LAYOUT_ONLY]
     fits = _fits(demand)
     return Diagnosis(findings=findings, remedies=remedies, theory=theory, fragmentation=picture, triage=triaged,

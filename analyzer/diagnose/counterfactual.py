@@ -19,6 +19,8 @@ import pandas as pd
 
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import Category, Phase
+from analyzer.diagnose.context import DeviceContext
+from analyzer.diagnose.remedies import Demand, gpus_for
 from analyzer.diagnose.transforms import (Stream, accumulation, bf16, checkpointing, micro_batch, optimizer_state,
                                           zero)
 from analyzer.simulate.allocator import AllocatorSettings, CachingAllocator, SimulatedOutOfMemory
@@ -29,6 +31,10 @@ _RELEASES = ("segment_free", "segment_unmap")
 # what a failed request would have been, by the phase it failed in (the rest: other)
 _FAILED = {Phase.FORWARD.value: Category.ACTIVATION.value, Phase.BACKWARD.value: Category.TEMPORARY.value,
            Phase.OPTIMIZER.value: Category.OPTIMIZER_STATE.value}
+
+# what each ZeRO remedy shards, for its GPU count
+_SHARDED = {"zero1": (Category.OPTIMIZER_STATE.value,),
+            "zero2": (Category.OPTIMIZER_STATE.value, Category.GRADIENT.value)}
 
 
 @dataclass(frozen=True)
@@ -48,8 +54,9 @@ class Prediction:
 Transform = Callable[[Stream], Stream]
 
 
-def transforms(shards: int | None) -> dict[str, tuple[Transform, bool]]:
-    """(transform, expandable segments) of every remedy a replay can predict; ZeRO only with a GPU count."""
+def transforms(shards: dict[str, int]) -> dict[str, tuple[Transform, bool]]:
+    """(transform, expandable segments) of every remedy a replay can predict; ZeRO only with its GPU count
+    (`shards`: remedy id -> N)."""
     out: dict[str, tuple[Transform, bool]] = {
         "micro_batch": (lambda s: micro_batch(s, 2), False),
         "gradient_accumulation": (lambda s: accumulation(s, 2), False),
@@ -60,10 +67,15 @@ def transforms(shards: int | None) -> dict[str, tuple[Transform, bool]]:
         "optimizer_offload": (lambda s: optimizer_state(s, 0.0, step_temporaries=0.0), False),
         "expandable_segments": (lambda s: s, True),
     }
-    if shards and shards > 1:
-        out["zero1"] = (lambda s: zero(s, 1, shards), False)
-        out["zero2"] = (lambda s: zero(s, 2, shards), False)
+    for stage in (1, 2):
+        n = shards.get(f"zero{stage}", 0)
+        if n > 1:
+            out[f"zero{stage}"] = (_sharding(stage, n), False)
     return out
+
+
+def _sharding(stage: int, shards: int) -> Transform:
+    return lambda s: zero(s, stage, shards)
 
 
 def recorded_stream(trace: MemoryTrace, device: int) -> Stream | None:
@@ -168,17 +180,28 @@ def usable_capacity(trace: MemoryTrace, device: int, capacity: int | None) -> in
 
 
 def predict(trace: MemoryTrace, device: int, remedy_ids: list[str], capacity: int | None,
-            shards: int | None) -> dict[str, Prediction]:
-    """Replayed predictions for those of `remedy_ids` a transform exists for (nothing without a history)."""
+            shards: dict[str, int] | int | None = None) -> dict[str, Prediction]:
+    """Replayed predictions for those of `remedy_ids` a transform exists for (nothing without a history);
+    `shards`: the GPU count of each ZeRO remedy, or one count for all."""
     stream = recorded_stream(trace, device)
     if stream is None:
         return {}
     usable = usable_capacity(trace, device, capacity)
     recorded = bool(trace.allocator_settings.get("expandable_segments")) if trace.allocator_settings else False
-    known = transforms(shards)
+    known = transforms(shards if isinstance(shards, dict) else {f"zero{s}": shards or 0 for s in (1, 2)})
     out = {}
     for remedy in remedy_ids:
         if remedy in known:
             transform, expandable = known[remedy]
             out[remedy] = replay(transform(stream), usable, AllocatorSettings(expandable_segments=expandable or recorded))
     return out
+
+
+def replayed(ctx: DeviceContext, demand: Demand, offered: list[str]) -> dict[str, dict[str, int | bool | None]]:
+    """The replayed predictions of the offered remedies, as the remedy list carries them; a ZeRO remedy is
+    replayed over the GPU count its title names."""
+    if ctx.device < 0:
+        return {}
+    shards = {remedy: gpus_for(demand, demand.bytes(*categories))[0] for remedy, categories in _SHARDED.items()}
+    return {remedy: p.to_dict() for remedy, p in predict(ctx.trace, ctx.device, offered, ctx.capacity_bytes,
+                                                          shards).items()}

@@ -71,6 +71,9 @@ class Demand:
     triage: str | None = None                # analyzer.diagnose.triage verdict
     leak_bytes: int = 0                      # leaked memory alive at the worst moment
     leak_stacks: list[str] = field(default_factory=list)   # where the leaked memory was allocated, with its rate
+    # counterfactual replay (analyzer.diagnose.counterfactual): remedy id -> the replayed run's peak allocated and
+    # reserved bytes and whether it would still run out of memory; a remedy with one takes its saving from it
+    replayed: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def bytes(self, *categories: str) -> int:
         return sum(self.by_category.get(c, 0) for c in categories)
@@ -351,16 +354,22 @@ def rank_remedies(demand: Demand) -> list[dict[str, Any]]:
         if not remedy.applies(demand):
             continue
         saved, confidence = remedy.estimate(demand)
+        replay = demand.replayed.get(remedy.id)
+        if replay is not None and not remedy.layout_only:     # the replayed run, not the formula, says what it saves
+            saved = demand.total - int(replay["peak_allocated_bytes"])
         if saved is not None and saved <= MIN_SAVING_SHARE * demand.total:
             continue
         new_peak = None if saved is None else demand.total - (0 if remedy.layout_only else saved)
         limit = 1.0 if remedy.layout_only else FIT_HEADROOM
         fits = None if new_peak is None or demand.capacity is None else new_peak <= limit * demand.capacity
+        if replay is not None and replay["oom"] is not None:
+            fits = bool(fits or remedy.layout_only) and not replay["oom"]
         title = remedy.title(demand) if callable(remedy.title) else remedy.title
         out.append({"id": remedy.id, "rank": len(out) + 1, "title": title, "saved_bytes": saved,
                     "new_peak_bytes": new_peak, "fits": fits, "confidence": confidence, "try_first": False,
                     "purpose": "grow" if grow else "fix", "note": _same_saving(demand, remedy, saved, out),
-                    "how": remedy.how(demand) if callable(remedy.how) else remedy.how, "cost": remedy.cost})
+                    "how": remedy.how(demand) if callable(remedy.how) else remedy.how, "cost": remedy.cost,
+                    "saving_source": "formula" if replay is None or remedy.layout_only else "replay", "replay": replay})
     if grow:
         return out
     candidates = [r for r in out if r["id"] not in CONDITIONAL]

@@ -55,7 +55,7 @@ def model(config: GPTConfig, fused_attention: bool, checkpointing: bool) -> GPT:
         if checkpointing:
             block.__class__ = CheckpointedBlock
         if fused_attention:
-            block.attn.__class__ = FusedAttention   # type: ignore[union-attr]
+            block.attn.__class__ = FusedAttention
     return gpt
 
 
