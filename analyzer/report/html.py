@@ -1,8 +1,11 @@
-"""The self-contained HTML report: one file with its CSS, SVG charts and one tiny script inlined; it loads nothing.
+"""The self-contained HTML report: one file with its CSS, SVG charts, its data and one script inlined (uPlot,
+vendored in analyzer/report/vendor, and the explorer); it loads nothing.
 
 The page's Content-Security-Policy forbids every fetch and allows only that script (by its hash), so the report
 behaves the same opened from disk, from a mail attachment or from an issue, and a string from the input file
-can never become markup (autoescaping) nor run (CSP). The PDF is rendered from this same HTML.
+can never become markup (autoescaping; the embedded JSON escapes `<`, `>` and `&`, and the script writes text
+with textContent) nor run (CSP). The PDF is rendered from this same HTML: WeasyPrint runs no script, so it shows
+the static charts and tables the page hides on screen once its script runs.
 """
 from __future__ import annotations
 
@@ -13,9 +16,11 @@ from pathlib import Path
 import jinja2
 
 from analyzer.result import Analysis
+from analyzer.report import interactive
+from analyzer.report.interactive import allocator_pictures, embed_json, module_icicle, page_data
 from analyzer.report.plots import figure_svg, memory_figure
 from analyzer.core.units import human_bytes
-from analyzer.report.view import ReportView, build_view, words
+from analyzer.report.view import DeviceView, ReportView, build_view, words
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("analyzer.report", "templates"),
@@ -27,23 +32,42 @@ _ENV.filters["pct"] = lambda share: f"{share:.1%}" if share < 0.1 else f"{share:
 _ENV.filters["label"] = words
 _ENV.filters["onoff"] = lambda flag: {True: "on", False: "off"}.get(flag, "not recorded")
 
-_TEMPLATES = Path(__file__).parent / "templates"
-_CSS = (_TEMPLATES / "report.css").read_text(encoding="utf-8")
-_SCRIPT = (_TEMPLATES / "print.js").read_text(encoding="utf-8")  # opens every <details> while printing
+_HERE = Path(__file__).parent
+_CSS = (_HERE / "templates" / "report.css").read_text(encoding="utf-8")
+_CHART_CSS = (_HERE / "vendor" / "uPlot.min.css").read_text(encoding="utf-8")
+# print.js opens every <details> while printing; uPlot draws the charts; report.js is the explorer
+_SCRIPT = "\n".join([(_HERE / "templates" / "print.js").read_text(encoding="utf-8"),
+                     (_HERE / "vendor" / "uPlot.iife.min.js").read_text(encoding="utf-8"),
+                     (_HERE / "templates" / "report.js").read_text(encoding="utf-8")])
 _SCRIPT_HASH = "sha256-" + base64.b64encode(hashlib.sha256(_SCRIPT.encode()).digest()).decode()
 PRINT_LIVE = 10  # allocations with stacks on paper (the page's print style hides the rest)
+_COLORS = {"used": interactive.USED_COLORS, "waste": interactive.WASTE_COLOR, "free": interactive.FREE_COLOR,
+           "largest": interactive.LARGEST_FREE_COLOR}
 
 
-def render_view(view: ReportView) -> str:
-    charts = {d.device: figure_svg(memory_figure([d.chart]), f"chart{i}")
-              for i, d in enumerate(view.devices) if d.chart is not None}
-    return _ENV.get_template("report.html.j2").render(
-        v=view, charts=charts, css=_CSS, script=_SCRIPT, script_hash=_SCRIPT_HASH, print_live=PRINT_LIVE,
-    )
+def worst_first(devices: list[DeviceView]) -> list[DeviceView]:
+    """The devices a reader should look at first: those that ran out of memory, then the fullest (of its capacity
+    where known), host memory last."""
+    def fullness(d: DeviceView) -> float:
+        return d.peak_allocated_bytes / d.capacity_bytes if d.capacity_bytes else 0.0
+
+    return sorted(devices, key=lambda d: (d.device < 0, d.oom is None, -fullness(d), -d.peak_allocated_bytes,
+                                          d.device))
 
 
 def render_html(analysis: Analysis) -> str:
-    return render_view(build_view(analysis))
+    view = build_view(analysis)
+    data = page_data(analysis)
+    charts = {d.device: figure_svg(memory_figure([d.chart]), f"chart{i}")
+              for i, d in enumerate(view.devices) if d.chart is not None}
+    explore = {x["device"]: {"index": i, "exact": x["exact"], "allocations": x["allocations"]}
+               for i, x in enumerate(data["devices"])}
+    return _ENV.get_template("report.html.j2").render(
+        v=view, devices=worst_first(view.devices), charts=charts, css=_CSS, chart_css=_CHART_CSS, script=_SCRIPT,
+        script_hash=_SCRIPT_HASH, print_live=PRINT_LIVE, data=embed_json(data), explore=explore,
+        allocator={d.device: allocator_pictures(analysis, d) for d in analysis.devices},
+        icicles={d.device: module_icicle(d) for d in analysis.devices}, colors=_COLORS,
+    )
 
 
 def write_html(analysis: Analysis, out: Path) -> list[Path]:
