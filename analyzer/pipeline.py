@@ -21,6 +21,7 @@ from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace, MultiRankTrace
 from analyzer.diagnose import diagnose
 from analyzer.diagnose.context import make_context
+from analyzer.diagnose.imbalance import find_imbalance, summarise
 from analyzer.ingest import load
 from analyzer.result import TOP_ALLOCATIONS, Analysis, DeviceAnalysis, DeviceMeasures, OutOfMemory, RankSetAnalysis
 
@@ -77,7 +78,8 @@ def analyze_trace(trace: MemoryTrace, gpu_memory: int | None = None, world_size:
         warnings.append("no allocation history was recorded, so only the end state is known; record it with "
                         "torch.cuda.memory._record_memory_history(max_entries=100000) before the step, "
                         "then call torch.cuda.memory._dump_snapshot(path)")
-    return Analysis(trace=trace, devices=devices, warnings=warnings)
+    imbalance = find_imbalance([summarise(trace.device_label(d.device), d) for d in devices if d.device >= 0])
+    return Analysis(trace=trace, devices=devices, warnings=warnings, imbalance=imbalance)
 
 
 def measure(trace: MemoryTrace, device: int) -> DeviceMeasures:

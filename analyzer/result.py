@@ -120,6 +120,7 @@ class Analysis:
     trace: MemoryTrace
     devices: list[DeviceAnalysis]
     warnings: list[str] = field(default_factory=list)  # the reader's warnings, then the analysis's
+    imbalance: dict[str, Any] | None = None  # one GPU peaks far above the others (analyzer.diagnose.imbalance)
 
     def device(self, device: int) -> DeviceAnalysis:
         return next(d for d in self.devices if d.device == device)
@@ -140,6 +141,7 @@ class Analysis:
             "allocator_settings": _jsonable(self.trace.allocator_settings),
             "warnings": list(self.warnings),
             "devices": [_device_json(d) for d in self.devices],
+            "imbalance": self.imbalance,
         }
 
     def to_json_text(self) -> str:

@@ -1,0 +1,120 @@
+"""Imbalance across GPUs or ranks: one peaks far above the others, and the breakdowns say what makes the gap.
+
+Large jobs run out of memory on one rank of many. The worst peak is compared with the median one (the device or
+rank whose peak is the median of all): the category and the module that hold most of the difference say why
+(an uneven scatter of the batch makes activations, an unevenly split model makes parameters, gradients and
+optimizer state, DataParallel's replicas and gathered outputs sit on the first GPU), and the remedies follow from
+that category. The comparison needs only each peak's breakdowns, so it runs on summaries that travel back from
+the workers of a distributed analysis (`PeakSummary`), never on whole traces.
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from analyzer.core.module_tree import module_in_sentence
+from analyzer.core.units import gib
+from analyzer.core.vocabulary import UNATTRIBUTED, Category, category_plural
+from analyzer.result import DeviceAnalysis
+
+#: the worst peak over the median peak from which the spread is a finding, and the least gap in bytes (two small
+#: devices that differ by 2x are no story)
+IMBALANCE_RATIO = 1.5
+MIN_GAP_BYTES = 256 * 2**20
+#: a device whose peak is under this share of the largest one only holds a context or a workspace: it is idle,
+#: not a rank that got less work (a run on cuda:1 that leaves cuda:0 empty is not imbalanced)
+IDLE_SHARE = 0.02
+
+_MODEL_STATES = {Category.PARAMETER.value, Category.GRADIENT.value, Category.OPTIMIZER_STATE.value}
+
+
+@dataclass(frozen=True)
+class PeakSummary:
+    """One device's peak as the comparison needs it: what travels back from a worker for each device."""
+
+    label: str                       # 'cuda:1' or 'rank 12 cuda:0'
+    peak_bytes: int
+    oom: bool
+    by_category: dict[str, int] = field(default_factory=dict)
+    by_module: dict[str, int] = field(default_factory=dict)
+    peak_step: int | None = None
+    peak_phase: str | None = None
+    data_parallel_replicas: bool = False   # DataParallel's replicate made parameters on this device
+
+
+def summarise(label: str, d: DeviceAnalysis) -> PeakSummary:
+    """The PeakSummary of one analysed device."""
+    live = d.peak.live
+    replicas = bool(len(live)) and "label_source" in live and bool(
+        live["label_source"].astype(str).str.contains("frames:data-parallel-replica", regex=False).any())
+    return PeakSummary(label=label, peak_bytes=int(d.peak.allocated_bytes), oom=d.oom is not None,
+                       by_category={r["name"]: int(r["bytes"]) for r in d.by_category},
+                       by_module={r["name"]: int(r["bytes"]) for r in d.by_module},
+                       peak_step=d.peak_step, peak_phase=d.peak_phase, data_parallel_replicas=replicas)
+
+
+def worst_first(peaks: Sequence[PeakSummary]) -> list[PeakSummary]:
+    """Out-of-memory devices first, then by peak, largest first: the order a report shows them in."""
+    return sorted(peaks, key=lambda p: (not p.oom, -p.peak_bytes))
+
+
+def find_imbalance(peaks: Sequence[PeakSummary]) -> dict[str, Any] | None:
+    """The `imbalance` finding, or None when the peaks are even (or there is only one)."""
+    largest = max((p.peak_bytes for p in peaks), default=0)
+    peaks = [p for p in peaks if p.peak_bytes >= IDLE_SHARE * largest]  # an idle GPU is not part of the job
+    if len(peaks) < 2:
+        return None
+    median_bytes = statistics.median_low(p.peak_bytes for p in peaks)  # a device's own peak (lower of two)
+    worst = max(peaks, key=lambda p: (p.oom, p.peak_bytes))
+    gap = worst.peak_bytes - median_bytes
+    if worst.peak_bytes < IMBALANCE_RATIO * median_bytes or gap < MIN_GAP_BYTES:
+        return None
+    median = min((p for p in peaks if p.peak_bytes == median_bytes), key=lambda p: p.label)
+    category, category_gap = _largest_gap(worst.by_category, median.by_category)
+    module, module_gap = _largest_gap(worst.by_module, median.by_module)
+    ratio = worst.peak_bytes / median_bytes
+    why = f"{category_plural(category)} make {gib(category_gap)} of the difference" if category else ""
+    if module:
+        why += f"{', most in ' if why else ''}{module_in_sentence(module)} ({gib(module_gap)})"
+    return {
+        "kind": "imbalance", "severity": "warning", "bytes": int(gap),
+        "summary": (f"{worst.label} peaks at {gib(worst.peak_bytes)}, {ratio:.1f}x the median "
+                    f"({median.label}, {gib(median.peak_bytes)}){': ' + why if why else ''}"),
+        "evidence": {"details": {
+            "worst": worst.label, "median": median.label, "ratio": round(ratio, 3),
+            "worst_peak_bytes": worst.peak_bytes, "median_peak_bytes": int(median.peak_bytes),
+            "category": category, "category_gap_bytes": category_gap,
+            "module": module, "module_gap_bytes": module_gap,
+            "peaks": [{"label": p.label, "peak_bytes": p.peak_bytes, "oom": p.oom, "peak_step": p.peak_step,
+                       "peak_phase": p.peak_phase} for p in worst_first(peaks)]}},
+        "remedies": _remedies(category, worst),
+    }
+
+
+def _largest_gap(worst: dict[str, int], median: dict[str, int]) -> tuple[str | None, int]:
+    """The attributed label that holds the most bytes more on the worst device than on the median one."""
+    gaps = {name: b - median.get(name, 0) for name, b in worst.items() if name != UNATTRIBUTED}
+    if not gaps:
+        return None, 0
+    name = max(gaps, key=lambda n: (gaps[n], n))
+    return (name, int(gaps[name])) if gaps[name] > 0 else (None, 0)
+
+
+def _remedies(category: str | None, worst: PeakSummary) -> list[str]:
+    """What evens the load, for the category that makes the difference."""
+    if worst.data_parallel_replicas or (category == Category.ACTIVATION and worst.label.startswith("cuda:0")):
+        first = ["Use DistributedDataParallel instead of nn.DataParallel: DataParallel gathers outputs and "
+                 "keeps the master copy of the model on the first GPU"]
+    else:
+        first = []
+    if category in _MODEL_STATES:
+        return first + ["Shard the model states evenly (FSDP / ZeRO) instead of placing whole layers per GPU",
+                        "Balance the pipeline stages: give the stage that holds the embedding or the LM head "
+                        "fewer layers"]
+    if category in (Category.ACTIVATION.value, Category.TEMPORARY.value):
+        return first + ["Give every rank the same micro-batch: an uneven scatter or a longer sequence on one "
+                        "rank makes its activations larger",
+                        "Balance the pipeline stages: the first stage keeps the most micro-batches in flight"]
+    return first + ["Compare the worst rank's report with the median rank's to see what it holds more of"]

@@ -1,0 +1,163 @@
+"""Find the per-rank files of one job in a directory, without reading them: which file is which rank's.
+
+Jobs write one file per rank, and often several per rank over a run:
+- torchtitan: `memory_snapshot/iteration_N/rankR_memory_snapshot.pickle`, and `iteration_N_exit/` on OOM;
+- `analyzer.capture`: `rank{R}_step{N}.pickle`, `rank{R}_step{N}_exit.pickle`, `rank{R}_step{N}_oom{K}.pickle`;
+- the profiler's trace handler: `*.pt.trace.json[.gz]`, the rank inside the trace (`distributedInfo`).
+
+Each rank is analysed once, from its most telling file: an out-of-memory dump first, then an exit dump, then
+the latest iteration or step; the other files of that rank are listed as skipped. Files whose name holds no
+rank (profiler traces) are all kept: their rank is read from the file. The walk never follows a symbolic link,
+reads only regular files, and stops at MAX_DEPTH levels and MAX_FILES entries, so a hostile tree cannot hang it.
+"""
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from analyzer.errors import AnalyzerError, UnsupportedFormat
+from analyzer.ingest import sniff
+
+#: directory levels walked below the folder given, and entries looked at in all
+MAX_DEPTH = 16
+MAX_FILES = 100_000
+#: the kinds of file that hold one rank's recording
+RANK_KINDS = (sniff.SNAPSHOT, sniff.KINETO, sniff.MEMORY_TIMELINE, sniff.MEMORY_TIMELINE_RAW)
+
+_RANK = re.compile(r"(?:^|[^a-z0-9])rank[_-]?(\d{1,6})(?!\d)", re.IGNORECASE)
+_ITERATION = re.compile(r"(?:iteration|iter|step)[_-]?(\d{1,12})(?!\d)", re.IGNORECASE)
+_OOM = re.compile(r"(?:^|[^a-z])oom(?:[_-]?\d+)?(?:[^a-z]|$)", re.IGNORECASE)
+_EXIT = re.compile(r"(?:^|[^a-z])exit(?:[^a-z]|$)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class RankFile:
+    """One file to analyse: its path, the rank its name gives (None: read it from the file), and the
+    iteration or step its name gives, for ordering."""
+
+    path: Path
+    rank: int | None
+    iteration: int | None
+    kind: str
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else self.path.name
+
+
+@dataclass
+class RankFiles:
+    root: Path
+    files: list[RankFile]
+    warnings: list[str] = field(default_factory=list)
+
+
+def _priority(path: Path) -> tuple[int, int]:
+    """Which of one rank's files tells most: an OOM dump, then an exit dump, then the latest iteration."""
+    text = str(path)
+    iteration = _last_number(_ITERATION, text)
+    return (2 if _OOM.search(path.name) else 1 if _EXIT.search(text) else 0, iteration if iteration is not None else -1)
+
+
+def _last_number(pattern: re.Pattern[str], text: str) -> int | None:
+    found = pattern.findall(text)
+    return int(found[-1]) if found else None
+
+
+def rank_of(path: Path, root: Path) -> int | None:
+    """The rank the file's name (or a folder below `root`) gives: `rank3_…`, `rank_3`, `rank-3`."""
+    for part in reversed(path.relative_to(root).parts):
+        match = _RANK.search(part)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def _walk(root: Path, warnings: list[str]) -> list[Path]:
+    """Regular files under `root`, breadth first, bounded; symbolic links and special files are skipped."""
+    found: list[Path] = []
+    level, seen = [root], 0
+    for depth in range(MAX_DEPTH + 1):
+        below: list[Path] = []
+        for folder in level:
+            try:
+                entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            except OSError as error:
+                warnings.append(f"skipped {_shown(folder, root)}: cannot be listed ({error.strerror})")
+                continue
+            for entry in entries:
+                seen += 1
+                if seen > MAX_FILES:
+                    warnings.append(f"stopped after {MAX_FILES} entries; the rest of the folder was not looked at")
+                    return found
+                path = Path(entry.path)
+                try:
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                except OSError:
+                    continue
+                if stat.S_ISLNK(mode):
+                    warnings.append(f"skipped {_shown(path, root)}: a symbolic link (not followed)")
+                elif stat.S_ISDIR(mode):
+                    below.append(path)
+                elif stat.S_ISREG(mode):
+                    found.append(path)
+                else:
+                    warnings.append(f"skipped {_shown(path, root)}: not a regular file")
+        if not below:
+            return found
+        if depth == MAX_DEPTH:
+            warnings.append(f"folders deeper than {MAX_DEPTH} levels were not looked at")
+        level = below
+    return found
+
+
+def _pickle_or_gzip(path: Path) -> bool:
+    """A snapshot starts with a pickle protocol >= 2 header (torch never wrote protocol 0 or 1) or is gzipped:
+    beside them in a job's folder, a text file that happens to start with a protocol-0 opcode is no rank."""
+    with open(path, "rb") as f:
+        head = f.read(2)
+    return head[:1] == b"\x80" or head == b"\x1f\x8b"
+
+
+def _shown(path: Path, root: Path) -> str:
+    return str(path.relative_to(root)) if path != root else str(root)
+
+
+def find_rank_files(root: Path) -> RankFiles:
+    """The files to analyse under `root`, one per rank where names give ranks, in rank order."""
+    warnings: list[str] = []
+    candidates: list[RankFile] = []
+    for path in _walk(root, warnings):
+        try:
+            kind = sniff.sniff(path)
+        except AnalyzerError as error:
+            warnings.append(f"skipped {_shown(path, root)}: {error.problem}")
+            continue
+        if kind not in RANK_KINDS or (kind == sniff.SNAPSHOT and not _pickle_or_gzip(path)):
+            warnings.append(f"skipped {_shown(path, root)}: not a recording of one rank ({kind})")
+            continue
+        candidates.append(RankFile(path, rank_of(path, root), _last_number(_ITERATION, str(path.relative_to(root))),
+                                   kind))
+    if not candidates:
+        raise UnsupportedFormat(root, "holds no memory snapshot or profiler trace",
+                                "Point at the folder the job wrote its per-rank files to.")
+    chosen: dict[int, RankFile] = {}
+    skipped: dict[int, int] = {}
+    for file in candidates:
+        if file.rank is None:
+            continue
+        best = chosen.get(file.rank)
+        if best is None or _priority(file.path) > _priority(best.path):
+            if best is not None:
+                skipped[file.rank] = skipped.get(file.rank, 0) + 1
+            chosen[file.rank] = file
+        else:
+            skipped[file.rank] = skipped.get(file.rank, 0) + 1
+    for rank, count in sorted(skipped.items()):
+        warnings.append(f"rank {rank}: analysed {_shown(chosen[rank].path, root)}; {count} other file(s) of "
+                        f"this rank skipped (an out-of-memory dump first, then an exit dump, then the latest)")
+    files = sorted(chosen.values(), key=lambda f: f.rank or 0) + [f for f in candidates if f.rank is None]
+    return RankFiles(root, files, warnings)

@@ -1,0 +1,146 @@
+"""A job recorded as one file per rank, analysed rank by rank on Dask, and compared.
+
+Each rank's analysis is independent, so the ranks run as tasks of a `dask.distributed` cluster: a
+`LocalCluster` with one single-threaded worker per core by default, or the cluster at `scheduler` (or
+`ANALYZER_DASK_SCHEDULER`) that the user already runs. A worker reads its rank's file itself and sends back only
+what the report needs: the rank's JSON document, its report view (charts already reduced to a few thousand
+points) and the summary of each device's peak for the comparison. No trace ever travels, so the driver's memory
+does not grow with the job, and a worker holds one rank's file at a time. A rank whose file is bad is reported
+as such and the others are still analysed.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from analyzer.diagnose.imbalance import PeakSummary, find_imbalance, summarise, worst_first
+from analyzer.errors import AnalyzerError
+from analyzer.ingest.ranks import RankFile, find_rank_files
+from analyzer.report.view import ReportView, build_view
+from analyzer.result import SCHEMA
+
+SCHEDULER_VARIABLE = "ANALYZER_DASK_SCHEDULER"
+
+
+@dataclass(frozen=True)
+class RankOptions:
+    """What every rank is analysed with (sent to each worker)."""
+
+    gpu_memory: int | None = None
+    world_size: int | None = None
+    source_roots: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """What comes back from one rank: never its trace."""
+
+    label: str
+    path: str
+    rank: int | None
+    document: dict[str, Any] | None = None      # the rank's analyzer/1 JSON
+    view: ReportView | None = None
+    peaks: list[PeakSummary] = field(default_factory=list)
+    error: str | None = None                    # the one-line reason the rank could not be analysed
+
+
+@dataclass(frozen=True)
+class JobAnalysis:
+    """Every rank of a job, the worst first, and what sets the worst apart."""
+
+    source_path: str
+    ranks: list[RankResult]                     # in rank order
+    imbalance: dict[str, Any] | None
+    warnings: list[str] = field(default_factory=list)
+
+    def worst_first(self) -> list[RankResult]:
+        """Ranks in the order a reader asks about them: out of memory first, then by peak; failed ranks last."""
+        order = {p.label: i for i, p in enumerate(worst_first([p for r in self.ranks for p in r.peaks]))}
+        return sorted(self.ranks, key=lambda r: min((order[p.label] for p in r.peaks), default=len(order)))
+
+    def to_json(self) -> dict[str, Any]:
+        """One analyzer/1 document for the job: every device carries its rank; the comparison is `job`."""
+        devices, warnings = [], list(self.warnings)
+        for r in self.ranks:
+            if r.document is None:
+                warnings.append(f"{r.label}: not analysed: {r.error}")
+                continue
+            devices += [{**d, "rank": r.rank} for d in r.document["devices"]]
+            warnings += [f"{r.label}: {w}" for w in r.document["warnings"]]
+        return {"schema": SCHEMA, "source": {"path": self.source_path, "kind": "ranks",
+                                             "ranks": [r.rank for r in self.ranks]},
+                "allocator_settings": {}, "warnings": warnings, "devices": devices,
+                "job": {"imbalance": self.imbalance,
+                        "failed_ranks": [{"label": r.label, "path": r.path, "error": r.error}
+                                         for r in self.ranks if r.error is not None]}}
+
+
+def analyze_rank(file: RankFile, options: RankOptions) -> RankResult:
+    """One rank, on a worker: read, analyse, keep what the report needs."""
+    from analyzer.ingest import load
+    from analyzer.pipeline import analyze_trace
+    from analyzer.core.trace import MemoryTrace
+
+    try:
+        loaded = load(file.path)
+        if not isinstance(loaded, MemoryTrace):
+            raise AnalyzerError(file.path, "holds several ranks itself", "Point at one rank's file.")
+        analysis = analyze_trace(loaded, options.gpu_memory, options.world_size,
+                                 source_roots=options.source_roots)
+    except AnalyzerError as error:
+        return RankResult(file.label, str(file.path), file.rank, error=str(error))
+    except Exception as error:  # a bug of ours on one rank must not cost the user the other ranks
+        return RankResult(file.label, str(file.path), file.rank,
+                          error=f"internal error ({type(error).__name__}: {error}); please report it")
+    rank = file.rank if file.rank is not None else analysis.trace.rank
+    label = f"rank {rank}" if rank is not None else file.label
+    peaks = [summarise(f"{label} {analysis.trace.device_label(d.device)}", d) for d in analysis.devices
+             if d.device >= 0]
+    return RankResult(label, str(file.path), rank, document=analysis.to_json(), view=build_view(analysis),
+                      peaks=peaks)
+
+
+def analyze_job(root: str | Path, options: RankOptions = RankOptions(), *, scheduler: str | None = None,
+                workers: int | None = None, on_done: Callable[[RankResult], None] | None = None) -> JobAnalysis:
+    """Every rank under `root`, analysed on Dask (see the module docstring); `on_done` is called as each rank
+    finishes (a progress bar counts them)."""
+    found = find_rank_files(Path(root))
+    results = _run(found.files, options, scheduler or os.environ.get(SCHEDULER_VARIABLE) or None, workers, on_done)
+    results.sort(key=lambda r: (r.rank is None, r.rank or 0, r.path))
+    return JobAnalysis(source_path=str(root), ranks=results,
+                       imbalance=find_imbalance([p for r in results for p in r.peaks]), warnings=found.warnings)
+
+
+def _run(files: Sequence[RankFile], options: RankOptions, scheduler: str | None, workers: int | None,
+         on_done: Callable[[RankResult], None] | None) -> list[RankResult]:
+    from dask.distributed import Client, LocalCluster, as_completed
+
+    done: list[RankResult] = []
+    if scheduler:
+        client = Client(scheduler)
+        cluster = None
+    else:
+        count = max(1, min(workers or os.cpu_count() or 1, len(files)))
+        cluster = LocalCluster(n_workers=count, threads_per_worker=1, processes=True, dashboard_address=None,
+                               silence_logs=50)
+        client = Client(cluster)
+    try:
+        futures = {client.submit(analyze_rank, f, options, pure=False): f for f in files}
+        for future in as_completed(futures):
+            try:
+                result = future.result()
+            except Exception as error:  # the worker died (its memory limit, a signal): that rank alone is lost
+                file = futures[future]
+                result = RankResult(file.label, str(file.path), file.rank,
+                                    error=f"the worker analysing it stopped ({type(error).__name__})")
+            done.append(result)
+            if on_done is not None:
+                on_done(result)
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    return done

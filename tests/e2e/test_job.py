@@ -1,0 +1,79 @@
+"""A job's ranks analysed on Dask (issue 22): one result per rank with only summaries coming back, a bad rank
+reported while the others are analysed, the worst rank first and why, a cluster the user already runs; and the
+imbalance across the GPUs of one real snapshot."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from analyzer.job import SCHEDULER_VARIABLE, JobAnalysis, analyze_job
+from tests.support.paths import REAL, SIM
+
+
+@pytest.fixture(scope="module")
+def job_dir(tmp_path_factory) -> Path:
+    """Three ranks as torchtitan writes them (rank 1 ran out of memory), and a rank whose file is cut short."""
+    root = tmp_path_factory.mktemp("job") / "memory_snapshot"
+    for rank, name in ((0, "activation_cache"), (1, "capacity_oom"), (2, "adam_first_step")):
+        target = root / "iteration_4_exit" / f"rank{rank}_memory_snapshot.pickle"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(SIM / f"{name}.pickle", target)
+    data = (SIM / "activation_cache.pickle").read_bytes()
+    (root / "iteration_4_exit" / "rank3_memory_snapshot.pickle").write_bytes(data[: len(data) // 3])
+    return root
+
+
+@pytest.fixture(scope="module")
+def job(job_dir) -> JobAnalysis:
+    seen: list[str] = []
+    result = analyze_job(job_dir, workers=2, on_done=lambda r: seen.append(r.label))
+    assert sorted(seen) == ["rank 0", "rank 1", "rank 2", "rank 3"]   # the progress callback counts every rank
+    return result
+
+
+def test_every_rank_comes_back_as_a_summary_never_a_trace(job):
+    assert [r.rank for r in job.ranks] == [0, 1, 2, 3]
+    good = [r for r in job.ranks if r.error is None]
+    assert len(good) == 3 and all(r.view is not None and r.document is not None for r in good)
+    assert not any(hasattr(r, "trace") for r in job.ranks)
+
+
+def test_a_bad_rank_is_reported_and_the_others_analysed(job):
+    bad = job.ranks[3]
+    assert bad.error is not None and bad.view is None and "rank3_memory_snapshot.pickle" in bad.error
+    doc = job.to_json()
+    assert doc["job"]["failed_ranks"] == [{"label": "rank 3", "path": bad.path, "error": bad.error}]
+    assert {d["rank"] for d in doc["devices"]} == {0, 1, 2}
+
+
+def test_the_worst_rank_comes_first_with_why(job):
+    assert [r.label for r in job.worst_first()] == ["rank 1", "rank 2", "rank 0", "rank 3"]
+    details = job.imbalance["evidence"]["details"]
+    assert details["worst"] == "rank 1 cuda:0" and details["median"] == "rank 2 cuda:0"
+    peaks = {p.label: p.peak_bytes for r in job.ranks for p in r.peaks}
+    assert details["ratio"] == round(peaks["rank 1 cuda:0"] / peaks["rank 2 cuda:0"], 3)
+    assert details["category"] == "activation"
+
+
+def test_a_cluster_the_user_runs_is_used(job_dir, job, monkeypatch):
+    from dask.distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        monkeypatch.setenv(SCHEDULER_VARIABLE, cluster.scheduler_address)
+        again = analyze_job(job_dir)
+    assert [p for r in again.ranks for p in r.peaks] == [p for r in job.ranks for p in r.peaks]
+
+
+def test_the_gpus_of_one_snapshot_are_compared():
+    if not REAL.is_dir():
+        pytest.skip(f"real recordings not found at {REAL}")
+    from analyzer.pipeline import analyze
+
+    analysis = analyze(REAL / "constructor-sun-code_location" / "memory_snapshot.pickle")
+    details = analysis.imbalance["evidence"]["details"]
+    # TRUTH.md: cuda:1 78.29 GiB at the OOM, cuda:2 20 GiB, cuda:0 7.9 GiB (torch_geometric DataParallel)
+    assert (details["worst"], details["median"], details["category"]) == ("cuda:1", "cuda:2", "activation")
+    assert round(details["worst_peak_bytes"] / 2**30, 2) == 78.29
+    assert [p["label"] for p in details["peaks"]] == ["cuda:1", "cuda:2", "cuda:0"]

@@ -1,0 +1,76 @@
+"""The imbalance finding (issue 22): the worst peak against the median one, the category and module that make
+the difference, and the remedies that follow; each threshold tested on both sides."""
+from __future__ import annotations
+
+from analyzer.diagnose.imbalance import IMBALANCE_RATIO, MIN_GAP_BYTES, PeakSummary, find_imbalance, worst_first
+
+GiB = 2**30
+
+
+def peak(label: str, total: int, oom: bool = False, replicas: bool = False, **categories: int) -> PeakSummary:
+    by_category = dict(categories) or {"activation": total}
+    return PeakSummary(label, total, oom, by_category=by_category,
+                       by_module={f"{label}.blocks": by_category.get("activation", 0)}, data_parallel_replicas=replicas)
+
+
+def test_even_peaks_are_no_finding():
+    assert find_imbalance([peak("rank 0", 10 * GiB), peak("rank 1", 11 * GiB), peak("rank 2", 12 * GiB)]) is None
+    assert find_imbalance([peak("rank 0", 10 * GiB)]) is None
+
+
+def test_the_ratio_threshold_on_each_side():
+    median = 10 * GiB
+    under = int(IMBALANCE_RATIO * median) - 1
+    over = int(IMBALANCE_RATIO * median) + 1
+    assert find_imbalance([peak("a", median), peak("b", median), peak("c", under)]) is None
+    found = find_imbalance([peak("a", median), peak("b", median), peak("c", over)])
+    assert found is not None and found["evidence"]["details"]["worst"] == "c"
+
+
+def test_small_devices_that_differ_twofold_are_no_story():
+    small = 100 * 2**20
+    assert find_imbalance([peak("a", small), peak("b", small), peak("c", small + MIN_GAP_BYTES - 1)]) is None
+    assert find_imbalance([peak("a", small), peak("b", small), peak("c", small + MIN_GAP_BYTES)]) is not None
+
+
+def test_the_category_and_module_that_make_the_difference():
+    ranks = [peak("rank 0", 20 * GiB, parameter=10 * GiB, activation=10 * GiB),
+             peak("rank 1", 21 * GiB, parameter=10 * GiB, activation=11 * GiB),
+             peak("rank 2", 60 * GiB, oom=True, parameter=12 * GiB, activation=48 * GiB)]
+    found = find_imbalance(ranks)
+    details = found["evidence"]["details"]
+    assert (details["worst"], details["median"]) == ("rank 2", "rank 1")
+    assert details["category"] == "activation" and details["category_gap_bytes"] == 37 * GiB
+    assert details["module"] == "rank 2.blocks" and details["module_gap_bytes"] == 48 * GiB
+    assert found["bytes"] == 39 * GiB and details["ratio"] == round(60 / 21, 3)
+    assert "same micro-batch" in found["remedies"][0]
+    assert [p["label"] for p in details["peaks"]] == ["rank 2", "rank 1", "rank 0"]
+
+
+def test_model_states_point_at_the_split_of_the_model_and_replicas_at_ddp():
+    states = [peak("cuda:1", 10 * GiB, parameter=8 * GiB), peak("cuda:2", 10 * GiB, parameter=8 * GiB),
+              peak("cuda:0", 30 * GiB, replicas=True, parameter=28 * GiB)]
+    remedies = find_imbalance(states)["remedies"]
+    assert remedies[0].startswith("Use DistributedDataParallel")
+    assert any("Shard the model states" in r for r in remedies)
+
+
+def test_out_of_memory_devices_come_first_then_the_largest():
+    order = worst_first([peak("a", 5 * GiB), peak("b", 9 * GiB), peak("c", 2 * GiB, oom=True)])
+    assert [p.label for p in order] == ["c", "b", "a"]
+
+
+def test_an_idle_gpu_is_not_part_of_the_comparison():
+    from analyzer.diagnose.imbalance import IDLE_SHARE
+
+    busy = 10 * GiB
+    assert find_imbalance([peak("cuda:0", 0), peak("cuda:1", busy)]) is None
+    assert find_imbalance([peak("cuda:0", int(IDLE_SHARE * busy) - 1), peak("cuda:1", busy)]) is None
+    found = find_imbalance([peak("cuda:0", int(IDLE_SHARE * busy) + 1), peak("cuda:1", busy)])
+    assert found is not None and found["evidence"]["details"]["median"] == "cuda:0"
+
+
+def test_the_median_is_a_devices_own_peak():
+    found = find_imbalance([peak("a", 4 * GiB), peak("b", 6 * GiB), peak("c", 8 * GiB), peak("d", 30 * GiB)])
+    details = found["evidence"]["details"]
+    assert details["median"] == "b" and details["median_peak_bytes"] == 6 * GiB and details["ratio"] == 5.0
