@@ -24,7 +24,7 @@ from analyzer.diagnose.remedies import Demand, gpus_for
 from analyzer.diagnose.transforms import (Stream, accumulation, bf16, checkpointing, micro_batch, optimizer_state,
                                           zero)
 from analyzer.simulate.allocator import AllocatorSettings, CachingAllocator, SimulatedOutOfMemory
-from analyzer.simulate.blocks import Block
+from analyzer.simulate.blocks import Block, CallContext
 from analyzer.simulate.device import DeviceMemory
 
 _RELEASES = ("segment_free", "segment_unmap")
@@ -124,6 +124,14 @@ def _releases(trace: MemoryTrace, device: int) -> np.ndarray:
     return np.asarray(keep, dtype=np.float64)
 
 
+class _Unrecorded(CachingAllocator):
+    """The allocator model without its trace: a prediction needs the decisions, not a snapshot of them."""
+
+    def _record(self, action: str, addr: int | None, size: int, stream: int, ctx: CallContext,
+                device_free: int | None = None) -> None:
+        return None
+
+
 def replay(stream: Stream, capacity: int | None, settings: AllocatorSettings = AllocatorSettings()) -> Prediction:
     """Feed the stream, in position order (frees before allocations at one position), to a fresh allocator on
     a device of `capacity` usable bytes. A request that fails is noted and the replay goes on as if the device
@@ -138,7 +146,7 @@ def replay(stream: Stream, capacity: int | None, settings: AllocatorSettings = A
     index = np.concatenate([np.arange(n), freed, np.zeros(len(stream.releases), dtype=np.int64)])
     order = np.lexsort((kinds, positions))
     sizes, streams = rows["bytes"].to_numpy().tolist(), rows["stream"].to_numpy().tolist()
-    model = CachingAllocator(DeviceMemory(capacity), settings)
+    model = _Unrecorded(DeviceMemory(capacity), settings)
     blocks: list[Block | None] = [None] * n
     peak_allocated = peak_reserved = 0
     oom_at: float | None = None
