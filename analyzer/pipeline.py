@@ -19,6 +19,7 @@ from analyzer.core.gc_pause import gc_paused
 from analyzer.core.module_tree import module_tree
 from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace, MultiRankTrace
+from analyzer.core.units import human_bytes
 from analyzer.diagnose import diagnose
 from analyzer.diagnose.context import make_context
 from analyzer.diagnose.imbalance import find_imbalance, summarise
@@ -67,7 +68,8 @@ def analyze_trace(trace: MemoryTrace, gpu_memory: int | None = None, world_size:
     devices = []
     for device in active_devices(trace):
         measures = measure(trace, device)
-        warnings.extend(_device_warnings(measures, trace.timeline[trace.timeline["device"] == device]))
+        warnings.extend(_device_warnings(measures, trace.timeline[trace.timeline["device"] == device],
+                                         trace.source_kind))
         ctx = make_context(trace, measures, gpu_memory or _recorded_capacity(device_usage, device), world_size,
                            device_usage)
         devices.append(DeviceAnalysis(**vars(measures), diagnosis=diagnose(ctx),
@@ -143,16 +145,17 @@ def _recorded_capacity(device_usage: MemoryTrace | None, device: int) -> int | N
     return info.capacity_bytes if info is not None else None
 
 
-def _device_warnings(d: DeviceMeasures, timeline: pd.DataFrame) -> list[str]:
+def _device_warnings(d: DeviceMeasures, timeline: pd.DataFrame, source_kind: str) -> list[str]:
     """What a reader of the numbers must know about how complete and consistent they are."""
     out = []
     if d.history_truncated:
-        start = int(timeline["allocated_bytes"].iloc[0]) if len(timeline) else 0
-        out.append(f"device {d.device}: the history is truncated (the ring buffer wrapped or recording started late); "
-                   f"{start} bytes were already allocated before the first recorded event and are "
-                   "seeded from frees without allocs and from blocks alive at the end")
+        start = human_bytes(int(timeline["allocated_bytes"].iloc[0]) if len(timeline) else 0)
+        why = ("the profiler started recording after they were allocated" if source_kind == "kineto" else
+               "the ring buffer wrapped or recording started late")
+        out.append(f"device {d.device}: {start} were already allocated before the first recorded event ({why}); "
+                   "they are seeded from frees without allocs and from memory alive at the end")
     over = timeline["allocated_bytes"] - timeline["reserved_bytes"]
     if len(over) and int(over.max()) > 0:
-        out.append(f"device {d.device}: allocated bytes exceed reserved bytes by up to {int(over.max())} bytes; "
+        out.append(f"device {d.device}: allocated bytes exceed reserved bytes by up to {human_bytes(int(over.max()))}; "
                    "the snapshot is internally inconsistent (edited or synthetic?), so reserved figures are unreliable")
     return out

@@ -134,7 +134,7 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     ops = op_labels(trace, a, ann)
     if ops is not None:  # what a profiler trace's backward ops ran decides before frames; the rest after them
         engine = ops.phase_signal == "ops:autograd-engine"
-        _fill(phase, source, np.where(engine, ops.phase, None), ops.phase_signal)
+        _fill(phase, source, np.where(engine, ops.phase, np.full(len(a), None, dtype=object)), ops.phase_signal)
     _fill(phase, source, frame_phase, frame_signal)
     if ops is not None:
         _fill(phase, source, ops.phase, ops.phase_signal)

@@ -53,7 +53,8 @@ def op_labels(trace: MemoryTrace, a: pd.DataFrame, annotations: pd.DataFrame) ->
     if spans is None or trace.event_threads is None or not spans["cat"].isin(["cpu_op", "Operator"]).any():
         return None
     n = len(a)
-    labels = OpLabels(*(np.full(n, None, dtype=object) for _ in range(4)), np.full(n, np.nan))
+    labels = OpLabels(np.full(n, None, dtype=object), np.full(n, None, dtype=object), np.full(n, None, dtype=object),
+                      np.full(n, None, dtype=object), np.full(n, np.nan))
     t_alloc = a["t_alloc_us"].to_numpy(dtype=np.float64, na_value=np.nan)
     t_free = a["t_free_us"].to_numpy(dtype=np.float64, na_value=np.nan)
     alloc_thread, free_thread = _threads(trace, a)

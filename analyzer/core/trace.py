@@ -161,6 +161,7 @@ class DeviceInfo:
     history_truncated: bool = False     # frees with no alloc, or live blocks with no alloc, were seen
     capacity_bytes: int | None = None   # total device memory, where the input records it
     name: str | None = None
+    api: str | None = None              # what drives a GPU that is not CUDA, as the input says ("ROCm/HIP")
 
 
 @dataclass
@@ -230,9 +231,12 @@ class MemoryTrace:
         return int(times.min()) if len(times) else None
 
     def device_label(self, device: int) -> str:
-        """`cuda:N` for a GPU; host memory (profiler CPU events are kept on device -1) by its recorded name."""
+        """`cuda:N` for a GPU (torch's index; `cuda:0 (ROCm/HIP)` where the input says HIP drives it); host memory
+        (profiler CPU events are kept on device -1) by its recorded name."""
         info = self.devices.get(device)
-        return f"cuda:{device}" if device >= 0 else ((info.name if info else None) or "host")
+        if device < 0:
+            return (info.name if info else None) or "host"
+        return f"cuda:{device} ({info.api})" if info is not None and info.api else f"cuda:{device}"
 
     def stack_frames(self, stack_id: Any) -> tuple:
         """Frames of one stack, innermost first; empty for NA."""

@@ -27,7 +27,7 @@ def oom_where(phase: str | None, module: str | None, step: int | None) -> str:
     if phase and phase != UNATTRIBUTED:
         parts.append(f"in {phase_in_sentence(phase)}")
     if step is not None:
-        parts.append(f"of step {step}")
+        parts.append(f"of step {step}" if parts else f"in step {step}")
     if module and module != UNATTRIBUTED:
         parts.append(module if module.startswith("(") else f"({module_in_sentence(module)})")
     return " ".join(parts)

@@ -109,6 +109,7 @@ SPAN_COLUMNS: dict[str, str] = {
 
 _MEMORY, _OOM = "[memory]", "[OutOfMemory]"
 _HOST_TYPES = frozenset({0, 2, 5})          # c10::DeviceType CPU, MKLDNN, IDEEP
+_DEVICE_APIS = {6: "ROCm/HIP", 12: "XPU", 13: "MPS"}  # GPUs that are not CUDA, named as the trace's type says
 _USER, _PYTHON, _CPU_OP, _OPERATOR = range(4)
 _SPAN_CATS = {"user_annotation": _USER, "python_function": _PYTHON, "cpu_op": _CPU_OP, "Operator": _OPERATOR}
 _CAT_NAMES = list(_SPAN_CATS)
@@ -265,6 +266,7 @@ class _Kept:
         self.names: dict[str, int] = {}
         self.shapes: dict[str, int] = {"": 0}
         self.kernel_devices: Counter = Counter()
+        self.device_apis: dict[Any, str] = {}
 
     def collect(self, events: Iterable[dict], recorder: _Recorder) -> int:
         """Keep what matters from every event; returns an offset the traceEvents array ends after."""
@@ -290,7 +292,10 @@ class _Kept:
         device_type = args["Device Type"]
         self.m_ts.append(event["ts"])
         self.m_tid.append(_thread(event.get("tid")))
-        self.m_device.append(HOST if device_type in _HOST_TYPES else args["Device Id"])
+        device = HOST if device_type in _HOST_TYPES else args["Device Id"]
+        self.m_device.append(device)
+        if device_type in _DEVICE_APIS:
+            self.device_apis[device] = _DEVICE_APIS[device_type]
         self.m_addr.append(args.get("Addr", MISSING))
         self.m_bytes.append(args["Bytes"])
         self.m_allocated.append(args.get("Total Allocated", MISSING))
@@ -496,7 +501,8 @@ class _Stacks:
         """Frames of python span `node` (a position in self._python) and its callers, innermost first."""
         chain = self._chains.get(node)
         if chain is None:
-            frames, at = [], node
+            frames: list[tuple[str, int, str] | None] = []
+            at = node
             while at >= 0 and len(frames) < _MAX_FRAMES:
                 frames.append(self._frame_of[at])
                 at = int(self._parent[at])
@@ -684,7 +690,8 @@ class _Assembler:
             p = properties.get(d, {}) if d != HOST else {"name": "CPU (host memory)"}
             memory = p.get("totalGlobalMem")
             devices[d] = DeviceInfo(d, trace_entries=int(counts.get(d, 0)), history_truncated=d in truncated,
-                                    name=p.get("name"), capacity_bytes=int(memory) if isinstance(memory, int) else None)
+                                    name=p.get("name"), capacity_bytes=int(memory) if isinstance(memory, int) else None,
+                                    api=self.kept.device_apis.get(d))
         return devices
 
     def _main_device(self, devices: dict[int, DeviceInfo]) -> int:
