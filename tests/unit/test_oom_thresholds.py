@@ -93,7 +93,10 @@ def test_free_cached_memory_of_5_percent_of_the_reserve_makes_a_fragmentation_oo
     analysis = _oom_with_cached(CACHED_AT)
     d = analysis.devices[0].diagnosis
     assert _oom(analysis)["verdict"] == "fragmentation"
-    assert d.remedies[0]["id"] == "expandable_segments" and d.remedies[0]["try_first"]
+    # listed first; whether it is tried first is the replay's call: on this 194 MiB device, expandable segments
+    # map the large pool in 20 MiB granules (200 MiB), so the replay says it still runs out (the fragmentation
+    # fixture, on a realistic device, has it as try-first: tests/e2e/test_diagnosis.py)
+    assert d.remedies[0]["id"] == "expandable_segments" and d.remedies[0]["replay"]["peak_reserved_bytes"] == 200 * MiB
 
 
 def test_a_byte_less_free_cached_memory_is_a_capacity_oom():
