@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from analyzer.diagnose.imbalance import PeakSummary, find_imbalance, summarise, worst_first
 from analyzer.errors import AnalyzerError
 from analyzer.ingest.ranks import RankFile, find_rank_files
-from analyzer.report.view import ReportView, build_view
+from analyzer.report.view import InputView, ReportView, build_view, comparison_view, worst_first as devices_worst_first
 from analyzer.result import SCHEMA
 
 SCHEDULER_VARIABLE = "ANALYZER_DASK_SCHEDULER"
@@ -144,3 +144,28 @@ def _run(files: Sequence[RankFile], options: RankOptions, scheduler: str | None,
         if cluster is not None:
             cluster.close()
     return done
+
+
+def job_view(job: JobAnalysis) -> ReportView:
+    """One report view for the job: every rank's devices, named by rank, the worst first (each keeps its
+    verdict, breakdowns, findings and remedies), the comparison, and the warnings of the set and of each rank."""
+    devices, warnings, rank_of = [], list(job.warnings), {}
+    for r in job.ranks:
+        if r.view is None:
+            warnings.append(f"{r.label}: not analysed: {r.error}")
+            continue
+        warnings += [f"{r.label}: {w}" for w in r.view.warnings]
+        for d in r.view.devices:
+            devices.append(replace(d, name=f"{r.label} {d.name}"))
+            rank_of[devices[-1].name] = r.label
+    # device numbers repeat across ranks (each counts its GPUs from 0): the job view numbers them apart
+    devices = [replace(d, device=i if d.device >= 0 else -1 - i) for i, d in enumerate(devices_worst_first(devices))]
+    lead = next((d for d in devices if d.device >= 0), devices[0] if devices else None)
+    verdict = f"{rank_of[lead.name]}: {lead.verdict}" if lead is not None else "No rank could be analysed."
+    ranks = [r.rank for r in job.ranks if r.rank is not None]
+    source = InputView(path=job.source_path, kind="ranks", torch_era="", has_history=any(
+        r.view is not None and r.view.input.has_history for r in job.ranks), alloc_conf=None,
+        expandable_segments=None, settings=[], devices=[], rank=None, world_size=len(ranks) or None)
+    return ReportView(verdict=verdict, devices=devices, input=source, warnings=warnings,
+                      lead_device=lead.device if lead is not None else None,
+                      comparison=comparison_view(job.imbalance))

@@ -114,7 +114,7 @@ def _remedies(category: str | None, worst: PeakSummary) -> list[str]:
                         "Balance the pipeline stages: give the stage that holds the embedding or the LM head "
                         "fewer layers"]
     if category in (Category.ACTIVATION.value, Category.TEMPORARY.value):
-        return first + ["Give every rank the same micro-batch: an uneven scatter or a longer sequence on one "
-                        "rank makes its activations larger",
+        return first + ["Give every GPU the same share of the batch: an uneven scatter (samples, graphs or "
+                        "sequences of very different sizes) makes one GPU's activations larger",
                         "Balance the pipeline stages: the first stage keeps the most micro-batches in flight"]
     return first + ["Compare the worst rank's report with the median rank's to see what it holds more of"]

@@ -241,6 +241,14 @@ class InputView:
 
 
 @dataclass
+class ComparisonView:
+    """One GPU or rank far above the others (analyzer.diagnose.imbalance): what makes the gap, what evens it."""
+
+    summary: str
+    remedies: list[str]
+
+
+@dataclass
 class ReportView:
     verdict: str
     devices: list[DeviceView]
@@ -248,6 +256,13 @@ class ReportView:
     warnings: list[str]
     version: str = __version__
     lead_device: int | None = None       # the device the verdict is about
+    comparison: ComparisonView | None = None  # the devices (or ranks) compared, where one stands out
+
+
+def comparison_view(imbalance: dict[str, Any] | None) -> ComparisonView | None:
+    if imbalance is None:
+        return None
+    return ComparisonView(summary=str(imbalance["summary"]), remedies=[str(r) for r in imbalance["remedies"]])
 
 
 def build_view(analysis: Analysis) -> ReportView:
@@ -255,7 +270,7 @@ def build_view(analysis: Analysis) -> ReportView:
     trace = analysis.trace
     low, high, budget = CHART_POINTS
     points = min(high, max(low, budget // max(len(analysis.devices), 1)))  # the file stays small on 8 GPUs
-    devices = sorted((_device_view(analysis, d, points) for d in analysis.devices), key=lambda v: v.device < 0)
+    devices = worst_first([_device_view(analysis, d, points) for d in analysis.devices])
     lead = _lead_device(analysis.devices)  # host memory last: it is never the patient beside a GPU
     if lead is None:
         verdict = "The input holds no allocations and no history on any device."
@@ -264,7 +279,18 @@ def build_view(analysis: Analysis) -> ReportView:
         named = len(devices) == 1 or view.name in view.verdict
         verdict = view.verdict if named else f"{view.name}: {view.verdict}"
     return shown(ReportView(verdict=verdict, devices=devices, input=_input_view(trace),
-                            warnings=list(analysis.warnings), lead_device=None if lead is None else lead.device))
+                            warnings=list(analysis.warnings), lead_device=None if lead is None else lead.device,
+                            comparison=comparison_view(analysis.imbalance)))
+
+
+def worst_first(devices: list[DeviceView]) -> list[DeviceView]:
+    """The devices a reader should look at first: those that ran out of memory, then the fullest (of its capacity
+    where known), host memory last."""
+    def fullness(d: DeviceView) -> float:
+        return d.peak_allocated_bytes / d.capacity_bytes if d.capacity_bytes else 0.0
+
+    return sorted(devices, key=lambda d: (d.device < 0, d.oom is None, -fullness(d), -d.peak_allocated_bytes,
+                                          d.device))
 
 
 def _lead_device(devices: list[DeviceAnalysis]) -> DeviceAnalysis | None:

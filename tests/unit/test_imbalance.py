@@ -43,7 +43,7 @@ def test_the_category_and_module_that_make_the_difference():
     assert details["category"] == "activation" and details["category_gap_bytes"] == 37 * GiB
     assert details["module"] == "rank 2.blocks" and details["module_gap_bytes"] == 48 * GiB
     assert found["bytes"] == 39 * GiB and details["ratio"] == round(60 / 21, 3)
-    assert "same micro-batch" in found["remedies"][0]
+    assert "same share of the batch" in found["remedies"][0]
     assert [p["label"] for p in details["peaks"]] == ["rank 2", "rank 1", "rank 0"]
 
 
