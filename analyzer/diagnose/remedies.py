@@ -94,8 +94,9 @@ class Remedy:
 
 
 def fits_as_is(d: Demand) -> bool:
-    """No OOM, a known device, AMPLE_HEADROOM of it left at the allocated peak and the reserve within it."""
-    if d.oomed or d.capacity is None:
+    """No OOM, a known device, AMPLE_HEADROOM of it left at the allocated peak and the reserve within it; and
+    no leak, which runs out later whatever the headroom today."""
+    if d.oomed or d.capacity is None or "leak" in d.findings:
         return False
     reserved = d.reserved_peak if d.reserved_peak is not None else d.total
     return d.total <= (1 - AMPLE_HEADROOM) * d.capacity and reserved <= FIT_HEADROOM * d.capacity
