@@ -305,7 +305,7 @@ def test_hostile_strings_are_text_in_html(browser: Chromium, tmp_path: Path, hos
     hostile.devices[0].diagnosis.remedies[0]["how"] = f"print('{SCRIPT}')"
     _open(browser, hostile, tmp_path, "hostile")  # no dialog, no error, no request
     assert browser.evaluate("document.querySelectorAll('img').length") == 0
-    assert browser.evaluate("document.scripts.length") == 1  # ours, allowed by its hash
+    assert browser.evaluate("document.scripts.length") == 2  # the data block and ours, allowed by its hash
     assert browser.evaluate("document.querySelectorAll('a[href]:not([href^=\"#\"])').length") == 0
     text = browser.evaluate("document.body.innerText")
     for raw in (SCRIPT, LINK, IMG):
@@ -421,4 +421,6 @@ def test_html_stays_small_on_a_large_input(tmp_path: Path) -> None:
     path = tmp_path / "large.pickle"
     path.write_bytes(pickle.dumps({"segments": segments, "device_traces": traces}, protocol=4))
     html = render_html(analyzer.analyze(path))
-    assert len(html.encode()) < MAX_HTML_BYTES / 4
+    # the explorer embeds these 24,000 allocations (under interactive.ALLOCATIONS_EMBEDDED) and 3,000 points per
+    # device; stacks are interned and cut to their Python frames (at most 40)
+    assert len(html.encode()) < MAX_HTML_BYTES / 2

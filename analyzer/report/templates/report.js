@@ -33,7 +33,7 @@
 
   function decode(dev) {
     const al = dev.alloc;
-    const born = undelta(al.a);
+    const born = undelta(al.a).map((v) => v - 1);   // the first difference is from -1
     const end = born.map((a, i) => (al.l[i] === 0 ? Infinity : a + al.l[i]));
     const ch = dev.chart;
     const chart = ch && {
