@@ -20,7 +20,7 @@ from analyzer.report import interactive
 from analyzer.report.interactive import allocator_pictures, embed_json, module_icicle, page_data
 from analyzer.report.plots import figure_svg, memory_figure
 from analyzer.core.units import human_bytes
-from analyzer.report.view import DeviceView, ReportView, build_view, words
+from analyzer.report.view import DeviceView, build_view, words
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("analyzer.report", "templates"),

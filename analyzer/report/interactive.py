@@ -297,7 +297,7 @@ def allocator_pictures(analysis: Analysis, d: DeviceAnalysis) -> list[AllocatorP
         return None
     ctx = make_context(trace, d, None, None)
     ooms = trace.ooms[trace.ooms["device"] == d.device].tail(OOMS_PICTURED)
-    moments = [("at the peak", d.peak.event_index, None)]
+    moments: list[tuple[str, int, int | None]] = [("at the peak", d.peak.event_index, None)]
     moments += [(f"at the out-of-memory (event {int(o.seq)})", int(o.seq), int(o.requested_bytes))
                 for o in ooms.itertuples()]
     return [_picture(ctx, title, seq, request) for title, seq, request in moments]
