@@ -42,3 +42,24 @@ class UnsafePickle(AnalyzerError):
 
 class ResourceLimit(AnalyzerError):
     """The input would exceed a configured limit (decompressed size, nesting depth, entry count)."""
+
+
+class OutputError(AnalyzerError):
+    """The report cannot be written where asked: no such folder, a directory, a full disk, a planted link."""
+
+
+class UserCodeError(AnalyzerError):
+    """The user's own model code (run by `analyze simulate FILE`) raised: their bug, told in one line."""
+
+
+def user_code_error(error: BaseException, file: str | Path) -> AnalyzerError | None:
+    """A UserCodeError for `error` when its traceback passes through `file` (the user's script), else None (a bug
+    of ours, reported as one)."""
+    frames, tb = [], error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    if not any(Path(f).resolve() == Path(file).resolve() for f in frames if not f.startswith("<")):
+        return None
+    return UserCodeError(file, f"the model code raised {type(error).__name__}: {str(error)[:300]}",
+                         "Fix it and run again (python FILE shows the full traceback).")

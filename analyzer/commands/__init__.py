@@ -15,6 +15,7 @@ import sys
 import traceback
 from typing import Protocol
 
+from analyzer.core.printable import printable
 from analyzer.errors import EXIT_BAD_INPUT, AnalyzerError
 
 EXIT_INTERNAL = 1
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser_for(name, cmd).parse_args(argv[1:] if name else argv)
         return cmd.run(args)
     except AnalyzerError as error:
-        print(f"analyze: error: {error}", file=sys.stderr)
+        print(f"analyze: error: {printable(str(error))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("analyze: interrupted", file=sys.stderr)
@@ -74,6 +75,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # a bug of ours: one line, never a traceback unless asked for
         if os.environ.get("ANALYZER_DEBUG"):
             traceback.print_exc()
-        print(f"analyze: internal error: {type(error).__name__}: {error}. Please report it with the input "
+        print(f"analyze: internal error: {type(error).__name__}: {printable(str(error))}. Please report it with the input "
               "(set ANALYZER_DEBUG=1 for the traceback).", file=sys.stderr)
         return EXIT_INTERNAL

@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
 from analyzer import __version__
 from analyzer.core.units import parse_bytes
-from analyzer.errors import UnsupportedFormat
+from analyzer.core.printable import printable
+from analyzer.errors import OutputError, UnsupportedFormat
 from analyzer.report import REPORTERS, SUFFIXES, reporter
 from analyzer.result import Analysis
 
@@ -44,7 +50,8 @@ class AnalyzeCommand:
                             help="an Nsight Systems export (.sqlite) of the same run, to measure memory outside PyTorch")
         parser.add_argument("-o", "--output", type=Path, help="where to write the report (default: beside the input; "
                                                               "for json, standard output)")
-        parser.add_argument("--format", choices=sorted(REPORTERS), default="html", help="report format (default: html)")
+        parser.add_argument("--format", choices=sorted(REPORTERS), help="report format (default: from the suffix of "
+                                                                         "-o, else html)")
         parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
         parser.add_argument("--gpu-memory", type=parse_bytes, help="device memory, e.g. 80GiB (default: what the "
                                                                     "input records, or what the OOM shows)")
@@ -65,6 +72,7 @@ class AnalyzeCommand:
         from analyzer.report.trace_export import export_trace
         from analyzer.result import RankSetAnalysis
 
+        args.format = args.format or format_for(args.output)
         json_to_stdout = args.format == "json" and args.output is None
         console = Console(stderr=json_to_stdout, quiet=args.quiet or json_to_stdout, highlight=False)
         with reading_progress(Console(stderr=True), enabled=sys.stderr.isatty() and not args.quiet):
@@ -80,24 +88,72 @@ class AnalyzeCommand:
             if out is None:
                 sys.stdout.write(text + "\n")
             else:
-                out.write_text(text + "\n", encoding="utf-8")
-                console.print(f"\nreport written to [bold]{out}[/bold]")
+                for path in write_report(lambda target: _write_text(target, text + "\n"), out, args.output is None):
+                    _written(console, "report written to", path)
             return 0
         if args.export_trace is not None:
             if len(analyses) != 1:
                 raise UnsupportedFormat(args.file, "--export-trace takes one profiler trace, not a set of ranks",
                                         "Pass one rank's .json(.gz) trace.")
-            for path in export_trace(analyses[0], args.export_trace):
-                console.print(f"trace with memory counters written to [bold]{path}[/bold]")
+            for path in write_report(partial(export_trace, analyses[0]), args.export_trace, False):
+                _written(console, "trace with memory counters written to", path)
         for a in analyses:  # the report first: a closed pipe on stdout (| head) must not cost the user the file
             target = out if len(analyses) == 1 else out.with_name(f"{out.stem}.rank{a.trace.rank}{out.suffix}")
-            written = reporter(args.format)(a, target)
+            written = write_report(partial(reporter(args.format), a), target, args.output is None) if target else \
+                reporter(args.format)(a, None)
             if len(analyses) > 1:
                 console.rule(f"rank {a.trace.rank}")
             _summary(a, console)
             for path in written:
-                console.print(f"\nreport written to [bold]{path}[/bold]")
+                _written(console, "\nreport written to", path)
         return 0
+
+
+def format_for(output: Path | None) -> str:
+    """The format `-o` names by its suffix (`x.pdf` is a PDF), else html."""
+    by_suffix = {suffix: fmt for fmt, suffix in SUFFIXES.items()}
+    return by_suffix.get(output.suffix.lower(), "html") if output is not None else "html"
+
+
+def write_report(write: Callable[[Path], list[Path]], target: Path, default: bool) -> list[Path]:
+    """Write the report's files through `write(path)` into a private folder beside `target`, then rename each into
+    place: a rename replaces a symbolic link instead of writing through it, and a reader never sees half a file.
+    At the default path (beside an input someone else may have written) a link where a file will go is refused.
+    A target that is a device (/dev/null, /dev/stdout) is written directly. Every failure is one OutputError."""
+    folder = target.parent
+    try:
+        if target.is_dir():
+            raise OutputError(target, "is a directory", "Pass -o a file name, e.g. -o report.html.")
+        if target.exists() and not target.is_file():  # a device or a pipe: write into it, never replace it
+            return write(target)
+        if not folder.is_dir():
+            raise OutputError(target, f"the folder {folder} does not exist", "Create it first, or pass -o elsewhere.")
+        scratch = Path(tempfile.mkdtemp(prefix=".analyze-", dir=folder))
+        try:
+            made = write(scratch / target.name)
+            finals = [folder / p.relative_to(scratch) for p in made]
+            links = [f for f in finals if f.is_symlink()]
+            if default and links:
+                raise OutputError(links[0], "is a symbolic link where the report would go; it was not followed and "
+                                  "nothing was written", "Remove the link, or pass -o a path of your own.")
+            for made_path, final in zip(made, finals):
+                os.replace(made_path, final)
+            return finals
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    except OSError as error:
+        raise OutputError(target, f"the report cannot be written ({error.strerror or error})",
+                          "Check the path, its permissions and the free space, or pass -o elsewhere.") from None
+
+
+def _write_text(target: Path, text: str) -> list[Path]:
+    target.write_text(text, encoding="utf-8")
+    return [target]
+
+
+def _written(console: Console, what: str, path: Path) -> None:
+    """A path printed as plain text: brackets in a folder's name are not markup, controls are shown escaped."""
+    console.print(Text(f"{what} ") + Text(printable(str(path)), style="bold"))
 
 
 def _summary(analysis: Analysis, console: Console) -> None:

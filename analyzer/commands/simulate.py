@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from analyzer.core.units import parse_bytes
+from analyzer.errors import user_code_error
 
 _REQUIRED = ("model_fn", "batch_fn", "optimizer_fn")
 
@@ -64,7 +65,10 @@ class SimulateCommand:
             if args.gpu_memory is None or args.out is None:
                 print("analyze simulate: a file needs --gpu-memory and -o", file=sys.stderr)
                 return 2
-            namespace = runpy.run_path(str(args.file))
+            try:
+                namespace = runpy.run_path(str(args.file))
+            except Exception as error:
+                raise user_code_error(error, args.file) or error
             missing = [name for name in _REQUIRED if not callable(namespace.get(name))]
             if missing:
                 print(f"analyze simulate: {args.file} does not define {', '.join(missing)}", file=sys.stderr)
@@ -72,10 +76,13 @@ class SimulateCommand:
             from analyzer.simulate.runner import run
 
             out = args.out
-            simulation = run(namespace["model_fn"], namespace["batch_fn"], namespace["optimizer_fn"],
-                             gpu_memory=args.gpu_memory, out=out, steps=args.steps, loss_fn=namespace.get("loss_fn"),
-                             save_fn=namespace.get("save_fn"), expandable_segments=args.expandable_segments,
-                             fake=args.fake, stacks=args.stacks)
+            try:
+                simulation = run(namespace["model_fn"], namespace["batch_fn"], namespace["optimizer_fn"],
+                                 gpu_memory=args.gpu_memory, out=out, steps=args.steps, loss_fn=namespace.get("loss_fn"),
+                                 save_fn=namespace.get("save_fn"), expandable_segments=args.expandable_segments,
+                                 fake=args.fake, stacks=args.stacks)
+            except Exception as error:  # the user's model raising is their bug, one line; one of ours is reported
+                raise user_code_error(error, args.file) or error
         else:
             print(f"usage: {USAGE}", file=sys.stderr)
             return 2

@@ -47,13 +47,22 @@ def module_label(name: str) -> str:
     return name if _FQN.match(name) or _CLASS.match(name) else short_frame(name)
 
 
+#: levels a tree nests at most: the levels past it stay one name in the deepest node (models nest a few dozen
+#: levels; a hostile FQN of thousands of parts would otherwise recurse past Python's limit)
+MAX_TREE_DEPTH = 64
+
+
 def _levels(name: str) -> tuple[list[str], str]:
-    """The parts a module name nests by, and what joins them."""
+    """The parts a module name nests by (at most MAX_TREE_DEPTH), and what joins them."""
     if MODULE_PATH_SEPARATOR in name:
-        return name.split(MODULE_PATH_SEPARATOR), MODULE_PATH_SEPARATOR
-    if _FQN.match(name):
-        return name.split("."), "."
-    return [name], "."
+        parts, joiner = name.split(MODULE_PATH_SEPARATOR), MODULE_PATH_SEPARATOR
+    elif _FQN.match(name):
+        parts, joiner = name.split("."), "."
+    else:
+        return [name], "."
+    if len(parts) > MAX_TREE_DEPTH:
+        parts = [*parts[:MAX_TREE_DEPTH - 1], joiner.join(parts[MAX_TREE_DEPTH - 1:])]
+    return parts, joiner
 
 
 @dataclass

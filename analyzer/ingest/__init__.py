@@ -8,11 +8,13 @@ from __future__ import annotations
 import importlib
 import shlex
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from analyzer.errors import UnsupportedFormat
 from analyzer.core.gc_pause import gc_paused
 from analyzer.ingest import sniff as formats
+from analyzer.ingest.confined import confined
 from analyzer.core.trace import MemoryTrace, MultiRankTrace
 
 Loaded = MemoryTrace | MultiRankTrace  # one recording, or a set of ranks (a directory or .tar.gz of traces)
@@ -67,8 +69,9 @@ def load_with_companion(path: str | Path, companion: str | Path | None) -> tuple
 
 
 def load(path: str | Path) -> Loaded:
-    """Read any supported input into a MemoryTrace (a MultiRankTrace for a set of ranks); raises an AnalyzerError subclass on bad input."""
+    """Read any supported input into a MemoryTrace (a MultiRankTrace for a set of ranks); raises an AnalyzerError
+    subclass on bad input. The reader runs in a child process with CPU-time and memory limits (ingest.confined)."""
     p = formats.check_path(path)
     reader = reader_for(formats.sniff(p), p)
-    with gc_paused():
-        return reader(p)
+    with gc_paused(), formats.watched(p):
+        return confined(partial(reader, p), p)

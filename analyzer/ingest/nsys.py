@@ -137,13 +137,18 @@ class _Export:
 
     def __init__(self, db: sqlite3.Connection, path: str) -> None:
         self.db, self.path = db, path
-        # tables only: nsys writes no views, and a view can be an endless recursive query (a hang on SELECT)
-        self.tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        # ordinary tables only: nsys writes no views (a view can be an endless recursive query, a hang on SELECT)
+        # and no virtual tables (their module's code runs on every read)
+        self.tables = {name for (name, sql) in db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'")
+                       if not str(sql or "").lstrip().upper().startswith("CREATE VIRTUAL")}
         self._columns: dict[str, set[str]] = {}
 
     def columns(self, table: str) -> set[str]:
+        """The table's declared plain columns. `PRAGMA table_info` hides generated columns, yet a query that
+        names one evaluates its expression on every row (`zeroblob(300 MB)` in a 40 KB file), so the columns come
+        from `table_xinfo` and only those with hidden = 0 count: nsys writes no generated columns."""
         if table not in self._columns:
-            self._columns[table] = ({row[1] for row in self.db.execute(f'PRAGMA table_info("{table}")')}
+            self._columns[table] = ({row[1] for row in self.db.execute(f'PRAGMA table_xinfo("{table}")') if row[6] == 0}
                                     if table in self.tables else set())
         return self._columns[table]
 
@@ -197,9 +202,10 @@ class _Reader:
 
     # ---- identity and clock ------------------------------------------------------------------------
     def _check_is_nsys(self) -> None:
-        if "StringIds" not in self.x.tables or not any(t in self.x.tables for t in _NSYS_TABLES):
+        if not self.x.has("StringIds", "id", "value") or not any(t in self.x.tables for t in _NSYS_TABLES):
             shown = ", ".join(sorted(self.x.tables)[:6]) or "none"
-            raise UnsupportedFormat(self.x.path, f"an SQLite database, but not an Nsight Systems export (its tables: {shown})",
+            raise UnsupportedFormat(self.x.path, f"an SQLite database, but not an Nsight Systems export (its tables: {shown}; "
+                                    "an export has StringIds with plain id and value columns, never generated ones)",
                                     "Pass the output of nsys export --type sqlite REPORT.nsys-rep.")
 
     def _clock_offset_ns(self) -> int:
@@ -375,9 +381,10 @@ class _Reader:
         kernel, memcpy, memset = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"
         common = ("start", "end", "deviceId", "streamId")
         if self.x.has(kernel, *common):
-            name = "shortName" if "shortName" in self.x.columns(kernel) else "demangledName"
+            name = next((c for c in ("shortName", "demangledName") if c in self.x.columns(kernel)), None)
             parts.append(f"SELECT 'kernel' AS kind, {self.x.select(kernel, 'k', common)}, s.value AS name, NULL AS bytes "
-                         f"FROM {kernel} AS k LEFT JOIN StringIds AS s ON s.id = k.\"{name}\"")
+                         f"FROM {kernel} AS k LEFT JOIN StringIds AS s ON s.id = "
+                         + (f'k."{name}"' if name else "NULL"))
         if self.x.has(memcpy, *common, "bytes"):
             label = ("(SELECT e.label FROM ENUM_CUDA_MEMCPY_OPER AS e WHERE e.id = c.copyKind)"
                      if self.x.has("ENUM_CUDA_MEMCPY_OPER", "id", "label") and self.x.has(memcpy, "copyKind") else "NULL")

@@ -33,7 +33,8 @@ def load_untrusted(stream: IO[bytes], path: str) -> Any:
     except RecursionError:
         raise ResourceLimit(path, "the pickle is nested too deeply to be a snapshot") from None
     except MemoryError:
-        raise ResourceLimit(path, "the pickle needs more memory than this machine has") from None
+        raise ResourceLimit(path, "the pickle needs more memory than reading may take (analyzer.ingest.confined)",
+                            "Raise ANALYZER_MAX_READ_MEMORY (e.g. 16GiB) if the file is genuine.") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
             AttributeError, OverflowError, UnicodeDecodeError, io.UnsupportedOperation) as error:
         raise CorruptInput(path, f"not a readable pickle ({type(error).__name__}: {str(error)[:120]})",

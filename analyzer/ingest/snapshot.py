@@ -22,6 +22,7 @@ from analyzer.errors import CorruptInput, ResourceLimit
 from analyzer.ingest.safe_pickle import load_untrusted
 from analyzer.ingest.sniff import open_input
 from analyzer.core.allocator_rules import round_sizes
+from analyzer.core.printable import MAX_SHOWN
 from analyzer.ingest.columns import MAX_TOTAL_BYTES, MISSING, to_nullable
 from analyzer.ingest.fields import plain_settings, text
 from analyzer.ingest.limits import check_devices
@@ -152,6 +153,9 @@ class _Builder:
             self.devices.setdefault(device, DeviceInfo(device)).trace_entries = len(trace)
             histories.append(read_device_history(device, trace, self.stacks, metadata, self.consume))
         self._history_warnings(histories)
+        if self.stacks.shortened:
+            self.warnings.append(f"{self.stacks.shortened} frame file or function name(s) longer than {MAX_SHOWN} "
+                                 "characters were shortened to their start and end")
         has_history = any(h.has_history for h in histories)
         allocations = self._allocations_table(_concat([h.allocs for h in histories], ALLOC_COLUMNS), blk, list(metadata))
         segments = self._segments_table(seg, [e for h in histories for e in h.segment_events])

@@ -18,6 +18,7 @@ import pandas as pd
 
 from analyzer.ingest.columns import MAX_TOTAL_BYTES, MISSING, to_int64
 from analyzer.ingest.fields import require_strings, text
+from analyzer.core.printable import MAX_SHOWN, shorten
 from analyzer.core.stacks import stack_op, top_user_frame
 from analyzer.core.trace import make_table
 
@@ -44,13 +45,26 @@ class StackInterner:
     is found by identity, not by reading strings: first by the id of its list, then by a probe of four
     identities checked element by element with `is` (never `==`, which would look inside distinct elements:
     a hostile pickle can make that exponential). A key of all frame ids would cost a new int per frame:
-    ~4 µs an entry."""
+    ~4 µs an entry, so it is made only where a probe is shared by more than PROBE_CANDIDATES stacks (stacks
+    built to share first, middle and last frames would otherwise be compared with each other, quadratically)."""
+
+    PROBE_CANDIDATES = 4
 
     def __init__(self) -> None:
         self._by_probe: dict[tuple[int, int, int, int], list[tuple[list, int]]] = {}
+        self._by_ids: dict[tuple[int, ...], int] = {}   # all frame ids, for stacks whose probe is crowded
         self._by_content: dict[tuple, int] = {}
         self._by_list: dict[int, int] = {}
         self.frames: list[tuple] = []
+        self.shortened = 0   # frame strings longer than MAX_SHOWN, kept as their start and end
+
+    def _short(self, value: str) -> str:
+        """A file or function name of at most MAX_SHOWN characters (a path has at most 4096): a 4 MiB name in
+        forty frames would make every report and the JSON hundreds of megabytes."""
+        if len(value) <= MAX_SHOWN:
+            return value
+        self.shortened += 1
+        return shorten(value)
 
     def intern(self, frames: Any) -> int:
         """Stack id of `frames`, or MISSING when there are none."""
@@ -63,15 +77,24 @@ class StackInterner:
         candidates = self._by_probe.get(probe)
         if candidates is None:
             candidates = self._by_probe[probe] = []
-        for known, sid in candidates:
-            if all(map(is_, known, frames)):
-                return sid
-        content = tuple((text(f.get("filename", "??"), "frame filename"), int(f.get("line", 0) or 0),
-                         text(f.get("name", "??"), "frame name")) for f in frames)
+        crowded = len(candidates) >= self.PROBE_CANDIDATES
+        if crowded:
+            ids = tuple(map(id, frames))
+            found = self._by_ids.get(ids)
+            if found is not None:
+                return found
+        else:
+            for known, sid in candidates:
+                if all(map(is_, known, frames)):
+                    return sid
+        content = tuple((self._short(text(f.get("filename", "??"), "frame filename")), int(f.get("line", 0) or 0),
+                         self._short(text(f.get("name", "??"), "frame name"))) for f in frames)
         sid = self._by_content.setdefault(content, len(self.frames))
         if sid == len(self.frames):
             self.frames.append(content)
         candidates.append((frames, sid))  # also keeps the frames alive, so the ids in probes stay unique
+        if crowded:
+            self._by_ids[ids] = sid
         return sid
 
     def intern_all(self, frame_lists: list[Any], out: array) -> None:
@@ -118,6 +141,9 @@ class DeviceHistory:
     unknown_actions: dict[str, int] = field(default_factory=dict)
 
 
+#: the most microseconds a time may be from zero (~285 years, as for profiler traces): beyond it a time is corrupt,
+#: and ±2**63 would wrap every duration computed from it
+MAX_TIME_US = 2**53
 CHUNK = 1 << 16  # entries read at a time: with `consume`, each chunk is released once its columns are out
 
 
@@ -156,17 +182,29 @@ def read_device_history(device: int, trace: list, stacks: StackInterner, metadat
     device_free: dict[int, int] = {}  # seq of each oom entry -> the free bytes it reports
     for start in range(0, n, CHUNK):
         chunk = trace[start:start + CHUNK]
+        if len(set(map(id, chunk))) < len(chunk):  # torch writes a new dict per entry; a pickle's memo can repeat one
+            raise ValueError(f"device {device}: the trace repeats the same entry object (references, not entries: "
+                             f"{n} of them from a few bytes)")
         _columns(chunk, stacks, raw, metadata)
         codes = to_int64(raw["action"][start:])  # a copy: a view would pin the growing array
         sizes = to_int64(raw["bytes"][start:])
         if len(sizes) and sizes.min() < 0:
             first = int(np.argmax(sizes < 0))
             raise ValueError(f"device {device}: trace entry {start + first} has a negative size ({sizes[first]})")
+        times = to_int64(raw["t_us"][start:])
+        if len(times) and np.any((np.abs(times) > MAX_TIME_US) & (times != MISSING)):
+            first = int(np.argmax((np.abs(times) > MAX_TIME_US) & (times != MISSING)))
+            raise ValueError(f"device {device}: trace entry {start + first} has a time of {times[first]} µs, "
+                             f"beyond ±{MAX_TIME_US}")
         total_bytes += float(sizes.sum(dtype=np.float64))
         if total_bytes > MAX_TOTAL_BYTES:
             raise ValueError(f"device {device}: trace entry sizes add up to more than {MAX_TOTAL_BYTES} bytes")
         for i in np.flatnonzero(codes == OOM):
-            device_free[start + int(i)] = chunk[i].get("device_free", MISSING)
+            free = chunk[i].get("device_free", MISSING)
+            if free != MISSING and not (type(free) is int and 0 <= free <= MAX_TOTAL_BYTES):
+                raise ValueError(f"device {device}: oom entry {start + int(i)} has device_free {str(free)[:40]}, "
+                                 f"outside 0..{MAX_TOTAL_BYTES}")
+            device_free[start + int(i)] = free
         for i in np.flatnonzero(codes == OTHER):
             name = chunk[i]["action"][:40]
             unknown[name] = unknown.get(name, 0) + 1

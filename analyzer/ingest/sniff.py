@@ -11,7 +11,8 @@ import re
 import tarfile
 import zlib
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import IO
 
 from analyzer.errors import CorruptInput, InputNotFound, ResourceLimit, UnsupportedFormat
@@ -103,11 +104,37 @@ def check_path(path: str | Path) -> Path:
 OPEN_LISTENERS: list[Callable[[IO[bytes], int], None]] = []
 
 
+#: path -> a descriptor the parent process opened and showed to the listeners, for the reader in the child
+#: (analyzer.ingest.confined) to read through: a duplicate shares its offset, which the progress bar polls
+_WATCHED: dict[Path, int] = {}
+
+
+@contextmanager
+def watched(path: Path) -> Iterator[None]:
+    """Show `path` to the OPEN_LISTENERS here, for a child process that reads it inside the block."""
+    if path.is_dir() or not OPEN_LISTENERS:
+        yield
+        return
+    with open(path, "rb") as raw:
+        for listener in OPEN_LISTENERS:
+            listener(raw, path.stat().st_size)
+        _WATCHED[path] = raw.fileno()
+        try:
+            yield
+        finally:
+            _WATCHED.pop(path, None)
+
+
 def open_input(path: Path) -> IO[bytes]:
     """A buffered binary stream of the file's content, gunzipped when it is gzip."""
-    raw = open(path, "rb")
-    for listener in OPEN_LISTENERS:
-        listener(raw, path.stat().st_size)
+    shared = _WATCHED.pop(path, None)
+    if shared is not None:
+        raw = open(os.dup(shared), "rb")
+        raw.seek(0)
+    else:
+        raw = open(path, "rb")
+        for listener in OPEN_LISTENERS:
+            listener(raw, path.stat().st_size)
     if raw.peek(2)[:2] == _GZIP_MAGIC:
         return gunzip(raw, str(path))
     return raw

@@ -4,7 +4,8 @@ What it says: the verdict, per device the peak split by category (table) with it
 the three cheapest remedies with their code, and one line per finding. The HTML report is for digging.
 
 Every string from the input file goes through `md_text` or `md_code`, so a function named `<script>` or a
-file named `](http://evil)` reads as itself: no markup, no link, no image, no mention.
+file named `](http://evil)` reads as itself: no markup, no link, no image, no mention, and a bidi override or
+an ESC shows as `\u202e` / `\x1b` (`visible`).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from urllib.parse import quote
 
 from analyzer.result import Analysis
 from analyzer.report.plots import memory_figure, save_png
+from analyzer.core.printable import visible
 from analyzer.core.units import human_bytes
 from analyzer.report.view import DeviceView, RemedyView, ReportView, Share, build_view, words
 
@@ -27,7 +29,7 @@ _MARKUP = re.compile(r"([\\`*_\[\]<>!&~|$]|:(?=\S))")
 def md_text(value: object) -> str:
     """Plain text on one line: Markdown punctuation backslash-escaped; `www.` broken so that GitHub does not
     make it a link; a zero-width space after `@` and `#` so that no one is mentioned and no issue is linked."""
-    text = _MARKUP.sub(r"\\\1", " ".join(str(value).split()))
+    text = _MARKUP.sub(r"\\\1", " ".join(visible(str(value)).split()))
     text = re.sub(r"(?i)\b(www)\.", r"\1\\.", text)
     return text.replace("@", "@\u200b").replace("#", "#\u200b")
 
@@ -35,7 +37,7 @@ def md_text(value: object) -> str:
 def md_code(value: object, in_table: bool = False) -> str:
     """An inline code span (nothing inside one is markup or a link); in a table cell `|` is escaped, the one
     character GitHub's table parser reads inside code."""
-    text = " ".join(str(value).split())
+    text = " ".join(visible(str(value)).split())
     if in_table:
         text = text.replace("|", "\\|")
     fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
