@@ -20,7 +20,7 @@ from analyzer.report import interactive
 from analyzer.report.interactive import allocator_pictures, embed_json, module_icicle, page_data
 from analyzer.report.plots import figure_svg, memory_figure
 from analyzer.core.units import human_bytes
-from analyzer.report.view import DeviceView, build_view, words
+from analyzer.report.view import build_view, words
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("analyzer.report", "templates"),
@@ -45,16 +45,6 @@ _COLORS = {"used": interactive.USED_COLORS, "waste": interactive.WASTE_COLOR, "f
            "largest": interactive.LARGEST_FREE_COLOR}
 
 
-def worst_first(devices: list[DeviceView]) -> list[DeviceView]:
-    """The devices a reader should look at first: those that ran out of memory, then the fullest (of its capacity
-    where known), host memory last."""
-    def fullness(d: DeviceView) -> float:
-        return d.peak_allocated_bytes / d.capacity_bytes if d.capacity_bytes else 0.0
-
-    return sorted(devices, key=lambda d: (d.device < 0, d.oom is None, -fullness(d), -d.peak_allocated_bytes,
-                                          d.device))
-
-
 def render_html(analysis: Analysis) -> str:
     view = build_view(analysis)
     data = page_data(analysis)
@@ -63,7 +53,7 @@ def render_html(analysis: Analysis) -> str:
     explore = {x["device"]: {"index": i, "exact": x["exact"], "allocations": x["allocations"]}
                for i, x in enumerate(data["devices"])}
     return _ENV.get_template("report.html.j2").render(
-        v=view, devices=worst_first(view.devices), charts=charts, css=_CSS, chart_css=_CHART_CSS, script=_SCRIPT,
+        v=view, devices=view.devices, charts=charts, css=_CSS, chart_css=_CHART_CSS, script=_SCRIPT,
         script_hash=_SCRIPT_HASH, print_live=PRINT_LIVE, data=embed_json(data), explore=explore,
         allocator={d.device: allocator_pictures(analysis, d) for d in analysis.devices},
         icicles={d.device: module_icicle(d) for d in analysis.devices}, colors=_COLORS,

@@ -17,9 +17,8 @@ import pytest
 import analyzer
 from analyzer.core.timeline import live_at
 from analyzer.report import interactive
-from analyzer.report.html import worst_first
 from analyzer.report.interactive import allocator_pictures, embed_json, module_icicle, page_data
-from analyzer.report.view import build_view
+from analyzer.report.view import build_view, worst_first
 from analyzer.result import Analysis
 from support.paths import FIXTURES, SIM
 
