@@ -19,10 +19,15 @@ from typing import Any
 from analyzer.diagnose.imbalance import PeakSummary, find_imbalance, summarise, worst_first
 from analyzer.errors import AnalyzerError
 from analyzer.ingest.ranks import RankFile, find_rank_files
+from analyzer.report.interactive import allocator_pictures, module_icicle
+from analyzer.report.job_report import DevicePictures, JobReport
 from analyzer.report.view import InputView, ReportView, build_view, comparison_view, worst_first as devices_worst_first
-from analyzer.result import SCHEMA
+from analyzer.result import SCHEMA, Analysis, RankSetAnalysis
 
 SCHEDULER_VARIABLE = "ANALYZER_DASK_SCHEDULER"
+#: devices of a job shown in full, the worst first (and the median one beside them); the others are rows of the
+#: overview, so the report of 512 ranks stays as small as that of nine
+SECTIONS_IN_FULL = 8
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,7 @@ class RankResult:
     rank: int | None
     document: dict[str, Any] | None = None      # the rank's analyzer/1 JSON
     view: ReportView | None = None
+    pictures: dict[int, DevicePictures] = field(default_factory=dict)   # by the rank's own device numbers
     peaks: list[PeakSummary] = field(default_factory=list)
     error: str | None = None                    # the one-line reason the rank could not be analysed
 
@@ -88,27 +94,41 @@ def analyze_rank(file: RankFile, options: RankOptions) -> RankResult:
         loaded = load(file.path)
         if not isinstance(loaded, MemoryTrace):
             raise AnalyzerError(file.path, "holds several ranks itself", "Point at one rank's file.")
-        analysis = analyze_trace(loaded, options.gpu_memory, options.world_size,
-                                 source_roots=options.source_roots)
+        return rank_result(analyze_trace(loaded, options.gpu_memory, options.world_size,
+                                         source_roots=options.source_roots), file.rank, file.label)
     except AnalyzerError as error:
         return RankResult(file.label, str(file.path), file.rank, error=str(error))
     except Exception as error:  # a bug of ours on one rank must not cost the user the other ranks
         return RankResult(file.label, str(file.path), file.rank,
                           error=f"internal error ({type(error).__name__}: {error}); please report it")
-    rank = file.rank if file.rank is not None else analysis.trace.rank
-    label = f"rank {rank}" if rank is not None else file.label
+
+
+def rank_result(analysis: Analysis, rank: int | None = None, label: str | None = None) -> RankResult:
+    """What one rank's analysis contributes to the job's report (its rank: the file name's, else the trace's)."""
+    rank = rank if rank is not None else analysis.trace.rank
+    label = f"rank {rank}" if rank is not None else label or Path(analysis.trace.source_path).name
     peaks = [summarise(f"{label} {analysis.trace.device_label(d.device)}", d) for d in analysis.devices
              if d.device >= 0]
-    return RankResult(label, str(file.path), rank, document=analysis.to_json(), view=build_view(analysis),
-                      peaks=peaks)
+    pictures = {d.device: DevicePictures(allocator_pictures(analysis, d), module_icicle(d)) for d in analysis.devices}
+    return RankResult(label, analysis.trace.source_path, rank, document=analysis.to_json(), view=build_view(analysis),
+                      pictures=pictures, peaks=peaks)
+
+
+def job_of(ranks: RankSetAnalysis) -> JobAnalysis:
+    """The job of ranks already analysed in this process (a .tar.gz of traces, the Python API's result)."""
+    results = [rank_result(a) for a in ranks.ranks]
+    return JobAnalysis(source_path=ranks.source_path, ranks=results,
+                       imbalance=find_imbalance([p for r in results for p in r.peaks]), warnings=list(ranks.warnings))
 
 
 def analyze_job(root: str | Path, options: RankOptions = RankOptions(), *, scheduler: str | None = None,
-                workers: int | None = None, on_done: Callable[[RankResult], None] | None = None) -> JobAnalysis:
-    """Every rank under `root`, analysed on Dask (see the module docstring); `on_done` is called as each rank
-    finishes (a progress bar counts them)."""
+                workers: int | None = None, on_done: Callable[[RankResult, int], None] | None = None) -> JobAnalysis:
+    """Every rank under `root`, analysed on Dask (see the module docstring); `on_done(result, ranks)` is called
+    as each rank finishes (a progress bar counts them)."""
     found = find_rank_files(Path(root))
-    results = _run(found.files, options, scheduler or os.environ.get(SCHEDULER_VARIABLE) or None, workers, on_done)
+    total = len(found.files)
+    done = None if on_done is None else (lambda result: on_done(result, total))
+    results = _run(found.files, options, scheduler or os.environ.get(SCHEDULER_VARIABLE) or None, workers, done)
     results.sort(key=lambda r: (r.rank is None, r.rank or 0, r.path))
     return JobAnalysis(source_path=str(root), ranks=results,
                        imbalance=find_imbalance([p for r in results for p in r.peaks]), warnings=found.warnings)
@@ -146,10 +166,10 @@ def _run(files: Sequence[RankFile], options: RankOptions, scheduler: str | None,
     return done
 
 
-def job_view(job: JobAnalysis) -> ReportView:
-    """One report view for the job: every rank's devices, named by rank, the worst first (each keeps its
-    verdict, breakdowns, findings and remedies), the comparison, and the warnings of the set and of each rank."""
-    devices, warnings, rank_of = [], list(job.warnings), {}
+def job_report(job: JobAnalysis) -> JobReport:
+    """One report for the job: every rank's devices, named by rank, the worst first (each keeps its verdict,
+    breakdowns, findings, remedies and pictures), the comparison, and the warnings of the set and of each rank."""
+    devices, warnings, rank_of, pictures_of = [], list(job.warnings), {}, {}
     for r in job.ranks:
         if r.view is None:
             warnings.append(f"{r.label}: not analysed: {r.error}")
@@ -158,14 +178,22 @@ def job_view(job: JobAnalysis) -> ReportView:
         for d in r.view.devices:
             devices.append(replace(d, name=f"{r.label} {d.name}"))
             rank_of[devices[-1].name] = r.label
-    # device numbers repeat across ranks (each counts its GPUs from 0): the job view numbers them apart
+            pictures_of[devices[-1].name] = r.pictures.get(d.device, DevicePictures(None))
+    # device numbers repeat across ranks (each counts its GPUs from 0): the job's report numbers them apart
     devices = [replace(d, device=i if d.device >= 0 else -1 - i) for i, d in enumerate(devices_worst_first(devices))]
     lead = next((d for d in devices if d.device >= 0), devices[0] if devices else None)
     verdict = f"{rank_of[lead.name]}: {lead.verdict}" if lead is not None else "No rank could be analysed."
     ranks = [r.rank for r in job.ranks if r.rank is not None]
-    source = InputView(path=job.source_path, kind="ranks", torch_era="", has_history=any(
+    eras = sorted({r.view.input.torch_era for r in job.ranks if r.view is not None and r.view.input.torch_era})
+    source = InputView(path=job.source_path, kind=f"{len(job.ranks)} ranks", torch_era=", ".join(eras), has_history=any(
         r.view is not None and r.view.input.has_history for r in job.ranks), alloc_conf=None,
         expandable_segments=None, settings=[], devices=[], rank=None, world_size=len(ranks) or None)
-    return ReportView(verdict=verdict, devices=devices, input=source, warnings=warnings,
-                      lead_device=lead.device if lead is not None else None,
-                      comparison=comparison_view(job.imbalance))
+    gpus = [d for d in devices if d.device >= 0]
+    sections = None
+    if len(devices) > SECTIONS_IN_FULL + 1:
+        median = sorted(gpus, key=lambda d: d.peak_allocated_bytes)[(len(gpus) - 1) // 2] if gpus else None
+        sections = [d.device for d in devices[:SECTIONS_IN_FULL]] + ([median.device] if median else [])
+    view = ReportView(verdict=verdict, devices=devices, input=source, warnings=warnings,
+                      lead_device=lead.device if lead is not None else None, comparison=comparison_view(job.imbalance),
+                      sections=sections)
+    return JobReport(view=view, document=job.to_json(), pictures={d.device: pictures_of[d.name] for d in devices})

@@ -13,6 +13,7 @@ from functools import partial
 from pathlib import Path
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from analyzer import __version__
@@ -20,7 +21,7 @@ from analyzer.core.units import parse_bytes
 from analyzer.core.printable import printable
 from analyzer.errors import OutputError, UnsupportedFormat
 from analyzer.report import REPORTERS, SUFFIXES, reporter
-from analyzer.result import Analysis
+from analyzer.report.job_report import Report
 
 _STRIP_SUFFIXES = (".gz", ".json", ".pickle", ".pkl", ".sqlite", ".tar")
 
@@ -63,50 +64,66 @@ class AnalyzeCommand:
                             help="a local checkout of the code the recording ran (repeatable): frames recorded on "
                                  "another machine are matched to its files by the longest common path suffix, so "
                                  "module class names can be read from them (never imported)")
+        parser.add_argument("--scheduler", metavar="ADDRESS",
+                            help="for a folder of ranks: the Dask scheduler to run them on (default: "
+                                 "$ANALYZER_DASK_SCHEDULER, else a local cluster with one worker per core)")
+        parser.add_argument("--workers", type=int, metavar="N",
+                            help="for a folder of ranks on the local cluster: how many ranks run at once "
+                                 "(default: the number of cores)")
         parser.add_argument("--version", action="version", version=f"analyze {__version__}")
 
     def run(self, args: argparse.Namespace) -> int:
+        args.format = args.format or format_for(args.output)
+        json_to_stdout = args.format == "json" and args.output is None
+        console = Console(stderr=json_to_stdout, quiet=args.quiet or json_to_stdout, highlight=False)
+        report = self._job(args, console) if args.file.is_dir() else self._recording(args, console)
+        out = args.output if args.output or json_to_stdout else default_output(args.file, args.format)
+        # the report first: a closed pipe on stdout (| head) must not cost the user the file
+        written = write_report(partial(reporter(args.format), report), out, args.output is None) if out else \
+            reporter(args.format)(report, None)
+        _summary(report, console)
+        for path in written:
+            _written(console, "\nreport written to", path)
+        return 0
+
+    @staticmethod
+    def _recording(args: argparse.Namespace, console: Console) -> Report:
+        """One file (a .tar.gz of ranks included): read and analysed here."""
         from analyzer.commands.progress import reading_progress
         from analyzer.ingest import load_with_companion
+        from analyzer.job import job_of, job_report
         from analyzer.pipeline import analyze
         from analyzer.report.trace_export import export_trace
         from analyzer.result import RankSetAnalysis
 
-        args.format = args.format or format_for(args.output)
-        json_to_stdout = args.format == "json" and args.output is None
-        console = Console(stderr=json_to_stdout, quiet=args.quiet or json_to_stdout, highlight=False)
         with reading_progress(Console(stderr=True), enabled=sys.stderr.isatty() and not args.quiet):
             loaded, device_usage = load_with_companion(args.file, args.companion)
         with console.status("analysing"):
             result = analyze(loaded, args.gpu_memory, args.gpus, device_usage, source_roots=args.source_root)
-        analyses = result.ranks if isinstance(result, RankSetAnalysis) else [result]
-        out = args.output if args.output or json_to_stdout else default_output(args.file, args.format)
-        if len(analyses) > 1 and args.format == "json":  # one document for the job, each device tagged with its rank
-            for a in analyses:
-                _summary(a, console)
-            text = result.to_json_text()
-            if out is None:
-                sys.stdout.write(text + "\n")
-            else:
-                for path in write_report(lambda target: _write_text(target, text + "\n"), out, args.output is None):
-                    _written(console, "report written to", path)
-            return 0
         if args.export_trace is not None:
-            if len(analyses) != 1:
+            if isinstance(result, RankSetAnalysis):
                 raise UnsupportedFormat(args.file, "--export-trace takes one profiler trace, not a set of ranks",
                                         "Pass one rank's .json(.gz) trace.")
-            for path in write_report(partial(export_trace, analyses[0]), args.export_trace, False):
+            for path in write_report(partial(export_trace, result), args.export_trace, False):
                 _written(console, "trace with memory counters written to", path)
-        for a in analyses:  # the report first: a closed pipe on stdout (| head) must not cost the user the file
-            target = out if len(analyses) == 1 else out.with_name(f"{out.stem}.rank{a.trace.rank}{out.suffix}")
-            written = write_report(partial(reporter(args.format), a), target, args.output is None) if target else \
-                reporter(args.format)(a, None)
-            if len(analyses) > 1:
-                console.rule(f"rank {a.trace.rank}")
-            _summary(a, console)
-            for path in written:
-                _written(console, "\nreport written to", path)
-        return 0
+        return job_report(job_of(result)) if isinstance(result, RankSetAnalysis) else result
+
+    @staticmethod
+    def _job(args: argparse.Namespace, console: Console) -> Report:
+        """A folder of per-rank files: each rank analysed on Dask (analyzer.job), one report for the job."""
+        from analyzer.job import RankOptions, analyze_job, job_report
+
+        if args.companion is not None or args.export_trace is not None:
+            raise UnsupportedFormat(args.file, "a folder of ranks is analysed alone (no Nsight export, no "
+                                    "--export-trace)", "Pass one rank's file to use those options.")
+        options = RankOptions(args.gpu_memory, args.gpus, tuple(str(r) for r in args.source_root))
+        progress = Progress(TextColumn("analysing ranks"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=Console(stderr=True), transient=True, disable=args.quiet or not sys.stderr.isatty())
+        task = progress.add_task("ranks", total=None)
+        with progress:
+            job = analyze_job(args.file, options, scheduler=args.scheduler, workers=args.workers,
+                              on_done=lambda _, total: progress.update(task, total=total, advance=1))
+        return job_report(job)
 
 
 def format_for(output: Path | None) -> str:
@@ -146,19 +163,14 @@ def write_report(write: Callable[[Path], list[Path]], target: Path, default: boo
                           "Check the path, its permissions and the free space, or pass -o elsewhere.") from None
 
 
-def _write_text(target: Path, text: str) -> list[Path]:
-    target.write_text(text, encoding="utf-8")
-    return [target]
-
-
 def _written(console: Console, what: str, path: Path) -> None:
     """A path printed as plain text: brackets in a folder's name are not markup, controls are shown escaped."""
     console.print(Text(f"{what} ") + Text(printable(str(path)), style="bold"))
 
 
-def _summary(analysis: Analysis, console: Console) -> None:
+def _summary(report: Report, console: Console) -> None:
     """The terminal summary, not even built when nothing would be printed (-q, JSON on stdout)."""
     if not console.quiet:
         from analyzer.report.text import print_summary
 
-        print_summary(analysis, console)
+        print_summary(report, console)

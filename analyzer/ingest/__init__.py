@@ -24,7 +24,7 @@ READERS: dict[str, str] = {
     formats.SNAPSHOT: "analyzer.ingest.snapshot:read_snapshot",
     formats.KINETO: "analyzer.ingest.kineto:read_kineto",
     formats.TRACE_ARCHIVE: "analyzer.ingest.kineto:read_trace_archive",
-    formats.TRACE_DIRECTORY: "analyzer.ingest.kineto:read_trace_directory",
+    formats.TRACE_DIRECTORY: "analyzer.ingest.ranks:read_rank_directory",
     formats.MEMORY_TIMELINE: "analyzer.ingest.memory_timeline:read_memory_timeline",
     formats.MEMORY_TIMELINE_RAW: "analyzer.ingest.memory_timeline:read_memory_timeline",
     formats.NSYS_SQLITE: "analyzer.ingest.nsys:read_nsys",

@@ -57,7 +57,7 @@ Stacks: with `with_stack=True` the `python_function` spans form a call tree per 
 id); the stack of a memory event is the innermost such span containing it on its thread and its ancestors
 (innermost first, `nn.Module` markers left out). Memory events on autograd's backward thread have none.
 
-Sets of ranks (a directory or `.tar.gz` of traces) become a MultiRankTrace: one MemoryTrace per file, ordered
+A `.tar.gz` of traces becomes a MultiRankTrace (a directory of ranks: analyzer.ingest.ranks): one MemoryTrace per file, ordered
 by the rank in distributedInfo, because every rank numbers its own GPUs from 0.
 """
 from __future__ import annotations
@@ -133,21 +133,6 @@ def read_kineto(path: Path) -> MemoryTrace:
     """Load one Chrome trace (`.json` or `.json.gz`)."""
     with sniff.open_input(path) as stream:
         return parse_chrome_trace(stream, str(path), partial(sniff.open_input, path))
-
-
-def read_trace_directory(path: Path) -> MultiRankTrace:
-    """Load every Kineto trace under a directory (one per rank); other files are skipped with a warning."""
-    traces, warnings = [], []
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
-        try:
-            kind = sniff.sniff(file)
-        except AnalyzerError as error:
-            kind = f"unreadable ({error.problem})"
-        if kind == sniff.KINETO:
-            traces.append(read_kineto(file))
-        else:
-            warnings.append(f"skipped {file.relative_to(path)}: not a profiler trace ({kind})")
-    return _rank_set(path, traces, warnings)
 
 
 def read_trace_archive(path: Path) -> MultiRankTrace:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from analyzer.core.trace import MemoryTrace, MultiRankTrace
 from analyzer.errors import AnalyzerError, UnsupportedFormat
 from analyzer.ingest import sniff
 
@@ -161,3 +162,26 @@ def find_rank_files(root: Path) -> RankFiles:
                         f"this rank skipped (an out-of-memory dump first, then an exit dump, then the latest)")
     files = sorted(chosen.values(), key=lambda f: f.rank or 0) + [f for f in candidates if f.rank is None]
     return RankFiles(root, files, warnings)
+
+
+def read_rank_directory(path: Path) -> MultiRankTrace:
+    """Every rank's recording under a folder, read here (the Python API's `load(dir)`; the command line reads
+    each rank on a Dask worker instead, analyzer.job). A rank whose file is bad is skipped with a warning."""
+    from analyzer.ingest import reader_for  # the table of readers, which lists this one
+
+    found = find_rank_files(path)
+    traces: list[MemoryTrace] = []
+    for file in found.files:
+        try:
+            trace = reader_for(file.kind, file.path)(file.path)
+        except AnalyzerError as error:
+            found.warnings.append(f"{file.label}: not read: {error}")
+            continue
+        if not isinstance(trace, MemoryTrace):
+            found.warnings.append(f"{file.label}: skipped: holds several ranks itself")
+            continue
+        traces.append(trace if file.rank is None or trace.rank is not None else replace(trace, rank=file.rank))
+    if not traces:
+        raise UnsupportedFormat(path, "holds no rank that could be read", "; ".join(found.warnings[-3:]))
+    traces.sort(key=lambda t: (t.rank is None, t.rank or 0, t.source_path))
+    return MultiRankTrace(source_path=str(path), traces=traces, warnings=found.warnings)

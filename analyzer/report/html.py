@@ -12,15 +12,16 @@ from __future__ import annotations
 import base64
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import jinja2
 
-from analyzer.result import Analysis
 from analyzer.report import interactive
+from analyzer.report.job_report import JobReport, Report
 from analyzer.report.interactive import allocator_pictures, embed_json, module_icicle, page_data
 from analyzer.report.plots import figure_svg, memory_figure
 from analyzer.core.units import human_bytes
-from analyzer.report.view import build_view, words
+from analyzer.report.view import ReportView, build_view, words
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("analyzer.report", "templates"),
@@ -45,21 +46,31 @@ _COLORS = {"used": interactive.USED_COLORS, "waste": interactive.WASTE_COLOR, "f
            "largest": interactive.LARGEST_FREE_COLOR}
 
 
-def render_html(analysis: Analysis) -> str:
-    view = build_view(analysis)
-    data = page_data(analysis)
-    charts = {d.device: figure_svg(memory_figure([d.chart]), f"chart{i}")
-              for i, d in enumerate(view.devices) if d.chart is not None}
+def render_html(report: Report) -> str:
+    """The page of one recording (with the explorer) or of a job (its ranks' devices, without the explorer:
+    the allocations stayed on the workers; `analyze RANK_FILE` explores one rank)."""
+    if isinstance(report, JobReport):
+        pictures = report.pictures
+        return _render(report.view, {"devices": []}, {}, {k: p.allocator for k, p in pictures.items()},
+                       {k: p.icicle for k, p in pictures.items()})
+    data = page_data(report)
     explore = {x["device"]: {"index": i, "exact": x["exact"], "allocations": x["allocations"]}
                for i, x in enumerate(data["devices"])}
+    return _render(build_view(report), data, explore, {d.device: allocator_pictures(report, d) for d in report.devices},
+                   {d.device: module_icicle(d) for d in report.devices})
+
+
+def _render(view: ReportView, data: dict[str, Any], explore: dict[int, dict[str, Any]],
+            allocator: dict[int, Any], icicles: dict[int, Any]) -> str:
+    charts = {d.device: figure_svg(memory_figure([d.chart]), f"chart{i}")
+              for i, d in enumerate(view.devices) if d.chart is not None}
     return _ENV.get_template("report.html.j2").render(
         v=view, devices=view.devices, charts=charts, css=_CSS, chart_css=_CHART_CSS, script=_SCRIPT,
         script_hash=_SCRIPT_HASH, print_live=PRINT_LIVE, data=embed_json(data), explore=explore,
-        allocator={d.device: allocator_pictures(analysis, d) for d in analysis.devices},
-        icicles={d.device: module_icicle(d) for d in analysis.devices}, colors=_COLORS,
+        allocator=allocator, icicles=icicles, colors=_COLORS,
     )
 
 
-def write_html(analysis: Analysis, out: Path) -> list[Path]:
-    out.write_text(render_html(analysis), encoding="utf-8")
+def write_html(report: Report, out: Path) -> list[Path]:
+    out.write_text(render_html(report), encoding="utf-8")
     return [out]

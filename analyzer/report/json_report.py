@@ -4,11 +4,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from analyzer.result import Analysis
+from analyzer.report.job_report import Report
 
 
-def write_json(analysis: Analysis, out: Path | None) -> list[Path]:
-    text = analysis.to_json_text()
+def write_json(report: Report, out: Path | None) -> list[Path]:
+    text = report.to_json_text()
     if out is None:
         sys.stdout.write(text + "\n")
         return []

@@ -13,11 +13,11 @@ import re
 from pathlib import Path
 from urllib.parse import quote
 
-from analyzer.result import Analysis
+from analyzer.report.job_report import Report, report_view
 from analyzer.report.plots import memory_figure, save_png
 from analyzer.core.printable import visible
 from analyzer.core.units import human_bytes
-from analyzer.report.view import DeviceView, RemedyView, ReportView, Share, build_view, words
+from analyzer.report.view import DeviceView, RemedyView, ReportView, Share, words
 
 TOP_REMEDIES = 3
 TOP_MODULES = 5
@@ -105,6 +105,14 @@ def _device(d: DeviceView, several: bool) -> list[str]:
     return lines
 
 
+def _overview(devices: list[DeviceView]) -> list[str]:
+    """One row per device, the worst first: its peak, when, whether it ran out, what the peak is made of."""
+    lines = ["| device | peak | the peak is | out of memory |", "| --- | ---: | --- | --- |"]
+    lines += [f"| {md_text(d.name)} | {human_bytes(d.peak_allocated_bytes)} | {md_text(d.headline or '—')} | "
+              f"{human_bytes(d.oom.requested_bytes) + ' requested' if d.oom else 'no'} |" for d in devices]
+    return lines + [""]
+
+
 def render_markdown(view: ReportView, chart_name: str | None) -> str:
     """The summary; `chart_name` is the PNG's path relative to the Markdown file (None: no chart)."""
     lines = [f"## GPU memory report: {md_code(Path(view.input.path).name)}", "",
@@ -112,7 +120,12 @@ def render_markdown(view: ReportView, chart_name: str | None) -> str:
     if chart_name:
         lines += [f"![memory over time: allocated bytes by category, reserved bytes, phases, the peak and the OOM]"
                   f"({quote(chart_name)})", ""]
-    for d in view.devices:
+    if view.comparison is not None:
+        lines += [f"**Imbalance:** {md_text(view.comparison.summary)}", ""]
+        lines += [f"- {md_text(r)}" for r in view.comparison.remedies] + [""]
+    if len(view.devices) > 1:
+        lines += _overview(view.devices)
+    for d in view.in_full():
         lines += _device(d, len(view.devices) > 1)
     if view.warnings:
         lines += ["**Warnings:**", ""] + [f"- {md_text(w)}" for w in view.warnings] + [""]
@@ -121,9 +134,9 @@ def render_markdown(view: ReportView, chart_name: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_markdown(analysis: Analysis, out: Path) -> list[Path]:
-    view = build_view(analysis)
-    charts = [d.chart for d in view.devices if d.chart is not None]
+def write_markdown(report: Report, out: Path) -> list[Path]:
+    view = report_view(report)
+    charts = [d.chart for d in view.in_full() if d.chart is not None]
     png = out.with_suffix(".png")
     if charts:
         save_png(memory_figure(charts), png)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from analyzer.result import Analysis
+from analyzer.report.job_report import Report
 from analyzer.errors import AnalyzerError
 from analyzer.report.html import render_html
 
 
-def write_pdf(analysis: Analysis, out: Path) -> list[Path]:
+def write_pdf(report: Report, out: Path) -> list[Path]:
     try:
         import weasyprint
     except ImportError as error:
@@ -22,7 +22,7 @@ def write_pdf(analysis: Analysis, out: Path) -> list[Path]:
     # WeasyPrint warns about CSS it ignores (the dark colour scheme, the page script): not the user's concern
     logging.getLogger("weasyprint").setLevel(logging.ERROR)
     # no base URL and a fetcher that refuses everything: the report references nothing, and must not start to
-    weasyprint.HTML(string=render_html(analysis), url_fetcher=_refuse).write_pdf(out)
+    weasyprint.HTML(string=render_html(report), url_fetcher=_refuse).write_pdf(out)
     return [out]
 
 

@@ -8,9 +8,9 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from analyzer.result import Analysis
 from analyzer.core.units import human_bytes
-from analyzer.report.view import DeviceView, Share, build_view, words
+from analyzer.report.job_report import Report, report_view
+from analyzer.report.view import DeviceView, Share, words
 from analyzer.core.printable import printable
 from analyzer.core.stacks import short_frame
 
@@ -107,13 +107,20 @@ def _device(d: DeviceView, console: Console, several: bool) -> None:
                   + ("not recorded" if d.end["largest_free_block_bytes"] is None else human_bytes(d.end["largest_free_block_bytes"])))
 
 
-def print_summary(analysis: Analysis, console: Console) -> None:
+def print_summary(report: Report, console: Console) -> None:
     if console.quiet:
         return
-    view = build_view(analysis)
+    view = report_view(report)
     console.print(Text(printable(view.verdict), style="bold"))
     console.print(Text.assemble((printable(view.input.path), ""), (f"  {view.input.kind}, {view.input.torch_era}", "dim")))
-    for d in view.devices:
+    if view.comparison is not None:
+        console.print(Text.assemble(("imbalance: ", "yellow"), printable(view.comparison.summary)))
+        for remedy in view.comparison.remedies:
+            console.print(Text(f"  - {printable(remedy)}"))
+    for d in view.in_full():
         _device(d, console, len(view.devices) > 1)
+    if len(view.in_full()) < len(view.devices):
+        console.print(Text(f"{len(view.devices) - len(view.in_full())} more devices are in the report's overview",
+                           style="dim"))
     for w in view.warnings:
         console.print(Text.assemble(("warning: ", "yellow"), printable(w)))

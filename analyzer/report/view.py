@@ -257,6 +257,10 @@ class ReportView:
     version: str = __version__
     lead_device: int | None = None       # the device the verdict is about
     comparison: ComparisonView | None = None  # the devices (or ranks) compared, where one stands out
+    sections: list[int] | None = None    # the devices shown in full (None: all); the others only in the overview
+
+    def in_full(self) -> list[DeviceView]:
+        return [d for d in self.devices if self.sections is None or d.device in self.sections]
 
 
 def comparison_view(imbalance: dict[str, Any] | None) -> ComparisonView | None:

@@ -28,8 +28,8 @@ def job_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def job(job_dir) -> JobAnalysis:
     seen: list[str] = []
-    result = analyze_job(job_dir, workers=2, on_done=lambda r: seen.append(r.label))
-    assert sorted(seen) == ["rank 0", "rank 1", "rank 2", "rank 3"]   # the progress callback counts every rank
+    result = analyze_job(job_dir, workers=2, on_done=lambda r, total: seen.append(f"{r.label}/{total}"))
+    assert sorted(seen) == ["rank 0/4", "rank 1/4", "rank 2/4", "rank 3/4"]   # the progress callback counts every rank
     return result
 
 
@@ -77,3 +77,29 @@ def test_the_gpus_of_one_snapshot_are_compared():
     assert (details["worst"], details["median"], details["category"]) == ("cuda:1", "cuda:2", "activation")
     assert round(details["worst_peak_bytes"] / 2**30, 2) == 78.29
     assert [p["label"] for p in details["peaks"]] == ["cuda:1", "cuda:2", "cuda:0"]
+
+
+def test_analyze_a_folder_writes_one_report_for_the_job(job_dir, tmp_path, capsys):
+    from analyzer.commands import main
+
+    out = tmp_path / "ranks.html"
+    assert main([str(job_dir), "-o", str(out), "--workers", "1"]) == 0
+    page = out.read_text()
+    printed = capsys.readouterr().out
+    assert "Imbalance" in page and page.index("rank 1 cuda:0") < page.index("rank 2 cuda:0")
+    assert "imbalance: rank 1 cuda:0 peaks at" in " ".join(printed.split())
+    assert "rank 3: not analysed" in " ".join(printed.split())
+    assert main([str(job_dir), "-o", str(tmp_path / "ranks.json"), "--workers", "1", "-q"]) == 0
+    import json
+
+    doc = json.loads((tmp_path / "ranks.json").read_text())
+    assert doc["job"]["imbalance"]["evidence"]["details"]["worst"] == "rank 1 cuda:0"
+    assert [d["rank"] for d in doc["devices"]] == [0, 1, 2]
+
+
+def test_the_api_reads_a_folder_of_snapshots_and_skips_a_bad_rank(job_dir):
+    import analyzer
+
+    loaded = analyzer.load(job_dir)
+    assert loaded.ranks == [0, 1, 2]
+    assert any(w.startswith("rank 3: not read") for w in loaded.warnings)

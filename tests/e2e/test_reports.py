@@ -197,9 +197,10 @@ def test_verdict_is_the_diagnosed_one() -> None:
 
 def test_the_verdict_of_several_devices_is_about_the_one_that_ran_out(real_dir: Path) -> None:
     view = build_view(analysis(real_dir / "constructor-sun-code_location" / "memory_snapshot.pickle"))
-    assert [d.name for d in view.devices] == ["cuda:0", "cuda:1", "cuda:2"]
+    assert [d.name for d in view.devices] == ["cuda:1", "cuda:2", "cuda:0"]  # the OOM first, then by peak
     assert view.lead_device == 1 and "cuda:1" in view.verdict
-    assert view.devices[1].oom is not None and view.devices[1].oom.where.endswith("update_nodes")
+    assert view.devices[0].oom is not None and view.devices[0].oom.where.endswith("update_nodes")
+    assert view.comparison is not None and view.comparison.summary.startswith("cuda:1 peaks at 78.29 GiB, 3.9x")
 
 
 def test_findings_and_remedies_are_ordered_and_their_evidence_reads_well() -> None:
