@@ -78,7 +78,7 @@ import ijson
 import numpy as np
 import pandas as pd
 
-from analyzer.errors import AnalyzerError, CorruptInput, ResourceLimit, UnsupportedFormat
+from analyzer.errors import CorruptInput, ResourceLimit, UnsupportedFormat
 from analyzer.ingest import sniff
 from analyzer.ingest.columns import MAX_TOTAL_BYTES
 from analyzer.ingest.history import ByAddress, BySize, HistoryBuilder
