@@ -5,7 +5,8 @@ rank whose peak is the median of all): the category and the module that hold mos
 (an uneven scatter of the batch makes activations, an unevenly split model makes parameters, gradients and
 optimizer state, DataParallel's replicas and gathered outputs sit on the first GPU), and the remedies follow from
 that category. The comparison needs only each peak's breakdowns, so it runs on summaries that travel back from
-the workers of a distributed analysis (`PeakSummary`), never on whole traces.
+the workers of a distributed analysis (`PeakSummary`), never on whole traces. Ranks are lined up by step: the
+worst peak's step is compared with the same step on the median rank (steps from ProfilerStep#N and step labels).
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class PeakSummary:
     peak_step: int | None = None
     peak_phase: str | None = None
     data_parallel_replicas: bool = False   # DataParallel's replicate made parameters on this device
+    step_peaks: dict[int, int] = field(default_factory=dict)   # step -> its peak allocated bytes
 
 
 def summarise(label: str, d: DeviceAnalysis) -> PeakSummary:
@@ -52,7 +54,9 @@ def summarise(label: str, d: DeviceAnalysis) -> PeakSummary:
     return PeakSummary(label=label, peak_bytes=int(d.peak.allocated_bytes), oom=d.oom is not None,
                        by_category={r["name"]: int(r["bytes"]) for r in d.by_category},
                        by_module={r["name"]: int(r["bytes"]) for r in d.by_module},
-                       peak_step=d.peak_step, peak_phase=d.peak_phase, data_parallel_replicas=replicas)
+                       peak_step=d.peak_step, peak_phase=d.peak_phase, data_parallel_replicas=replicas,
+                       step_peaks={int(s["step"]): int(s["peak_allocated_bytes"]) for s in d.steps
+                                   if s.get("step") is not None})
 
 
 def worst_first(peaks: Sequence[PeakSummary]) -> list[PeakSummary]:
@@ -78,6 +82,10 @@ def find_imbalance(peaks: Sequence[PeakSummary]) -> dict[str, Any] | None:
     why = f"{category_plural(category)} make {gib(category_gap)} of the difference" if category else ""
     if module:
         why += f"{', most in ' if why else ''}{module_in_sentence(module)} ({gib(module_gap)})"
+    # ranks lined up by step: the worst one's peak step against the same step on the median one
+    same_step = median.step_peaks.get(worst.peak_step) if worst.peak_step is not None else None
+    if same_step is not None:
+        why += f"{'; ' if why else ''}in step {worst.peak_step} {median.label} peaked at {gib(same_step)}"
     return {
         "kind": "imbalance", "severity": "warning", "bytes": int(gap),
         "summary": (f"{worst.label} peaks at {gib(worst.peak_bytes)}, {ratio:.1f}x the median "
@@ -87,6 +95,7 @@ def find_imbalance(peaks: Sequence[PeakSummary]) -> dict[str, Any] | None:
             "worst_peak_bytes": worst.peak_bytes, "median_peak_bytes": int(median.peak_bytes),
             "category": category, "category_gap_bytes": category_gap,
             "module": module, "module_gap_bytes": module_gap,
+            "step": worst.peak_step, "median_at_that_step_bytes": same_step,
             "peaks": [{"label": p.label, "peak_bytes": p.peak_bytes, "oom": p.oom, "peak_step": p.peak_step,
                        "peak_phase": p.peak_phase} for p in worst_first(peaks)]}},
         "remedies": _remedies(category, worst),

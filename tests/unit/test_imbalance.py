@@ -74,3 +74,18 @@ def test_the_median_is_a_devices_own_peak():
     found = find_imbalance([peak("a", 4 * GiB), peak("b", 6 * GiB), peak("c", 8 * GiB), peak("d", 30 * GiB)])
     details = found["evidence"]["details"]
     assert details["median"] == "b" and details["median_peak_bytes"] == 6 * GiB and details["ratio"] == 5.0
+
+
+def test_ranks_are_lined_up_by_step():
+    worst = PeakSummary("rank 12", 40 * GiB, True, {"activation": 40 * GiB}, peak_step=7,
+                        step_peaks={6: 20 * GiB, 7: 40 * GiB})
+    others = [PeakSummary(f"rank {i}", 21 * GiB, False, {"activation": 21 * GiB}, peak_step=3,
+                          step_peaks={3: 21 * GiB, 7: 19 * GiB}) for i in range(3)]
+    found = find_imbalance([worst, *others])
+    assert found["evidence"]["details"]["step"] == 7
+    assert found["evidence"]["details"]["median_at_that_step_bytes"] == 19 * GiB
+    assert "in step 7 rank 0 peaked at 19.00 GiB" in found["summary"]
+    unaligned = [PeakSummary(o.label, o.peak_bytes, False, o.by_category, peak_step=3, step_peaks={3: o.peak_bytes})
+                 for o in others]
+    without = find_imbalance([worst, *unaligned])   # the median rank recorded no step 7
+    assert without["evidence"]["details"]["median_at_that_step_bytes"] is None and "in step" not in without["summary"]
