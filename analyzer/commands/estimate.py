@@ -7,7 +7,9 @@ Sizes need their unit: 80GiB is 80 × 2^30 bytes (what an "80 GB" A100 or H100 h
 (74.5 GiB); a bare 80 is refused. Without --gpus the job is one GPU and no sharding is listed at that count.
 
 Model states follow the ZeRO paper (16Ψ for mixed-precision Adam), activations Korthikanti et al. When the
-configuration does not fit, it lists what does, with per-GPU numbers.
+configuration does not fit, the plan is the cheapest combination of changes that does (analyzer.diagnose.plan:
+micro-batch with accumulation, checkpointing selective or full, the optimizer, ZeRO stage, tensor and pipeline
+degree, offload), one change a step with the per-GPU bytes after it, and the alternatives a little dearer.
 """
 from __future__ import annotations
 
@@ -18,10 +20,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.core.units import gib, parse_bytes, parse_count
+from analyzer.diagnose import plan as lattice
+from analyzer.diagnose.plan import Config, Level
 from analyzer.diagnose.theory import activation_bytes, model_states_bytes
 from analyzer.errors import AnalyzerError
 
 OVERHEAD = 0.10   # CUDA context, workspaces and fragmentation: keep this share of the device free
+NODE_GPUS = 8     # tensor parallelism stays inside a node
+# optimizer bytes per parameter beside the 16-bit weights and gradients: fp32 master + two fp32 moments (Adam),
+# + two int8 moments (8-bit Adam), + a factored second moment (Adafactor, about none), none on the GPU (offload)
+OPTIMIZER_BYTES = {"adam": 12, "optimizer_8bit": 6, "adafactor": 4, "optimizer_offload": 0}
 
 
 @dataclass
@@ -74,7 +82,128 @@ def estimate(params: float, gpus: int | None, zero: int, gpu_memory: int | None,
     }
     if usable is not None:
         result["options"] = options(params, gpus, zero, acts, usable, shape, checkpointing, given)
+        result["plan"] = None if result["fits"] else plan(params, gpus if given else 1, zero, usable, shape,
+                                                           checkpointing)
     return result
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One configuration of the job, as the formulas need it."""
+
+    micro_batch: int          # per GPU; accumulation keeps the global batch
+    accumulation: int
+    checkpointing: str        # none | selective | full
+    optimizer: str            # adam | optimizer_8bit | adafactor | optimizer_offload
+    zero: int
+    tp: int
+    pp: int
+    offload: bool             # parameters (and all model states) on the CPU
+
+
+def per_gpu_bytes(params: float, gpus: int, shape: Shape | None, job: Layout) -> float:
+    """Model states and activations on the busiest GPU (the first pipeline stage). Each tensor-and-pipeline
+    shard holds Ψ/(tp·pp) parameters; ZeRO shards its states over the data-parallel degree gpus/(tp·pp): 2Ψ
+    16-bit weights (stage 3), 2Ψ gradients (stage 2+), the optimizer's bytes (stage 1+). Offload keeps the
+    gathered 16-bit weights of two layers (the one computing and the one prefetched). Activations per layer:
+    Korthikanti et al. with the tensor degree (selective checkpointing drops the attention scores, full keeps
+    each layer's 2·s·b·h input plus one layer recomputed); under 1F1B the first stage holds min(pp, m) of the
+    m micro-batches in flight, each for layers/pp layers."""
+    dp = max(gpus // (job.tp * job.pp), 1)
+    psi = params / (job.tp * job.pp)
+    if job.offload:
+        assert shape is not None  # offload is offered with a shape only
+        states = 2 * 2 * psi * job.pp / shape.layers
+    else:
+        states = (2 * psi / (dp if job.zero >= 3 else 1) + 2 * psi / (dp if job.zero >= 2 else 1)
+                  + OPTIMIZER_BYTES[job.optimizer] * psi / (dp if job.zero >= 1 else 1))
+    if shape is None:
+        return states
+    layers = shape.layers // job.pp
+    in_flight = min(job.pp, job.accumulation)
+    layer = activation_bytes(1, job.micro_batch, shape.seq, shape.hidden, shape.heads, tensor_parallel=job.tp,
+                             flash_attention=shape.flash_attention or job.checkpointing != "none")
+    if job.checkpointing == "full":
+        return states + in_flight * layers * 2 * shape.seq * job.micro_batch * shape.hidden + layer
+    return states + in_flight * layers * layer
+
+
+def _degrees(n: int, limit: int) -> list[int]:
+    return [d for d in (2, 4, 8, 16, 32, 64) if d <= limit and n % d == 0]
+
+
+def plan(params: float, gpus: int, zero: int, usable: float, shape: Shape | None,
+         checkpointing: bool) -> dict[str, Any]:
+    """The cheapest combination of changes whose per-GPU bytes fit in `usable`, from the configuration given."""
+    as_is = Level("as_is", "as given", 0.0)
+    levers = []
+    if shape is not None:
+        levers.append(lattice.lever("micro_batch", [
+            Level("micro_batch", f"micro-batch {shape.micro_batch // k} with gradient accumulation x{k}",
+                  lattice.COST["micro_batch"] * math.log2(k), k)
+            for k in range(2, shape.micro_batch + 1) if shape.micro_batch % k == 0], as_is))
+        full = Level("activation_checkpointing", "full activation checkpointing", lattice.COST["activation_checkpointing"])
+        levels = [] if checkpointing else [full]
+        if not shape.flash_attention and not checkpointing:   # fused attention keeps no scores to drop
+            levels.insert(0, Level("selective_checkpointing", "selective activation checkpointing (attention)",
+                                   lattice.COST["selective_checkpointing"]))
+        levers.append(lattice.lever("checkpointing", levels, as_is))
+    levers.append(lattice.lever("optimizer", [
+        Level("optimizer_8bit", "8-bit Adam", lattice.COST["optimizer_8bit"]),
+        Level("adafactor", "Adafactor", lattice.COST["adafactor"]),
+        Level("optimizer_offload", "optimizer state offloaded to CPU", lattice.COST["optimizer_offload"])], as_is))
+    if gpus > 1:
+        levers.append(lattice.lever("zero", [Level(f"zero{z}", f"ZeRO-{z}", lattice.COST[f"zero{z}"], z)
+                                             for z in (1, 2, 3) if z > zero], as_is))
+        heads = shape.heads if shape is not None else NODE_GPUS
+        levers.append(lattice.lever("tp", [
+            Level("tensor_parallel", f"tensor parallel over {t} GPUs",
+                  lattice.COST["tensor_parallel"] + math.log2(t) - 1, t) for t in _degrees(heads, min(gpus, NODE_GPUS))
+            if gpus % t == 0], as_is))
+        if shape is not None:
+            levers.append(lattice.lever("pp", [
+                Level("pipeline_parallel", f"{p} pipeline stages (1F1B)", lattice.COST["pipeline_parallel"]
+                      + math.log2(p) - 1, p) for p in _degrees(shape.layers, gpus) if gpus % p == 0], as_is))
+    if shape is not None:
+        levers.append(lattice.lever("offload", [Level("offload", "parameters and optimizer state offloaded to CPU",
+                                                      lattice.COST["offload"])], as_is))
+
+    def layout(config: Config) -> Layout:
+        k = config["micro_batch"].value if "micro_batch" in config and config["micro_batch"].value else 1
+        ckpt = {"activation_checkpointing": "full", "selective_checkpointing": "selective"}.get(
+            config["checkpointing"].id if "checkpointing" in config else "", "full" if checkpointing else "none")
+        optimizer = config["optimizer"].id if config["optimizer"].id in OPTIMIZER_BYTES else "adam"
+        level = config.get("zero")
+        return Layout(micro_batch=(shape.micro_batch // k) if shape else 1, accumulation=k, checkpointing=ckpt,
+                      optimizer=optimizer, zero=level.value if level is not None and level.value else zero,
+                      tp=(config["tp"].value or 1) if "tp" in config else 1,
+                      pp=(config["pp"].value or 1) if "pp" in config else 1,
+                      offload=bool("offload" in config and config["offload"].id == "offload"))
+
+    def valid(config: Config) -> bool:
+        job = layout(config)
+        if job.tp * job.pp > gpus or gpus % (job.tp * job.pp):
+            return False
+        dp = gpus // (job.tp * job.pp)
+        if job.zero > zero and dp == 1:
+            return False      # nothing to shard over
+        return not job.offload or ((job.zero == 3 or dp == 1) and job.optimizer == "adam")
+
+    def predict(config: Config) -> tuple[int, bool]:
+        peak = per_gpu_bytes(params, gpus, shape, layout(config))
+        return int(peak), peak <= usable
+
+    fitting = lattice.search(levers, predict, valid)
+    searched = math.prod(len(lv.levels) for lv in levers)
+    if not fitting:
+        return {"fits": False, "steps": [], "alternatives": [], "searched": searched}
+    cost, _, best = fitting[0]
+    start = {lv.name: lv.levels[0] for lv in levers}
+    predicted = [(level, *predict(after)) for level, after in lattice.steps(best, start)]
+    return {"fits": True, "steps": [lattice.step_json(level, peak, None, fits, "formula") for level, peak, fits in predicted],
+            "alternatives": [lattice.alternative_json(c, alt_cost, peak, cost)
+                             for alt_cost, peak, c in lattice.distinct(fitting, lattice.ALTERNATIVES + 1)[1:]],
+            "searched": searched}
 
 
 def options(params: float, gpus: int, zero: int, acts: float, usable: float, shape: Shape | None,
@@ -129,11 +258,33 @@ def render(result: dict[str, Any]) -> str:
     if result["fits"] is not None:
         lines.append(f"{'Fits' if result['fits'] else 'Does NOT fit'} in {gib(result['usable_bytes'])} usable of "
                      f"{gib(result['gpu_memory_bytes'])} ({OVERHEAD:.0%} kept for the CUDA context and fragmentation).")
+        if result.get("plan") is not None:
+            lines += render_plan(result["plan"])
+            lines.append("Each change alone:")
         for o in result.get("options", []):
             per_gpu = "" if o["per_gpu_bytes"] is None else f"{gib(o['per_gpu_bytes'])} per GPU, "
             verdict = "" if o["fits"] is None else ("fits" if o["fits"] else "does not fit")
             lines.append(f"  - {o['option']}: {per_gpu}{verdict}".rstrip(", "))
     return "\n".join(lines)
+
+
+def render_plan(found: dict[str, Any]) -> list[str]:
+    """The plan's steps, one change each with the per-GPU bytes after it, then the alternatives and their costs."""
+    if not found["fits"]:
+        return [f"No combination of the changes searched fits ({found['searched']} configurations): more GPUs, "
+                "a smaller model or parameter-efficient fine-tuning."]
+    lines = ["Plan, cheapest first (one change a step; stop at the first that fits):"]
+    for i, step in enumerate(found["steps"], 1):
+        lines.append(f"  {i}. {step['title']}: {gib(step['predicted_peak_allocated_bytes'])} per GPU, "
+                     + ("fits" if step["fits"] else "does not fit yet"))
+    if found["alternatives"]:
+        lines.append("A little dearer, also fitting:")
+    for alt in found["alternatives"]:
+        costs = "; ".join(c["throughput"] + ("" if c["communication"] == "none" else f", {c['communication']}")
+                          for c in alt["cost"].values())
+        lines.append(f"  - {' + '.join(alt['titles'])}: {gib(alt['predicted_peak_allocated_bytes'])} per GPU "
+                     f"(+{alt['extra_cost']:g} in cost order; {costs})")
+    return lines
 
 
 class EstimateCommand:

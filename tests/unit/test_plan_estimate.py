@@ -1,0 +1,98 @@
+"""The plan of `analyze estimate` (issue 21): the cheapest combination of changes that fits, found over the
+remedy lattice in the method's cost order, each step's per-GPU bytes from the 16Ψ / ZeRO and Korthikanti
+formulas, checked here against those formulas written out by hand."""
+from __future__ import annotations
+
+import pytest
+
+from analyzer.commands import main
+from analyzer.commands.estimate import OVERHEAD, Layout, Shape, estimate, per_gpu_bytes
+from analyzer.diagnose.plan import COST
+
+GiB = 2**30
+PSI, GPUS, B, S, L, H = 7e9, 8, 32, 2048, 32, 4096
+SHAPE = Shape(B, S, L, H, 32)
+USABLE = 80 * GiB * (1 - OVERHEAD)
+
+
+def _sbh(b: int = B) -> float:
+    return S * b * H
+
+
+def test_the_worked_example_gets_a_plan_that_fits_with_the_formulas_numbers():
+    """7B, FP16 + Adam, 8 x 80 GiB, micro-batch 32, sequence 2048: 16Ψ alone is over the device. Full
+    checkpointing keeps 2·sbh per layer plus one layer (34·sbh); ZeRO-1 leaves 4Ψ + 12Ψ/8 per GPU."""
+    result = estimate(PSI, GPUS, 0, 80 * GiB, SHAPE, False)
+    assert result["fits"] is False
+    plan = result["plan"]
+    assert plan["fits"] and [s["remedy"] for s in plan["steps"]] == ["activation_checkpointing", "zero1"]
+    checkpointed = L * 2 * _sbh() + 34 * _sbh()
+    first, second = plan["steps"]
+    assert first["predicted_peak_allocated_bytes"] == int(16 * PSI + checkpointed) and first["fits"] is False
+    assert second["predicted_peak_allocated_bytes"] == int(4 * PSI + 12 * PSI / GPUS + checkpointed)
+    assert second["fits"] and second["source"] == "formula"
+    assert second["predicted_peak_allocated_bytes"] <= USABLE < first["predicted_peak_allocated_bytes"]
+    # the alternatives fit, cost at least as much, and none is the plan with more changes added
+    for alt in plan["alternatives"]:
+        assert alt["predicted_peak_allocated_bytes"] <= USABLE and alt["extra_cost"] >= 0
+        assert not {"activation_checkpointing", "zero1"} <= set(alt["remedies"])
+    smaller = plan["alternatives"][0]   # as cheap, a higher peak: micro-batch 4 with x8 accumulation instead
+    assert smaller["remedies"] == ["micro_batch", "zero1"] and smaller["extra_cost"] == 0
+    assert smaller["predicted_peak_allocated_bytes"] == int(4 * PSI + 12 * PSI / GPUS + L * 34 * _sbh(4))
+    assert smaller["cost"]["zero1"]["communication"].startswith("as data parallel")
+    assert "8 accumulation steps" in smaller["cost"]["micro_batch"]["throughput"]
+
+
+def test_zero2_alone_is_not_enough_and_zero3_with_checkpointing_and_a_smaller_micro_batch_fits():
+    """The seed's narrative as per-GPU numbers: ZeRO-2 (2Ψ + 14Ψ/N) leaves the 34·sbh·L activations; ZeRO-3
+    (16Ψ/N) with checkpointing at micro-batch 8 and x4 accumulation fits."""
+    zero2 = per_gpu_bytes(PSI, GPUS, SHAPE, Layout(B, 1, "none", "adam", 2, 1, 1, False))
+    assert zero2 == pytest.approx(2 * PSI + 14 * PSI / GPUS + L * 34 * _sbh()) and zero2 > USABLE
+    both = per_gpu_bytes(PSI, GPUS, SHAPE, Layout(8, 4, "full", "adam", 3, 1, 1, False))
+    assert both == pytest.approx(16 * PSI / GPUS + L * 2 * _sbh(8) + 34 * _sbh(8)) and both <= USABLE
+
+
+def test_one_side_of_fits_gets_a_plan_the_other_none():
+    """At micro-batch 1 with checkpointing and ZeRO-3 given, 7B fits 80 GiB: no plan; on 12 GiB it does not."""
+    fitting = estimate(PSI, GPUS, 3, 80 * GiB, Shape(1, S, L, H, 32), True)
+    assert fitting["fits"] and fitting["plan"] is None
+    tight = estimate(PSI, GPUS, 3, 12 * GiB, Shape(1, S, L, H, 32), True)
+    assert tight["fits"] is False and tight["plan"]["fits"]
+    assert all(s["remedy"] not in ("zero1", "zero2", "zero3", "activation_checkpointing") for s in tight["plan"]["steps"])
+
+
+def test_the_last_step_is_the_only_one_that_fits_and_costs_rise():
+    """70B on 8 x 80 GiB: even ZeRO-3 leaves 2 TB/8 of states; the plan ends in optimizer offload (story 3)."""
+    plan = estimate(70e9, GPUS, 0, 80 * GiB, Shape(4, 4096, 80, 8192, 64), False)["plan"]
+    fits = [s["fits"] for s in plan["steps"]]
+    assert fits[-1] and not any(fits[:-1])
+    assert [COST[s["remedy"]] for s in plan["steps"]] == sorted(COST[s["remedy"]] for s in plan["steps"])
+    assert "optimizer_offload" in [s["remedy"] for s in plan["steps"]]
+
+
+def test_pipeline_stages_hold_their_layers_and_the_in_flight_micro_batches():
+    """1F1B: the first of p stages holds min(p, m) micro-batches of L/p layers and Ψ/p of the parameters."""
+    job = Layout(4, 8, "none", "adam", 0, 1, 4, False)
+    assert per_gpu_bytes(PSI, GPUS, SHAPE, job) == pytest.approx(16 * PSI / 4 + 4 * (L // 4) * 34 * _sbh(4))
+    two = Layout(4, 2, "none", "adam", 0, 1, 4, False)   # only 2 micro-batches: 2 in flight
+    assert per_gpu_bytes(PSI, GPUS, SHAPE, two) == pytest.approx(16 * PSI / 4 + 2 * (L // 4) * 34 * _sbh(4))
+
+
+def test_selective_checkpointing_drops_the_attention_scores_only():
+    """Eager attention keeps 5·a·s/h·sbh per layer more; selective recomputes just that (34 vs 34 + 5as/h)."""
+    eager = Shape(B, S, L, H, 32, flash_attention=False)
+    none = per_gpu_bytes(PSI, GPUS, eager, Layout(B, 1, "none", "adam", 3, 1, 1, False))
+    selective = per_gpu_bytes(PSI, GPUS, eager, Layout(B, 1, "selective", "adam", 3, 1, 1, False))
+    assert none - selective == pytest.approx(L * 5 * 32 * S / H * _sbh())
+    assert selective == pytest.approx(16 * PSI / GPUS + L * 34 * _sbh())
+    levers = {s["remedy"] for s in estimate(PSI, GPUS, 3, 40 * GiB, eager, False)["plan"]["steps"]}
+    assert levers & {"selective_checkpointing", "activation_checkpointing"}
+
+
+def test_the_command_prints_the_plan(capsys):
+    code = main(["estimate", "--params", "7e9", "--gpus", "8", "--micro-batch", "32", "--seq", "2048", "--layers", "32",
+                 "--hidden", "4096", "--gpu-memory", "80GiB"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "1. full activation checkpointing: 128.81 GiB per GPU, does not fit yet" in out
+    assert "2. ZeRO-1: 60.36 GiB per GPU, fits" in out and "A little dearer" in out
