@@ -74,6 +74,46 @@ def transforms(shards: dict[str, int]) -> dict[str, tuple[Transform, bool]]:
     return out
 
 
+def transform_for(remedy: str, value: int | None, shards: dict[str, int]) -> tuple[Transform, bool] | None:
+    """The transform of one remedy at a level (`value`: k micro-batches), or None where no transform exists."""
+    if remedy == "micro_batch" and value:
+        return (lambda s: micro_batch(s, value), False)
+    if remedy == "gradient_accumulation" and value:
+        return (lambda s: accumulation(s, value), False)
+    return transforms(shards).get(remedy)
+
+
+class Replayer:
+    """One device's recorded stream, read once, replayed with any combination of remedies composed in order."""
+
+    def __init__(self, trace: MemoryTrace, device: int, capacity: int | None, shards: dict[str, int]):
+        self.trace, self.device, self.shards = trace, device, shards
+        self.usable = usable_capacity(trace, device, capacity)
+        self.recorded = bool(trace.allocator_settings.get("expandable_segments")) if trace.allocator_settings else False
+        self.replays = 0
+        self._stream: Stream | None | bool = False     # False: not read yet
+
+    @property
+    def stream(self) -> Stream | None:
+        if self._stream is False:
+            self._stream = recorded_stream(self.trace, self.device)
+        return self._stream if isinstance(self._stream, Stream) else None
+
+    def can(self, remedy: str, value: int | None) -> bool:
+        return transform_for(remedy, value, self.shards) is not None and self.stream is not None
+
+    def run(self, changes: list[tuple[str, int | None]]) -> Prediction:
+        """The run with each change's transform applied to the result of the previous one."""
+        assert self.stream is not None  # callers ask `can` first
+        stream, expandable = self.stream, self.recorded
+        for remedy, value in changes:
+            made = transform_for(remedy, value, self.shards)
+            assert made is not None
+            stream, expandable = made[0](stream), expandable or made[1]
+        self.replays += 1
+        return replay(stream, self.usable, AllocatorSettings(expandable_segments=expandable))
+
+
 def _sharding(stage: int, shards: int) -> Transform:
     return lambda s: zero(s, stage, shards)
 
@@ -201,7 +241,10 @@ def predict(trace: MemoryTrace, device: int, remedy_ids: list[str], capacity: in
     for remedy in remedy_ids:
         if remedy in known:
             transform, expandable = known[remedy]
-            out[remedy] = replay(transform(stream), usable, AllocatorSettings(expandable_segments=expandable or recorded))
+            changed = transform(stream)
+            if not expandable and changed.rows["bytes"].equals(stream.rows["bytes"]) and len(changed.rows) == len(stream.rows):
+                continue   # the labels show nothing the remedy acts on: the replay cannot judge it, the formula does
+            out[remedy] = replay(changed, usable, AllocatorSettings(expandable_segments=expandable or recorded))
     return out
 
 

@@ -64,9 +64,14 @@ def _scaled(rows: pd.DataFrame, mask: pd.Series | np.ndarray, factor: float) -> 
     return out
 
 
+#: phases whose memory does not scale with the batch; an unknown phase (a memory timeline records none) does
+NOT_BATCH_WORK = (Phase.OPTIMIZER.value, Phase.LOAD.value, Phase.CHECKPOINT_SAVE.value, Phase.COMPILE.value)
+
+
 def batch_scaled(rows: pd.DataFrame) -> pd.Series:
-    """Rows that scale with the batch: activations, temporaries and inputs made outside the optimizer step."""
-    return rows["category"].isin(BATCH_SCALED) & rows["phase"].isin(STEP_WORK)
+    """Rows that scale with the batch: activations, temporaries and inputs made outside the optimizer step,
+    model loading, checkpoint saving and compilation."""
+    return rows["category"].isin(BATCH_SCALED) & ~rows["phase"].isin(NOT_BATCH_WORK)
 
 
 def micro_batch(stream: Stream, k: int) -> Stream:

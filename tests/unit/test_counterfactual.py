@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analyzer.attribute import attribute
 from analyzer.diagnose.counterfactual import predict, recorded_stream, replay
 from analyzer.diagnose.transforms import Stream, accumulation, bf16, block_key, checkpointing, micro_batch, zero
 from analyzer.simulate.allocator import AllocatorSettings
@@ -129,10 +130,20 @@ def test_recorded_stream_carries_the_failed_request_and_needs_a_history():
     with rec.step(1), rec.phase("forward"):
         rec.alloc(64 * MiB)
     rec.oom(128 * MiB, device_free=0)
-    trace = rec.trace()
+    trace = attribute(rec.trace())   # the 64 MiB made in forward and freed never: an activation
     s = recorded_stream(trace, 0)
     assert s is not None and s.rows["bytes"].tolist()[-1] == 128 * MiB
     p = predict(trace, 0, ["micro_batch", "no_such_remedy"], capacity=64 * MiB, shards=None)
     assert set(p) == {"micro_batch"} and p["micro_batch"].oom is True
+    # a remedy whose transform finds nothing it acts on is left to the formula: the replay cannot judge it
+    assert predict(trace, 0, ["optimizer_8bit"], capacity=64 * MiB, shards=None) == {}
     rec.forget_history()
     assert recorded_stream(rec.trace(), 0) is None
+
+
+def test_a_micro_batch_scales_activations_of_an_unknown_phase_not_the_optimizers():
+    """A memory timeline records categories but no phase: its activations still scale with the batch; what the
+    optimizer step, loading or checkpoint saving make does not."""
+    s = stream([(1, 4, 8 * MiB, "activation", "unattributed", "m"), (2, 5, 4 * MiB, "temporary", "optimizer", "m"),
+                (3, 6, 2 * MiB, "activation", "load", "m")])
+    assert micro_batch(s, 2).rows["bytes"].tolist() == [4 * MiB, 4 * MiB, 2 * MiB]
