@@ -97,7 +97,9 @@ class Diagnosis:
     capacity_bytes: int | None            # the device memory the advice was judged against
     capacity_source: str                  # where that number came from
     workload: dict[str, Any] = field(default_factory=dict)  # analyzer.diagnose.workload: what the advice acts on
-    fits: dict[str, int] | None = None    # {peak, capacity, headroom}_bytes when the run fits as it is
+    fits: dict[str, Any] | None = None    # {peak, capacity, headroom}_bytes when the run fits as it is (capacity_assumed:
+                                          # the device is not known, and it fits the smallest GPU, SMALLEST_GPU)
+    plan: dict[str, Any] | None = None    # the cheapest combination of remedies that fits (analyzer.diagnose.plan)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,6 +210,7 @@ def _device_json(d: DeviceAnalysis) -> dict[str, Any]:
         "theory": dx.theory,
         "findings": dx.findings,
         "remedies": dx.remedies,
+        "plan": dx.plan,
     }
 
 

@@ -14,14 +14,14 @@ from typing import Any
 
 from analyzer.diagnose import (activation_peak, checkpoint_gather, fragmentation, leak, oom, optimizer_spike, outside,
                                reserved_growth)
-from analyzer.diagnose import counterfactual
+from analyzer.diagnose import counterfactual, plan
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import oom_where
 from analyzer.core.units import gib, rate_bytes
 from analyzer.core.vocabulary import Category, Phase
 from analyzer.diagnose.triage import triage
 from analyzer.diagnose.remedies import (LAYOUT_ONLY, Demand, checkpointable_bytes, count_layers, describe,
-                                        fits_as_is, rank_remedies)
+                                        fits_as_is, gpus_for, rank_remedies)
 from analyzer.diagnose.theory import explain_model_states
 from analyzer.diagnose.workload import Workload, recognise
 from analyzer.result import Diagnosis
@@ -48,8 +48,13 @@ def diagnose(ctx: DeviceContext) -> Diagnosis:
     demand.replayed = counterfactual.replayed(ctx, demand, offered)   # only what is offered is replayed
     remedies = [] if host else [r for r in rank_remedies(demand) if ctx.device >= 0 or r["id"] not in LAYOUT_ONLY]
     fits = _fits(demand)
-    return Diagnosis(findings=findings, remedies=remedies, theory=theory, fragmentation=picture, triage=triaged,
-                     demand_bytes=demand.total, verdict=verdict(ctx, findings, remedies, demand, triaged, fits),
+    states = demand.bytes(Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE)
+    shards = gpus_for(demand, states)[0]
+    found = None if host or ctx.device < 0 else plan.for_recording(
+        demand, remedies, counterfactual.Replayer(ctx.trace, ctx.device, ctx.capacity_bytes,
+                                                  {"zero1": shards, "zero2": shards}))
+    return Diagnosis(findings=findings, remedies=remedies, theory=theory, fragmentation=picture, triage=triaged, plan=found,
+                     demand_bytes=demand.total, verdict=verdict(ctx, findings, remedies, demand, triaged, fits, found),
                      capacity_bytes=ctx.capacity_bytes, capacity_source=ctx.capacity_source,
                      workload={**vars(workload), "summary": workload.describe()}, fits=fits)
 
@@ -146,14 +151,19 @@ def _graph_bytes(live: Any) -> int:
 
 
 def verdict(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[dict[str, Any]], demand: Demand,
-            triaged: dict[str, str], fits: dict[str, int] | None = None) -> str:
-    """One sentence: what ran out, where, why, what to try first (nothing to try when the run fits)."""
+            triaged: dict[str, str], fits: dict[str, int] | None = None, found: dict[str, Any] | None = None) -> str:
+    """One sentence: what ran out, where, why, what to try first (nothing to try when the run fits); when no
+    single change fits, the plan's changes in order."""
     d = ctx.d
     if ctx.device < 0 and beside_a_gpu(ctx):
         return (f"Host memory ({ctx.trace.device_label(d.device)}): peak {gib(d.peak.allocated_bytes)} allocated; "
                 "GPU remedies do not act on it")
     first = next((r for r in remedies if r["try_first"]), None)
     advice = f" Try first: {describe(first, demand.capacity)}." if first else ""
+    if first is None and found is not None and found["fits"] and len(found["steps"]) > 1 and demand.capacity:
+        last = found["steps"][-1]
+        advice = (f" No single change fits; together: {', then '.join(s['title'] for s in found['steps'])} (peak "
+                  f"{gib(demand.total)} → {gib(last['predicted_peak_allocated_bytes'])}, fits in {gib(demand.capacity)}).")
     if fits is not None:
         advice = (f" Fits: peak {gib(fits['peak_bytes'])} of {gib(fits['capacity_bytes'])}, "
                   f"{gib(fits['headroom_bytes'])} headroom" + ("; the remedies listed are optional ways to grow the "

@@ -73,6 +73,22 @@ def _remedy(r: RemedyView, demand: int, number: int) -> list[str]:
     return lines
 
 
+def _plan(d: DeviceView) -> list[str]:
+    """The plan as a table: one change a row, the peak predicted after it, and the alternatives under it."""
+    assert d.plan is not None
+    if not d.plan.fits:
+        return ["**Plan:** no combination of the offered remedies fits.", ""]
+    lines = ["**Plan** (one change at a time, cheapest first; stop at the first that fits):", "",
+             "| step | change | peak allocated | peak reserved | fits | from |", "|--:|---|--:|--:|---|---|"]
+    lines += [f"| {i} | {md_text(s.title)} | {human_bytes(s.peak_allocated_bytes)} | "
+              f"{'' if s.peak_reserved_bytes is None else human_bytes(s.peak_reserved_bytes)} | "
+              f"{'yes' if s.fits else 'not yet'} | {s.source} |" for i, s in enumerate(d.plan.steps, 1)]
+    lines.append("")
+    lines += [f"- or {md_text(changes)}: peak {human_bytes(peak)} ({md_text(cost)})"
+              for changes, peak, cost in d.plan.alternatives]
+    return lines + ([""] if d.plan.alternatives else [])
+
+
 def _device(d: DeviceView, several: bool) -> list[str]:
     title = f"### {md_text(d.name)}: peak {human_bytes(d.peak_allocated_bytes)} allocated, " \
             f"{human_bytes(d.reserved_peak_bytes)} reserved"
@@ -91,6 +107,8 @@ def _device(d: DeviceView, several: bool) -> list[str]:
         modules = ", ".join(f"{md_code(r.label)} {human_bytes(r.bytes)} ({r.share:.0%})"
                             for r in d.by_module[:TOP_MODULES])
         lines += [f"**Largest modules:** {modules}", ""]
+    if d.plan is not None:
+        lines += _plan(d)
     if d.remedies:
         lines += ["**Try first, cheapest first:**", ""]
         for i, r in enumerate(d.remedies[:TOP_REMEDIES], 1):

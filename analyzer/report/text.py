@@ -78,6 +78,24 @@ def _remedies(d: DeviceView) -> Group:
     return Group(*lines)
 
 
+def _plan(d: DeviceView) -> Group:
+    """The plan's steps, one change each with the peak predicted after it, then the alternatives."""
+    assert d.plan is not None
+    if not d.plan.fits:
+        return Group(Text("plan: no combination of the offered remedies fits", style="dim"))
+    lines = [Text("plan: one change at a time, cheapest first; stop at the first that fits", style="dim")]
+    for i, step in enumerate(d.plan.steps, 1):
+        line = Text(printable(f"{i}. {step.title}") + f": peak {human_bytes(step.peak_allocated_bytes)}")
+        if step.peak_reserved_bytes is not None:
+            line.append(f" ({human_bytes(step.peak_reserved_bytes)} reserved)")
+        line.append(*((" fits", "green") if step.fits else (" not yet", "red")))
+        line.append(f" [{step.source}]", "dim")
+        lines.append(line)
+    for changes, peak, cost in d.plan.alternatives:
+        lines.append(Text(printable(f"   or {changes}: peak {human_bytes(peak)} ({cost})"), style="dim"))
+    return Group(*lines)
+
+
 def _device(d: DeviceView, console: Console, several: bool) -> None:
     head = Text.assemble((printable(d.name), "bold"), "  peak ", (human_bytes(d.peak_allocated_bytes), "bold"),
                          f" allocated ({human_bytes(d.peak_requested_bytes)} requested, "
@@ -100,6 +118,8 @@ def _device(d: DeviceView, console: Console, several: bool) -> None:
         console.print(_largest(d))
     if d.findings:
         console.print(Group(Text("findings", style="dim"), _findings(d)))
+    if d.plan is not None:
+        console.print(_plan(d))
     if d.remedies:
         console.print(_remedies(d))
     console.print(f"  end: {human_bytes(d.end['allocated_bytes'])} allocated, {human_bytes(d.end['reserved_bytes'])} "

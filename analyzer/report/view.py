@@ -138,6 +138,24 @@ class RemedyView:
 
 
 @dataclass
+class PlanStep:
+    title: str
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int | None
+    fits: bool
+    source: str                          # replay | formula
+
+
+@dataclass
+class PlanView:
+    """The cheapest combination of remedies that fits (analyzer.diagnose.plan), one change a step."""
+
+    fits: bool
+    steps: list[PlanStep]
+    alternatives: list[tuple[str, int, str]]   # (the changes, predicted peak, what they cost beside memory)
+
+
+@dataclass
 class FragmentationView:
     where: str                          # "at the out-of-memory" or "at the end of the recording"
     reserved_bytes: int | None
@@ -224,6 +242,7 @@ class DeviceView:
     steps_left_out: int
     remedies_heading: str = "what to change, cheapest first"   # or, for a run that fits, ways to grow it
     workload: str = ""                  # what the advice was chosen for (analyzer.diagnose.workload)
+    plan: PlanView | None = None        # when no run as it is fits: the combined changes that do
 
 
 @dataclass
@@ -343,7 +362,20 @@ def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> De
         remedies_heading=("optional: ways to grow the batch or the model (it fits as it is)" if d.diagnosis.fits
                           else "what to change, cheapest first"),
         workload=str(d.diagnosis.workload.get("summary", "")),
+        plan=_plan_view(d.diagnosis.plan),
     )
+
+
+def _plan_view(found: dict[str, Any] | None) -> PlanView | None:
+    if not found:
+        return None
+    steps = [PlanStep(str(s["title"]), int(s["predicted_peak_allocated_bytes"]),
+                      _optional_int(s["predicted_peak_reserved_bytes"]), bool(s["fits"]), str(s["source"]))
+             for s in found["steps"]]
+    alternatives = [(" + ".join(map(str, a["titles"])), int(a["predicted_peak_allocated_bytes"]),
+                     "; ".join(c["throughput"] + ("" if c["communication"] == "none" else f", {c['communication']}")
+                               for c in a["cost"].values())) for a in found["alternatives"]]
+    return PlanView(bool(found["fits"]), steps, alternatives)
 
 
 def _end(d: DeviceAnalysis, trace: MemoryTrace) -> dict[str, int | None]:
