@@ -2,8 +2,8 @@
 
 Peaks, breakdowns and findings side by side per device. The remedy being checked is `--remedy ID`, or else,
 among BEFORE's remedies whose memory actually shrank (each acts on some categories: ZeRO-3 on the model
-states, bf16 on activations), the one whose estimate is closest to the measured saving (said so in the output).
-When none of them shrank what it acts on, no remedy is credited.
+states, bf16 on activations; fixing a leak, on the leak: its finding is gone), the one whose estimate is closest
+to the measured saving (said so in the output). When none of them shrank what it acts on, no remedy is credited.
 """
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ def compare_device(before: DeviceAnalysis, after: DeviceAnalysis, remedy_id: str
     categories = {name: {"before": b_cat.get(name, 0), "after": a_cat.get(name, 0),
                          "change": (a_cat.get(name, 0) - b_cat.get(name, 0)) / b_cat[name] if b_cat.get(name) else None}
                   for name in sorted(set(b_cat) | set(a_cat))}
+    leak_gone = _has_leak(before) and not _has_leak(after)   # fixing a leak shrinks no category of its own
     estimated = [r for r in before.diagnosis.remedies if r.get("saved_bytes") is not None
-                 and _shrank(r["id"], b_cat, a_cat)]
+                 and (_shrank(r["id"], b_cat, a_cat) or (r["id"] == "fix_leak" and leak_gone))]
     chosen, how = None, None
     layout = [r for r in before.diagnosis.remedies if r["id"] in LAYOUT_ONLY]
     if remedy_id:
@@ -52,6 +53,10 @@ def compare_device(before: DeviceAnalysis, after: DeviceAnalysis, remedy_id: str
         "findings_after": sorted({f["kind"] for f in after.diagnosis.findings}),
         "oom_before": before.oom is not None, "oom_after": after.oom is not None, "remedy_check": check,
     }
+
+
+def _has_leak(d: DeviceAnalysis) -> bool:
+    return any(f["kind"] == "leak" for f in d.diagnosis.findings)
 
 
 def _shrank(remedy_id: str, before: dict[str, int], after: dict[str, int]) -> bool:

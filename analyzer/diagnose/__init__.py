@@ -20,8 +20,8 @@ from analyzer.diagnose.evidence import oom_where
 from analyzer.core.units import gib, rate_bytes
 from analyzer.core.vocabulary import Category, Phase
 from analyzer.diagnose.triage import triage
-from analyzer.diagnose.remedies import (LAYOUT_ONLY, Demand, checkpointable_bytes, count_layers, describe,
-                                        fits_as_is, gpus_for, rank_remedies)
+from analyzer.diagnose.remedies import (LAYOUT_ONLY, SMALLEST_GPU, Demand, checkpointable_bytes, count_layers,
+                                        describe, fits_any_gpu, fits_as_is, gpus_for, rank_remedies)
 from analyzer.diagnose.theory import explain_model_states
 from analyzer.diagnose.workload import Workload, recognise
 from analyzer.result import Diagnosis
@@ -64,8 +64,12 @@ def beside_a_gpu(ctx: DeviceContext) -> bool:
     return bool((ctx.trace.allocations["device"] >= 0).any())
 
 
-def _fits(d: Demand) -> dict[str, int] | None:
-    """{peak, capacity, headroom} bytes when the run fits as it is (remedies.fits_as_is), else None."""
+def _fits(d: Demand) -> dict[str, Any] | None:
+    """{peak, capacity, headroom} bytes when the run fits as it is (remedies.fits_as_is), else None; on an
+    unknown device, the smallest GPU it fits any of (`capacity_assumed`: remedies.fits_any_gpu)."""
+    if fits_any_gpu(d):
+        return {"peak_bytes": d.total, "capacity_bytes": SMALLEST_GPU, "headroom_bytes": SMALLEST_GPU - d.total,
+                "capacity_assumed": True}
     if not fits_as_is(d):
         return None
     assert d.capacity is not None  # fits_as_is needs it
@@ -164,7 +168,11 @@ def verdict(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[d
         last = found["steps"][-1]
         advice = (f" No single change fits; together: {', then '.join(s['title'] for s in found['steps'])} (peak "
                   f"{gib(demand.total)} → {gib(last['predicted_peak_allocated_bytes'])}, fits in {gib(demand.capacity)}).")
-    if fits is not None:
+    if fits is not None and fits.get("capacity_assumed"):
+        advice = (f" Fits any GPU of {gib(fits['capacity_bytes'])} or more (peak {gib(fits['peak_bytes'])}; pass "
+                  "--gpu-memory for the headroom on yours)" + ("; the remedies listed are optional ways to grow the "
+                                                              "batch or the model." if remedies else "."))
+    elif fits is not None:
         advice = (f" Fits: peak {gib(fits['peak_bytes'])} of {gib(fits['capacity_bytes'])}, "
                   f"{gib(fits['headroom_bytes'])} headroom" + ("; the remedies listed are optional ways to grow the "
                                                              "batch or the model." if remedies else "."))

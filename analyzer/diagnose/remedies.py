@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
@@ -35,6 +35,9 @@ MIN_SAVING_SHARE = 0.01   # a remedy must save more than this share of the peak 
 SAME_SAVING_SHARE = 0.01  # two savings closer than this share of the peak are the same saving
 FIT_HEADROOM = 0.95       # a new peak "fits" when it uses at most this share of the device
 AMPLE_HEADROOM = 0.20     # a run with no OOM whose peak leaves this share of the device free fits as it is
+#: the least memory of the GPUs people train on (8 GB consumer cards and up): without a known device, a run that
+#: fits this one as it is fits any of them
+SMALLEST_GPU = 8 * 2**30
 ASSUMED_GPUS = 8          # GPUs a sharding estimate assumes when neither --gpus nor the device memory is known
 MAX_GPUS = 64             # the most GPUs "the fewest that fit" looks at
 NODE_GPUS = 8             # tensor parallelism stays inside a node
@@ -91,6 +94,12 @@ class Remedy:
     layout_only: bool = False   # frees reserved-but-unused memory: the allocated peak stays, the layout fits it
     first: bool = False         # tried before everything else whenever it applies, fit or not
     conditional: bool = False   # rests on a premise the recording cannot confirm: listed, never tried first
+
+
+def fits_any_gpu(d: Demand) -> bool:
+    """Without a known device: the run would fit as it is on the smallest GPU people train on (SMALLEST_GPU),
+    so it fits on any of them, whichever it ran on."""
+    return d.capacity is None and fits_as_is(replace(d, capacity=SMALLEST_GPU))
 
 
 def fits_as_is(d: Demand) -> bool:
@@ -349,7 +358,7 @@ def rank_remedies(demand: Demand) -> list[dict[str, Any]]:
     reserved memory given back; the allocated peak stays, and it fits when it is within the device."""
     layout_first = demand.oom_verdict == "fragmentation"
     order = sorted(REMEDIES, key=lambda r: (not r.first, layout_first and not r.layout_only))
-    grow = fits_as_is(demand)
+    grow = fits_as_is(demand) or fits_any_gpu(demand)
     out: list[dict[str, Any]] = []
     for remedy in order:
         if not remedy.applies(demand):

@@ -31,7 +31,7 @@ CLAIMED: dict[str, dict[str, str | None]] = {
     "gpt_activation_peak": {"activation_peak": None},
     "adam_first_step": {"optimizer_spike": None},
     "checkpoint_gather": {"checkpoint_gather": None},
-    "fragmentation": {"oom": "fragmentation", "fragmentation": None},
+    "fragmentation": {"oom": "fragmentation"},   # an OOM fragmentation caused is the oom finding's verdict
     "capacity_oom": {"oom": "capacity"},
     "expandable": {},
     "leak": {"leak": None},

@@ -64,8 +64,26 @@ def test_a_run_whose_reserve_nears_the_device_does_not_fit_as_it_is(reserved, fi
     assert any(r["try_first"] for r in remedies) is not fits
 
 
-def test_an_unknown_device_is_never_said_to_fit():
-    assert any(r["try_first"] for r in rank_remedies(_training(GiB, capacity=None)))
+SMALLEST_GPU = 8 * GiB     # remedies.SMALLEST_GPU: without a known device, a run that fits this fits any GPU
+FITS_ANY_AT = math.floor((1 - AMPLE_HEADROOM) * SMALLEST_GPU)
+
+
+@pytest.mark.parametrize(("total", "fits"), [(FITS_ANY_AT, True), (FITS_ANY_AT + 1, False)], ids=["at", "above"])
+def test_an_unknown_device_fits_only_what_fits_the_smallest_gpu(total, fits):
+    remedies = rank_remedies(_training(total, capacity=None))
+    assert any(r["try_first"] for r in remedies) is not fits
+    assert {r["purpose"] for r in remedies} == ({"grow"} if fits else {"fix"})
+
+
+def test_the_verdict_on_an_unknown_device_says_which_gpus_it_fits():
+    rec = Recording()
+    with rec.step(1), rec.phase("forward"):
+        rec.alloc(512 * MiB)
+    d = analyzer.analyze(rec.trace()).devices[0].diagnosis
+    assert d.fits == {"peak_bytes": 512 * MiB, "capacity_bytes": 8 * GiB, "headroom_bytes": 8 * GiB - 512 * MiB,
+                      "capacity_assumed": True}
+    assert "Fits any GPU of 8.00 GiB or more (peak 0.50 GiB; pass --gpu-memory" in d.verdict
+    assert "try first" not in d.verdict.lower()
 
 
 def test_the_verdict_of_a_run_that_fits_says_so_with_its_headroom():
