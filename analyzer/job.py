@@ -21,7 +21,8 @@ from analyzer.errors import AnalyzerError
 from analyzer.ingest.ranks import RankFile, find_rank_files
 from analyzer.report.interactive import allocator_pictures, module_icicle
 from analyzer.report.job_report import DevicePictures, JobReport
-from analyzer.report.view import InputView, ReportView, build_view, comparison_view, worst_first as devices_worst_first
+from analyzer.report.view import (InputView, ReportView, build_view, comparison_view, with_imbalance,
+                                  worst_first as devices_worst_first)
 from analyzer.result import SCHEMA, Analysis, RankSetAnalysis
 
 SCHEDULER_VARIABLE = "ANALYZER_DASK_SCHEDULER"
@@ -182,7 +183,8 @@ def job_report(job: JobAnalysis) -> JobReport:
     # device numbers repeat across ranks (each counts its GPUs from 0): the job's report numbers them apart
     devices = [replace(d, device=i if d.device >= 0 else -1 - i) for i, d in enumerate(devices_worst_first(devices))]
     lead = next((d for d in devices if d.device >= 0), devices[0] if devices else None)
-    verdict = f"{rank_of[lead.name]}: {lead.verdict}" if lead is not None else "No rank could be analysed."
+    verdict = with_imbalance(f"{rank_of[lead.name]}: {lead.verdict}", job.imbalance, lead.name) if lead is not None \
+        else "No rank could be analysed."
     ranks = [r.rank for r in job.ranks if r.rank is not None]
     eras = sorted({r.view.input.torch_era for r in job.ranks if r.view is not None and r.view.input.torch_era})
     source = InputView(path=job.source_path, kind=f"{len(job.ranks)} ranks", torch_era=", ".join(eras), has_history=any(

@@ -282,6 +282,15 @@ class ReportView:
         return [d for d in self.devices if self.sections is None or d.device in self.sections]
 
 
+def with_imbalance(verdict: str, imbalance: dict[str, Any] | None, lead: str) -> str:
+    """The verdict about the lead device, told that this device is the one far above the others."""
+    if imbalance is None or imbalance["evidence"]["details"]["worst"] != lead:
+        return verdict
+    details = imbalance["evidence"]["details"]
+    return (f"{verdict} {lead} peaks at {details['ratio']:.1f}x the median device ({details['median']}): "
+            f"an imbalance, see below.")
+
+
 def comparison_view(imbalance: dict[str, Any] | None) -> ComparisonView | None:
     if imbalance is None:
         return None
@@ -300,7 +309,8 @@ def build_view(analysis: Analysis) -> ReportView:
     else:
         view = next(v for v in devices if v.device == lead.device)
         named = len(devices) == 1 or view.name in view.verdict
-        verdict = view.verdict if named else f"{view.name}: {view.verdict}"
+        verdict = with_imbalance(view.verdict if named else f"{view.name}: {view.verdict}", analysis.imbalance,
+                                 view.name)
     return shown(ReportView(verdict=verdict, devices=devices, input=_input_view(trace),
                             warnings=list(analysis.warnings), lead_device=None if lead is None else lead.device,
                             comparison=comparison_view(analysis.imbalance)))

@@ -201,6 +201,7 @@ def test_the_verdict_of_several_devices_is_about_the_one_that_ran_out(real_dir: 
     assert view.lead_device == 1 and "cuda:1" in view.verdict
     assert view.devices[0].oom is not None and view.devices[0].oom.where.endswith("update_nodes")
     assert view.comparison is not None and view.comparison.summary.startswith("cuda:1 peaks at 78.29 GiB, 3.9x")
+    assert view.verdict.endswith("cuda:1 peaks at 3.9x the median device (cuda:2): an imbalance, see below.")
 
 
 def test_findings_and_remedies_are_ordered_and_their_evidence_reads_well() -> None:
