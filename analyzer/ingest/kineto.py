@@ -115,7 +115,7 @@ _SPAN_CATS = {"user_annotation": _USER, "python_function": _PYTHON, "cpu_op": _C
 _CAT_NAMES = list(_SPAN_CATS)
 _BACKWARD = "autograd::engine::evaluate_function"
 _KERNEL_CATS = frozenset({"kernel", "Kernel"})
-_FRAME = re.compile(r"^(.*)\((\d+)\): (.*)$")
+_FRAME = re.compile(r"^(.*)\((\d{1,9})\): (.*)$")  # a longer line number is no frame of a real file
 _MODULE_MARK = "nn.Module: "
 _HEAD_BYTES = 8 << 20
 _MAX_TS_US = 2.0**53                       # ~285 years: times beyond it are corrupt (and would overflow int64)
@@ -167,11 +167,18 @@ def _rank_set(path: Path, traces: list[MemoryTrace], warnings: list[str]) -> Mul
 
 
 def _check_archive_size(path: Path, total: int) -> int:
-    """The decompression limit applies to the archive as a whole; returns `total` when under it."""
+    """The decompression limits apply to the archive as a whole, its members' declared sizes together: at most
+    ANALYZER_MAX_DECOMPRESSED_BYTES, and at most ANALYZER_MAX_COMPRESSION_RATIO times the archive's own size once
+    past RATIO_FLOOR_BYTES (a few MB of tar.gz that unpack to gigabytes is a bomb, as a plain .json.gz would
+    be); returns `total` when under both."""
     limit = sniff.max_decompressed_bytes()
     if total > limit:
         raise ResourceLimit(path, f"the archive unpacks to more than {limit} bytes",
                             "Raise ANALYZER_MAX_DECOMPRESSED_BYTES if the file is genuine.")
+    ratio = sniff.max_compression_ratio()
+    if total > sniff.RATIO_FLOOR_BYTES and total > ratio * max(path.stat().st_size, 1):
+        raise ResourceLimit(path, f"the archive unpacks to more than {ratio} times its own size",
+                            "Raise ANALYZER_MAX_COMPRESSION_RATIO if the file is genuine.")
     return total
 
 

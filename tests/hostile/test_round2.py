@@ -3,6 +3,7 @@ naming the file, the problem and (for a limit) its environment variable. Scaling
 and sizes, never by wall time."""
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -236,3 +237,37 @@ def test_numbers_out_of_range_are_refused(field: str, value: int) -> None:
     data["device_traces"][0][-1][field] = 1000  # the other side: a plain value is read
     assert isinstance(snapshot_to_trace(data, "numbers").allocations, pd.DataFrame)
 
+
+
+def test_step_and_line_numbers_too_long_for_int64_are_read_as_names(tmp_path: Path) -> None:
+    """`ProfilerStep#` and a frame's line followed by 30 nines: no step, no frame line, exit 0 (once OverflowError)."""
+    nines = "9" * 30
+    events = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{nines}", "pid": 1, "tid": 1, "ts": 1.0,
+               "dur": 100.0},
+              {"ph": "X", "cat": "python_function", "name": f"train.py({nines}): main", "pid": 1, "tid": 1, "ts": 2.0,
+               "dur": 90.0, "args": {"Python id": 1, "Python parent id": None}},
+              {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 3.0,
+               "args": {"Total Reserved": 1 << 21, "Total Allocated": 1 << 20, "Bytes": 1 << 20, "Device Id": 0,
+                        "Device Type": 1, "Addr": 4096}}]
+    path = tmp_path / "nines.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    run = _cli(path, "--format", "json", "-o", tmp_path / "out.json")
+    assert run.returncode == 0, run.stderr
+    doc = json.loads((tmp_path / "out.json").read_text())
+    assert doc["devices"][0]["peak"]["allocated_bytes"] == 1 << 20
+
+
+def test_an_archive_member_that_expands_past_the_ratio_is_refused(tmp_path: Path) -> None:
+    """A small .tar.gz of one huge trace of whitespace: the ratio check of a plain .json.gz holds for members."""
+    import io
+    import tarfile
+
+    body = b'{"traceEvents": [' + b" " * (80 << 20) + b"]}"
+    path = tmp_path / "ranks.tar.gz"
+    with tarfile.open(path, "w:gz") as archive:
+        info = tarfile.TarInfo("rank0.json")
+        info.size = len(body)
+        archive.addfile(info, io.BytesIO(body))
+    assert path.stat().st_size < 1 << 20
+    _one_error_line(_cli(path, "-o", tmp_path / "r.html"), "ranks.tar.gz", "times its own size",
+                    "ANALYZER_MAX_COMPRESSION_RATIO")
