@@ -163,11 +163,13 @@ def allocator_runs(draw: st.DrawFn, max_ops: int = 40) -> Run:
 
 # ---- corruption ---------------------------------------------------------------------------------------------
 def _containers(obj: Any) -> list[Any]:
-    """Every dict and list inside `obj` (itself included), iteratively."""
-    found, todo = [], [obj]
+    """Every dict and list inside `obj` (itself included), iteratively, each once: a duplicated container can
+    end up inside itself, and a walk without a visited set would never end."""
+    found, todo, seen = [], [obj], set()
     while todo:
         item = todo.pop()
-        if isinstance(item, (dict, list)):
+        if isinstance(item, (dict, list)) and id(item) not in seen:
+            seen.add(id(item))
             found.append(item)
             todo.extend(item.values() if isinstance(item, dict) else item)
     return found
