@@ -17,6 +17,7 @@ import pickle
 import resource
 import signal
 import struct
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +39,9 @@ CPU_SECONDS_PER_MIB = 1.0
 #: benchmark takes 5 times its pickle's size); ANALYZER_MAX_READ_MEMORY sets a fixed limit instead (e.g. 8GiB)
 BASE_MEMORY = 3 * 2**30
 MEMORY_PER_BYTE = 16
+#: wall-clock time a read may take, per CPU second it may use, plus a slack: a reader stuck waiting uses no CPU
+WALL_SECONDS_PER_CPU_SECOND = 3
+WALL_SECONDS_SLACK = 30
 
 
 def cpu_limit(path: Path) -> int:
@@ -104,6 +108,11 @@ def confined(read: Callable[[], T], path: Path) -> T:
         finally:
             os._exit(code)
     os.close(w)
+    # CPU time stops a child that computes; a child that waits (a lock another thread of the parent held when it
+    # forked) spends none, so a wall-clock deadline ends it too
+    watchdog = threading.Timer(WALL_SECONDS_PER_CPU_SECOND * seconds + WALL_SECONDS_SLACK, _kill, (pid,))
+    watchdog.daemon = True
+    watchdog.start()
     try:
         with os.fdopen(r, "rb") as result:
             # the child's own objects (a MemoryTrace of numpy columns), made by this package's code: trusted
@@ -112,7 +121,23 @@ def confined(read: Callable[[], T], path: Path) -> T:
         message = ("died",)
     finally:
         _, status = os.waitpid(pid, 0)
+        watchdog.cancel()
+    if _killed.pop(pid, False) and message == ("died",):
+        raise ResourceLimit(path, f"reading it did not finish within {WALL_SECONDS_PER_CPU_SECOND * seconds + WALL_SECONDS_SLACK} s "
+                                  "of wall-clock time (the reader was stuck)",
+                            "Raise ANALYZER_MAX_READ_SECONDS if the file is genuine and the machine is busy.")
     return cast(T, _outcome(message, status, path, seconds, memory))
+
+
+_killed: dict[int, bool] = {}
+
+
+def _kill(pid: int) -> None:
+    _killed[pid] = True
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _limit(seconds: int, memory: int) -> None:

@@ -271,3 +271,22 @@ def test_an_archive_member_that_expands_past_the_ratio_is_refused(tmp_path: Path
     assert path.stat().st_size < 1 << 20
     _one_error_line(_cli(path, "-o", tmp_path / "r.html"), "ranks.tar.gz", "times its own size",
                     "ANALYZER_MAX_COMPRESSION_RATIO")
+
+
+def test_a_reader_stuck_without_cpu_is_ended_by_the_wall_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RLIMIT_CPU never fires for a child that waits (a lock held at the fork): the parent's deadline kills it."""
+    import time
+
+    import importlib
+
+    from analyzer.errors import ResourceLimit
+
+    confined = importlib.import_module("analyzer.ingest.confined")   # the package re-exports the function's name
+    monkeypatch.setenv("ANALYZER_MAX_READ_SECONDS", "1")
+    monkeypatch.setattr(confined, "WALL_SECONDS_PER_CPU_SECOND", 1)
+    monkeypatch.setattr(confined, "WALL_SECONDS_SLACK", 0)
+    path = tmp_path / "any.pickle"
+    path.write_bytes(b"\x80\x04N.")
+    with pytest.raises(ResourceLimit, match="did not finish within 1 s of wall-clock time"):
+        confined.confined(lambda: time.sleep(60), path)
+    assert confined.confined(lambda: 7, path) == 7   # a read that ends is untouched
