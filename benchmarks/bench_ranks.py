@@ -1,6 +1,6 @@
 """Issue 22 benchmark: a job of N ranks (copies of a simulated snapshot, as torchtitan names them), analysed
-one rank after another in one process (`analyzer.analyze(dir)`, the Python API) and on the local Dask cluster
-(`analyze DIR --workers W`), side by side: wall time and the driver's peak RSS. Only summaries travel back from
+one rank after another in one process (`analyzer.analyze(dir)`, the Python API, then the same job report) and
+on the local Dask cluster (`analyze DIR --workers W`), side by side: wall time and the driver's peak RSS. Only summaries travel back from
 the workers, so the driver's memory should stay flat as N grows while the in-process run holds every Analysis.
 
     python benchmarks/bench_ranks.py [--ranks 16] [--workers 2] [--repeats 3]
@@ -17,6 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import compare  # noqa: E402
 
 SNAPSHOT = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "sim" / "activation_cache.pickle"
+
+
+# the same work as the command (analyse every rank, build the job's report, write its JSON), in one process
+IN_PROCESS = ("import analyzer; from pathlib import Path; from analyzer.job import job_of, job_report; "
+              "Path({out!r}).write_text(job_report(job_of(analyzer.analyze({job!r}))).to_json_text())")
 
 
 def make_job(root: Path, ranks: int) -> Path:
@@ -37,8 +42,7 @@ def main() -> None:
         job = make_job(Path(tmp), args.ranks)
         out = Path(tmp) / "out.json"
         runs = compare({
-            "in-process, one rank after another": [sys.executable, "-c",
-                                                   f"import analyzer; analyzer.analyze({str(job)!r})"],
+            "in-process, one rank after another": [sys.executable, "-c", IN_PROCESS.format(job=str(job), out=str(out))],
             f"Dask, {args.workers} workers": [sys.executable, "-m", "analyzer", str(job), "--workers",
                                               str(args.workers), "-q", "-o", str(out)],
         }, args.repeats)
