@@ -12,7 +12,7 @@ from analyzer.core.vocabulary import (OPTIMIZER_STEP_PREFIX, OPTIMIZER_ZERO_GRAD
                                       parse_tensor_mark)
 
 _FSDP = re.compile(r"^FSDP::(pre_forward|post_forward|pre_backward|post_backward|forward|backward)\s*\((.*)\)\s*$")
-_STEP = re.compile(rf"^{re.escape(PROFILER_STEP_PREFIX)}(\d{1,18})$")  # a longer number is no step: int64 holds 18 digits
+_STEP = re.compile(rf"^{re.escape(PROFILER_STEP_PREFIX)}(\d{{1,18}})$")  # a longer number is no step: int64 holds 18 digits
 # how people name their own ranges -> the phase they mean
 _USER_RANGE_PHASES: dict[str, str] = {
     "forward": Phase.FORWARD, "fwd": Phase.FORWARD, "backward": Phase.BACKWARD, "bwd": Phase.BACKWARD,
