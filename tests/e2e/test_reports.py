@@ -242,7 +242,8 @@ def test_terminal_summary_leads_with_the_verdict() -> None:
     for expected in ("category", "phase", "top modules", "critical", "Halve the micro-batch",
                      "Activation checkpointing", human_bytes(a.devices[0].peak.allocated_bytes)):
         assert expected in text
-    assert text.index("Halve the micro-batch") < text.index("Activation checkpointing")
+    remedies = text[text.index(build_view(a).devices[0].remedies_heading):]   # the list, after any plan
+    assert remedies.index("Halve the micro-batch") < remedies.index("Activation checkpointing")
     quiet = Console(record=True, quiet=True)
     print_summary(a, quiet)
     assert quiet.export_text() == ""
@@ -377,7 +378,8 @@ def test_markdown_summary_numbers_and_chart(tmp_path: Path) -> None:
     assert "batch_size //= 2" in md
     assert "- **critical** oom (2.00 GiB): 2 GiB asked, 1.8 GiB free" in md
     html = _github_html(md)
-    assert html.count("<table>") == 1 and re.findall(r'<img src="([^"]+)"', html) == ["issue.png"]
+    plans = sum(1 for device in a.devices if device.diagnosis.plan)   # a plan is a table of its steps
+    assert html.count("<table>") == 1 + plans and re.findall(r'<img src="([^"]+)"', html) == ["issue.png"]
     assert "<a " not in html
     assert len(md) < 6000
 

@@ -290,7 +290,7 @@ def snapshot_field_cases() -> list[Case]:
           mutated(lambda s: s["device_traces"][0].insert(2, dict(_entry(s, 1)))), warning="allocated twice"),
         c("free_before_alloc", "a free of a block never allocated", "ok",
           mutated(lambda s: s["device_traces"][0].insert(1, {**_entry(s, 3), "action": "free_requested",
-                                                              "addr": 0x7F0000100000})), warning="truncated"),
+                                                              "addr": 0x7F0000100000})), warning="already allocated before the first recorded event"),
         c("unknown_action", "an action torch never writes", "ok",
           mutated(lambda s: _entry(s, 1).update(action="<b>explode</b>")), warning="unknown actions"),
         c("frames_name_devices", "frames naming /dev/zero, /dev/stdin and a directory as source files", "ok",
