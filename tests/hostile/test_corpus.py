@@ -142,7 +142,7 @@ SNAPSHOT = FIXTURES / "nsys" / "oom_with_nccl.pickle"  # a small snapshot in the
 
 
 @pytest.mark.parametrize("protocol", [2, 4])
-def test_snapshot_cut_at_every_byte(tmp_path: Path, protocol: int) -> None:
+def test_snapshot_cut_at_every_byte(tmp_path: Path, in_process: None, protocol: int) -> None:
     """Protocol 4 fails at a frame boundary; protocol 2 has no frames, so every opcode is a possible cut."""
     data = pickle.dumps(pickle.loads(SNAPSHOT.read_bytes()), protocol=protocol)
     path = tmp_path / "cut.pickle"
@@ -152,7 +152,7 @@ def test_snapshot_cut_at_every_byte(tmp_path: Path, protocol: int) -> None:
             load(path)
 
 
-def test_gzipped_snapshot_cut_at_every_byte(tmp_path: Path) -> None:
+def test_gzipped_snapshot_cut_at_every_byte(tmp_path: Path, in_process: None) -> None:
     data = gzip.compress(SNAPSHOT.read_bytes(), mtime=0)
     path = tmp_path / "cut.pickle.gz"
     for n in range(1, len(data)):
@@ -161,7 +161,7 @@ def test_gzipped_snapshot_cut_at_every_byte(tmp_path: Path) -> None:
             load(path)
 
 
-def test_chrome_trace_cut_at_every_byte(tmp_path: Path) -> None:
+def test_chrome_trace_cut_at_every_byte(tmp_path: Path, in_process: None) -> None:
     data = json.dumps(make_corpus.chrome_trace()).encode()
     path = tmp_path / "cut.json"
     for n in range(1, len(data)):
@@ -170,7 +170,7 @@ def test_chrome_trace_cut_at_every_byte(tmp_path: Path) -> None:
         assert isinstance(result, AnalyzerError) or n >= len(data) - 1, n
 
 
-def test_nsys_export_cut_at_every_page(tmp_path: Path) -> None:
+def test_nsys_export_cut_at_every_page(tmp_path: Path, in_process: None) -> None:
     data = (FIXTURES / "nsys" / "oom_with_nccl.sqlite").read_bytes()
     path = tmp_path / "cut.sqlite"
     for n in [*range(16, len(data), 512), len(data) - 1]:

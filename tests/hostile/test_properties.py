@@ -20,6 +20,7 @@ from hostile.generators import (allocator_runs, chrome_traces, corrupt, flip_byt
                                 nsys_exports)
 from hostile.pipeline import analyse_file, check_analysis, outcome
 
+pytestmark = pytest.mark.usefixtures("in_process")  # thousands of inputs: read here (conftest.py)
 FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.function_scoped_fixture])
