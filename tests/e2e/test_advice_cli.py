@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pickle
 
-import pytest
 
 from analyzer.commands import main
 from support.snapshots import GiB, Recording
