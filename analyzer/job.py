@@ -183,8 +183,14 @@ def job_report(job: JobAnalysis) -> JobReport:
     # device numbers repeat across ranks (each counts its GPUs from 0): the job's report numbers them apart
     devices = [replace(d, device=i if d.device >= 0 else -1 - i) for i, d in enumerate(devices_worst_first(devices))]
     lead = next((d for d in devices if d.device >= 0), devices[0] if devices else None)
-    verdict = with_imbalance(f"{rank_of[lead.name]}: {lead.verdict}", job.imbalance, lead.name) if lead is not None \
-        else "No rank could be analysed."
+    analysed = sum(r.view is not None for r in job.ranks)
+    if lead is not None:
+        verdict = with_imbalance(f"{rank_of[lead.name]}: {lead.verdict}", job.imbalance, lead.name)
+    elif analysed:
+        verdict = (f"None of the {analysed} ranks analysed recorded any memory (see the warnings: a profiler trace "
+                   "needs profile_memory=True).")
+    else:
+        verdict = "No rank could be analysed (see the warnings)."
     ranks = [r.rank for r in job.ranks if r.rank is not None]
     eras = sorted({r.view.input.torch_era for r in job.ranks if r.view is not None and r.view.input.torch_era})
     source = InputView(path=job.source_path, kind=f"{len(job.ranks)} ranks", torch_era=", ".join(eras), has_history=any(

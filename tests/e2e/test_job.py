@@ -103,3 +103,14 @@ def test_the_api_reads_a_folder_of_snapshots_and_skips_a_bad_rank(job_dir):
     loaded = analyzer.load(job_dir)
     assert loaded.ranks == [0, 1, 2]
     assert any(w.startswith("rank 3: not read") for w in loaded.warnings)
+
+
+def test_a_job_whose_ranks_hold_no_memory_says_so_not_that_they_failed():
+    if not REAL.is_dir():
+        pytest.skip(f"real recordings not found at {REAL}")
+    from analyzer.job import job_of, job_report
+    from analyzer.pipeline import analyze
+
+    report = job_report(job_of(analyze(REAL / "param" / "dlrm_kineto.tar.gz")))   # 8 ranks, no [memory] events
+    assert report.view.verdict.startswith("None of the 8 ranks analysed recorded any memory")
+    assert not report.view.devices and report.document["job"]["failed_ranks"] == []
