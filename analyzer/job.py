@@ -16,14 +16,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from analyzer.diagnose.imbalance import PeakSummary, find_imbalance, summarise, worst_first
+from analyzer.diagnose.imbalance import PeakSummary, find_imbalance, summarise
 from analyzer.errors import AnalyzerError
 from analyzer.ingest.ranks import RankFile, find_rank_files
 from analyzer.report.interactive import allocator_pictures, module_icicle
 from analyzer.report.job_report import DevicePictures, JobReport
 from analyzer.report.view import (InputView, ReportView, build_view, comparison_view, with_imbalance,
                                   worst_first as devices_worst_first)
-from analyzer.result import SCHEMA, Analysis, RankSetAnalysis
+from analyzer.result import Analysis, RankSetAnalysis, ranks_document
 
 SCHEDULER_VARIABLE = "ANALYZER_DASK_SCHEDULER"
 #: devices of a job shown in full, the worst first (and the median one beside them); the others are rows of the
@@ -63,27 +63,15 @@ class JobAnalysis:
     imbalance: dict[str, Any] | None
     warnings: list[str] = field(default_factory=list)
 
-    def worst_first(self) -> list[RankResult]:
-        """Ranks in the order a reader asks about them: out of memory first, then by peak; failed ranks last."""
-        order = {p.label: i for i, p in enumerate(worst_first([p for r in self.ranks for p in r.peaks]))}
-        return sorted(self.ranks, key=lambda r: min((order[p.label] for p in r.peaks), default=len(order)))
-
     def to_json(self) -> dict[str, Any]:
         """One analyzer/1 document for the job: every device carries its rank; the comparison is `job`."""
-        devices, warnings = [], list(self.warnings)
-        for r in self.ranks:
-            if r.document is None:
-                warnings.append(f"{r.label}: not analysed: {r.error}")
-                continue
-            devices += [{**d, "rank": r.rank} for d in r.document["devices"]]
-            warnings += [f"{r.label}: {w}" for w in r.document["warnings"]]
-        return {"schema": SCHEMA, "source": {"path": self.source_path, "kind": "ranks",
-                                             "ranks": [r.rank for r in self.ranks]},
-                "allocator_settings": {}, "warnings": warnings, "devices": devices,
-                "job": {"imbalance": self.imbalance,
-                        "failed_ranks": [{"label": r.label, "path": r.path, "error": r.error}
-                                         for r in self.ranks if r.error is not None]}}
-
+        failed = [r for r in self.ranks if r.document is None]
+        document = ranks_document(self.source_path, [r.rank for r in self.ranks],
+                                  [(r.rank, r.label, r.document) for r in self.ranks if r.document is not None],
+                                  [*self.warnings, *(f"{r.label}: not analysed: {r.error}" for r in failed)])
+        document["job"] = {"imbalance": self.imbalance,
+                           "failed_ranks": [{"label": r.label, "path": r.path, "error": r.error} for r in failed]}
+        return document
 
 def analyze_rank(file: RankFile, options: RankOptions) -> RankResult:
     """One rank, on a worker: read, analyse, keep what the report needs."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -160,17 +160,25 @@ class RankSetAnalysis:
 
     def to_json(self) -> dict[str, Any]:
         """One analyzer/1 document for the job: every device carries its `rank`."""
-        devices, warnings = [], []
-        for a in self.ranks:
-            doc = a.to_json()
-            devices += [{**d, "rank": a.trace.rank} for d in doc["devices"]]
-            warnings += [f"rank {a.trace.rank}: {w}" for w in doc["warnings"]]
-        return {"schema": SCHEMA, "source": {"path": self.source_path, "kind": "ranks",
-                                             "ranks": [a.trace.rank for a in self.ranks]},
-                "allocator_settings": {}, "warnings": warnings, "devices": devices}
+        return ranks_document(self.source_path, [a.trace.rank for a in self.ranks],
+                              [(a.trace.rank, f"rank {a.trace.rank}", a.to_json()) for a in self.ranks], self.warnings)
 
     def to_json_text(self) -> str:
         return json.dumps(self.to_json(), indent=2)
+
+
+def ranks_document(source_path: str, ranks: Sequence[int | None],
+                   documents: Sequence[tuple[int | None, str, dict[str, Any]]], warnings: Sequence[str]) -> dict[str, Any]:
+    """One analyzer/1 document from each rank's own: its devices tagged with the rank, its warnings with the label.
+
+    Shared by a rank set read in one process and a job analysed on workers, so both write the same document.
+    """
+    devices, said = [], list(warnings)
+    for rank, label, document in documents:
+        devices += [{**d, "rank": rank} for d in document["devices"]]
+        said += [f"{label}: {w}" for w in document["warnings"]]
+    return {"schema": SCHEMA, "source": {"path": source_path, "kind": "ranks", "ranks": list(ranks)},
+            "allocator_settings": {}, "warnings": said, "devices": devices}
 
 
 def _device_json(d: DeviceAnalysis) -> dict[str, Any]:

@@ -49,7 +49,10 @@ def test_a_bad_rank_is_reported_and_the_others_analysed(job):
 
 
 def test_the_worst_rank_comes_first_with_why(job):
-    assert [r.label for r in job.worst_first()] == ["rank 1", "rank 2", "rank 0", "rank 3"]
+    from analyzer.job import job_report
+
+    # the report leads with the worst rank's device; the bad rank has none and appears among the warnings
+    assert [d.name for d in job_report(job).view.devices] == ["rank 1 cuda:0", "rank 2 cuda:0", "rank 0 cuda:0"]
     details = job.imbalance["evidence"]["details"]
     assert details["worst"] == "rank 1 cuda:0" and details["median"] == "rank 2 cuda:0"
     peaks = {p.label: p.peak_bytes for r in job.ranks for p in r.peaks}
@@ -103,6 +106,10 @@ def test_the_api_reads_a_folder_of_snapshots_and_skips_a_bad_rank(job_dir):
     loaded = analyzer.load(job_dir)
     assert loaded.ranks == [0, 1, 2]
     assert any(w.startswith("rank 3: not read") for w in loaded.warnings)
+    document = analyzer.analyze(loaded).to_json()   # the set's own warnings reach its JSON, as a job's do
+    assert [w for w in document["warnings"] if w.startswith("rank 3: not read")] == \
+        [w for w in loaded.warnings if w.startswith("rank 3: not read")]
+    assert [d["rank"] for d in document["devices"]] == [0, 1, 2]
 
 
 def test_a_job_whose_ranks_hold_no_memory_says_so_not_that_they_failed():
