@@ -12,52 +12,76 @@ import pytest
 import analyzer
 from analyzer.ingest.memory_timeline import AS_OUR_CATEGORY
 from support.paths import REAL
-from support.profiled_run import aligned, record
+from support.profiled_run import OPTIMIZERS, aligned, record
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> tuple[analyzer.Analysis, pd.DataFrame]:
+@pytest.fixture(scope="module", params=list(OPTIMIZERS))
+def run(request, tmp_path_factory) -> tuple[str, analyzer.Analysis, pd.DataFrame]:
     pytest.importorskip("torch")
-    trace, truth = record(tmp_path_factory.mktemp("profiled"))
+    trace, truth = record(tmp_path_factory.mktemp(request.param), request.param)
     result = analyzer.analyze(trace)
     assert isinstance(result, analyzer.Analysis)
-    return result, truth
+    return request.param, result, truth
 
 
-def _agreement(rows: pd.DataFrame, truth: pd.DataFrame) -> tuple[float, pd.DataFrame]:
+def _joined(rows: pd.DataFrame, truth: pd.DataFrame, end_us: float) -> pd.DataFrame:
+    """Our allocations made in the recording joined to torch's rows; `weight` is an allocation's bytes (each
+    counted once), `byte_us` its bytes times its lifetime in the trace (to the trace's end if never freed)."""
     made = rows[rows["t_alloc_us"].notna()]
-    ours = pd.DataFrame({"addr": made["addr"].to_numpy(), "t_us": made["t_alloc_us"].astype("int64").to_numpy(),
+    t_alloc = made["t_alloc_us"].to_numpy(dtype=np.float64)
+    t_free = made["t_free_us"].to_numpy(dtype=np.float64, na_value=np.nan)
+    ours = pd.DataFrame({"addr": made["addr"].to_numpy(), "t_us": t_alloc.astype("int64"),
                          "bytes": made["requested_bytes"].to_numpy(), "ours": made["category"].astype(str).to_numpy(),
-                         "phase": made["phase"].astype(str).to_numpy(), "weight": made["allocated_bytes"].to_numpy()})
+                         "phase": made["phase"].astype(str).to_numpy(), "weight": made["allocated_bytes"].to_numpy(),
+                         "byte_us": made["allocated_bytes"].to_numpy() * (np.nan_to_num(t_free, nan=end_us) - t_alloc)})
     joined = aligned(ours, truth)
     joined["agrees"] = joined["ours"] == joined["torch"].replace(AS_OUR_CATEGORY)
-    return float(joined.loc[joined["agrees"], "weight"].sum() / joined["weight"].sum()), joined
+    joined["contradicted"] = joined["contradicted"].astype(bool)   # object after the join
+    return joined
+
+
+def _share(joined: pd.DataFrame, weight: str = "weight") -> float:
+    return float(joined.loc[joined["agrees"], weight].sum() / joined[weight].sum())
 
 
 def test_categories_agree_with_torch_at_the_peak(run) -> None:
-    result, truth = run
-    share, joined = _agreement(result.devices[0].peak.live, truth)
-    print(f"peak: {share:.4f} of {joined['weight'].sum()} bytes scored")
+    name, result, truth = run
+    joined = _joined(result.devices[0].peak.live, truth, float(result.devices[0].peak.time_us))
+    print(f"{name} peak: {_share(joined):.4f} of {joined['weight'].sum()} bytes scored")
     assert len(joined) >= 10
-    assert share >= 0.95
+    assert not joined["contradicted"].any()
+    assert _share(joined) >= 0.95
 
 
 def test_categories_agree_with_torch_over_the_recording(run) -> None:
-    """Where torch and we part over the recording: the Adam step's `exp_avg_sq.sqrt()` and its division, made
-    and freed inside the step (our temporaries), which torch's data-flow flood calls activation and parameter."""
-    result, truth = run
-    share, joined = _agreement(result.trace.allocations, truth)
-    outside_step = joined[joined["phase"] != "optimizer"]
-    rest = float(outside_step.loc[outside_step["agrees"], "weight"].sum() / outside_step["weight"].sum())
-    print(f"recording: {share:.4f} of {joined['weight'].sum()} bytes; outside the optimizer step {rest:.4f}")
-    assert rest >= 0.99
-    assert share >= 0.85
-    disagreeing = joined[~joined["agrees"]]
-    assert set(disagreeing.loc[disagreeing["weight"] > 1024, "phase"]) <= {"optimizer"}
+    """Every allocation made in the recording, each weighted by its bytes once. Where the run contradicts
+    torch's label (support.profiled_run: single-tensor Adam's `exp_avg_sq.sqrt()` called a parameter and its
+    quotient an activation, through the wrapped Python scalar of the division) the label is not scored: we call
+    those tensors the step's temporaries, and the raw share says what scoring them costs."""
+    name, result, truth = run
+    a = result.trace.allocations
+    joined = _joined(a, truth, float(np.nanmax(a[["t_alloc_us", "t_free_us"]].to_numpy(dtype=np.float64))))
+    reliable = joined[~joined["contradicted"]]
+    print(f"{name} recording: {_share(reliable):.4f} of {reliable['weight'].sum()} bytes where torch's label holds "
+          f"({_share(reliable, 'byte_us'):.4f} by bytes x lifetime); all scored {_share(joined):.4f} of "
+          f"{joined['weight'].sum()} bytes ({_share(joined, 'byte_us'):.4f} by bytes x lifetime)")
+    print(joined.groupby(["torch", "ours", "contradicted"])["weight"].agg(["sum", "count"]))
+    assert _share(reliable) >= 0.90
+    assert _share(reliable, "byte_us") >= 0.90
+    disagreeing = reliable[~reliable["agrees"]]
+    assert disagreeing["weight"].max() <= 1024 if len(disagreeing) else True   # scalars, nothing larger
+    contradicted = joined[joined["contradicted"]]
+    assert set(contradicted["phase"]) <= {"optimizer"} and set(contradicted["ours"]) <= {"temporary"}
+    if name == "adam":   # the one optimizer whose step torch mislabels: the gap of the raw share is exactly it
+        assert contradicted["weight"].sum() / joined["weight"].sum() >= 0.05
+        assert _share(joined) >= 0.85
+    else:
+        assert contradicted.empty
+        assert _share(joined) >= 0.90
 
 
 def test_phases_modules_and_steps_come_from_what_ran(run) -> None:
-    result, _ = run
+    _, result, _ = run
     a = result.trace.allocations
     made = a[a["t_alloc_us"].notna()]
     sources = made["label_source"].astype(str)
