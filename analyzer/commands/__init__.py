@@ -36,6 +36,7 @@ class Command(Protocol):
 COMMANDS: dict[str, str] = {
     "diff": "analyzer.commands.diff:DiffCommand",
     "estimate": "analyzer.commands.estimate:EstimateCommand",
+    "log": "analyzer.commands.log:LogCommand",
     "simulate": "analyzer.commands.simulate:SimulateCommand",
     "run": "analyzer.commands.run:RunCommand",
 }

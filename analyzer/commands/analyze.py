@@ -1,6 +1,6 @@
 """`analyze FILE [NSYS.sqlite] [-o OUT] [--format html|json|md|pdf] [--gpu-memory SIZE] [--gpus N] [--quiet]
-[--source-root DIR ...]`:
-analyse one recording (or a set of ranks), write the report and print the summary."""
+[--source-root DIR ...] [--log RUNS.jsonl [--note TEXT]]`:
+analyse one recording (or a set of ranks), write the report, print the summary, and append the run to the log."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,8 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -19,9 +20,10 @@ from rich.text import Text
 from analyzer import __version__
 from analyzer.core.units import parse_bytes
 from analyzer.core.printable import printable
-from analyzer.errors import OutputError, UnsupportedFormat
+from analyzer.errors import AnalyzerError, OutputError, UnsupportedFormat
 from analyzer.report import REPORTERS, SUFFIXES, reporter
 from analyzer.report.job_report import Report
+from analyzer.report.run_log import ENV_VAR as RUN_LOG_ENV, appending, document_of, log_line
 
 _STRIP_SUFFIXES = (".gz", ".json", ".pickle", ".pkl", ".sqlite", ".tar")
 
@@ -70,17 +72,25 @@ class AnalyzeCommand:
         parser.add_argument("--workers", type=int, metavar="N",
                             help="for a folder of ranks on the local cluster: how many ranks run at once "
                                  "(default: the number of cores)")
+        parser.add_argument("--log", type=Path, metavar="RUNS.jsonl",
+                            help="append one line about this run (peaks, verdict, configuration, predicted savings) "
+                                 f"to this log; `analyze log RUNS.jsonl` shows it (default: ${RUN_LOG_ENV})")
+        parser.add_argument("--note", metavar="TEXT", help="a note kept with the run in the log, e.g. the change "
+                                                           "made since the last run (a remedy id pairs the two runs)")
         parser.add_argument("--version", action="version", version=f"analyze {__version__}")
 
     def run(self, args: argparse.Namespace) -> int:
         args.format = args.format or format_for(args.output)
         json_to_stdout = args.format == "json" and args.output is None
         console = Console(stderr=json_to_stdout, quiet=args.quiet or json_to_stdout, highlight=False)
-        report = self._job(args, console) if args.file.is_dir() else self._recording(args, console)
-        out = args.output if args.output or json_to_stdout else default_output(args.file, args.format)
-        # the report first: a closed pipe on stdout (| head) must not cost the user the file
-        written = write_report(partial(reporter(args.format), report), out, args.output is None) if out else \
-            reporter(args.format)(report, None)
+        with _run_log(args.log or (Path(os.environ[RUN_LOG_ENV]) if os.environ.get(RUN_LOG_ENV) else None),
+                      args.note) as log:
+            report = self._job(args, console) if args.file.is_dir() else self._recording(args, console)
+            out = args.output if args.output or json_to_stdout else default_output(args.file, args.format)
+            # the report first: a closed pipe on stdout (| head) must not cost the user the file
+            written = write_report(partial(reporter(args.format), report), out, args.output is None) if out else \
+                reporter(args.format)(report, None)
+            log(report)
         _summary(report, console)
         for path in written:
             _written(console, "\nreport written to", path)
@@ -124,6 +134,20 @@ class AnalyzeCommand:
             job = analyze_job(args.file, options, scheduler=args.scheduler, workers=args.workers,
                               on_done=lambda _, total: progress.update(task, total=total, advance=1))
         return job_report(job)
+
+
+@contextmanager
+def _run_log(path: Path | None, note: str | None) -> Iterator[Callable[[Report], None]]:
+    """What logs the run once analysed: nothing without a log; with one, the log is opened before the analysis,
+    so that a path that cannot be written is told at once."""
+    if path is None:
+        if note is not None:
+            raise AnalyzerError(None, "--note is kept in the run log, and no log was given",
+                                f"Pass --log RUNS.jsonl, or set {RUN_LOG_ENV}.")
+        yield lambda report: None
+        return
+    with appending(path) as append:
+        yield lambda report: append(log_line(document_of(report), note))
 
 
 def format_for(output: Path | None) -> str:
