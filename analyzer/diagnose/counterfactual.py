@@ -22,7 +22,7 @@ from analyzer.core.vocabulary import Category, Phase
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.remedies import Demand, gpus_for
 from analyzer.diagnose.transforms import (Stream, accumulation, bf16, checkpointing, micro_batch, optimizer_state,
-                                          zero)
+                                          zero, zero3)
 from analyzer.simulate.allocator import AllocatorSettings, CachingAllocator, SimulatedOutOfMemory
 from analyzer.simulate.blocks import Block, CallContext
 from analyzer.simulate.device import DeviceMemory
@@ -34,7 +34,8 @@ _FAILED = {Phase.FORWARD.value: Category.ACTIVATION.value, Phase.BACKWARD.value:
 
 # what each ZeRO remedy shards, for its GPU count
 _SHARDED = {"zero1": (Category.OPTIMIZER_STATE.value,),
-            "zero2": (Category.OPTIMIZER_STATE.value, Category.GRADIENT.value)}
+            "zero2": (Category.OPTIMIZER_STATE.value, Category.GRADIENT.value),
+            "zero3": (Category.OPTIMIZER_STATE.value, Category.GRADIENT.value, Category.PARAMETER.value)}
 
 
 @dataclass(frozen=True)
@@ -67,11 +68,20 @@ def transforms(shards: dict[str, int]) -> dict[str, tuple[Transform, bool]]:
         "optimizer_offload": (lambda s: optimizer_state(s, 0.0, step_temporaries=0.0), False),
         "expandable_segments": (lambda s: s, True),
     }
-    for stage in (1, 2):
+    for stage in (1, 2, 3):
         n = shards.get(f"zero{stage}", 0)
         if n > 1:
             out[f"zero{stage}"] = (_sharding(stage, n), False)
     return out
+
+
+def _acts_on(stream: Stream, changed: Stream, layout: bool) -> bool:
+    """Whether a remedy's transform changed anything the replay can see: a row's size or lifetime, a row added,
+    or (`layout`) the allocator's layout. Where it changed nothing the labels show nothing it acts on (a memory
+    timeline without phases, a run without an optimizer): the replay would say it saves 0, the formula judges."""
+    before, after = stream.rows, changed.rows
+    return layout or len(before) != len(after) or not all(
+        before[column].equals(after[column]) for column in ("bytes", "at", "until"))
 
 
 def transform_for(remedy: str, value: int | None, shards: dict[str, int]) -> tuple[Transform, bool] | None:
@@ -84,7 +94,8 @@ def transform_for(remedy: str, value: int | None, shards: dict[str, int]) -> tup
 
 
 class Replayer:
-    """One device's recorded stream, read once, replayed with any combination of remedies composed in order."""
+    """One device's recorded stream, read once, replayed with any combination of remedies composed in order. A
+    remedy is replayed only where its transform acts on the recording (`can`); the rest keep their formula."""
 
     def __init__(self, trace: MemoryTrace, device: int, capacity: int | None, shards: dict[str, int]):
         self.trace, self.device, self.shards = trace, device, shards
@@ -92,6 +103,8 @@ class Replayer:
         self.recorded = bool(trace.allocator_settings.get("expandable_segments")) if trace.allocator_settings else False
         self.replays = 0
         self._stream: Stream | None | bool = False     # False: not read yet
+        self._acts: dict[tuple[str, int | None], bool] = {}
+        self._last: tuple[tuple[str, int | None], Stream] | None = None   # the last change `can` made, for `run`
 
     @property
     def stream(self) -> Stream | None:
@@ -100,22 +113,33 @@ class Replayer:
         return self._stream if isinstance(self._stream, Stream) else None
 
     def can(self, remedy: str, value: int | None) -> bool:
-        return transform_for(remedy, value, self.shards) is not None and self.stream is not None
+        """A transform exists for the remedy at this level and acts on this recording."""
+        made = transform_for(remedy, value, self.shards)
+        if made is None or self.stream is None:
+            return False
+        key = (remedy, value)
+        if key not in self._acts:
+            changed = made[0](self.stream)
+            self._acts[key] = _acts_on(self.stream, changed, made[1] and not self.recorded)
+            self._last = (key, changed)
+        return self._acts[key]
 
     def run(self, changes: list[tuple[str, int | None]]) -> Prediction:
         """The run with each change's transform applied to the result of the previous one."""
-        assert self.stream is not None  # callers ask `can` first
+        assert self.stream is not None and all(self.can(*change) for change in changes)   # callers ask `can` first
         stream, expandable = self.stream, self.recorded
-        for remedy, value in changes:
+        for i, (remedy, value) in enumerate(changes):
             made = transform_for(remedy, value, self.shards)
             assert made is not None
-            stream, expandable = made[0](stream), expandable or made[1]
+            cached = self._last if i == 0 and self._last is not None and self._last[0] == (remedy, value) else None
+            stream = cached[1] if cached is not None else made[0](stream)
+            expandable = expandable or made[1]
         self.replays += 1
         return replay(stream, self.usable, AllocatorSettings(expandable_segments=expandable))
 
 
 def _sharding(stage: int, shards: int) -> Transform:
-    return lambda s: zero(s, stage, shards)
+    return (lambda s: zero3(s, shards)) if stage == 3 else (lambda s: zero(s, stage, shards))
 
 
 def recorded_stream(trace: MemoryTrace, device: int) -> Stream | None:
@@ -229,23 +253,11 @@ def usable_capacity(trace: MemoryTrace, device: int, capacity: int | None) -> in
 
 def predict(trace: MemoryTrace, device: int, remedy_ids: list[str], capacity: int | None,
             shards: dict[str, int] | int | None = None) -> dict[str, Prediction]:
-    """Replayed predictions for those of `remedy_ids` a transform exists for (nothing without a history);
-    `shards`: the GPU count of each ZeRO remedy, or one count for all."""
-    stream = recorded_stream(trace, device)
-    if stream is None:
-        return {}
-    usable = usable_capacity(trace, device, capacity)
-    recorded = bool(trace.allocator_settings.get("expandable_segments")) if trace.allocator_settings else False
-    known = transforms(shards if isinstance(shards, dict) else {f"zero{s}": shards or 0 for s in (1, 2)})
-    out = {}
-    for remedy in remedy_ids:
-        if remedy in known:
-            transform, expandable = known[remedy]
-            changed = transform(stream)
-            if not expandable and changed.rows["bytes"].equals(stream.rows["bytes"]) and len(changed.rows) == len(stream.rows):
-                continue   # the labels show nothing the remedy acts on: the replay cannot judge it, the formula does
-            out[remedy] = replay(changed, usable, AllocatorSettings(expandable_segments=expandable or recorded))
-    return out
+    """Replayed predictions for those of `remedy_ids` a transform exists for and acts on the recording (nothing
+    without a history); `shards`: the GPU count of each ZeRO remedy, or one count for all."""
+    counts = shards if isinstance(shards, dict) else {f"zero{s}": shards or 0 for s in (1, 2, 3)}
+    replayer = Replayer(trace, device, capacity, counts)
+    return {remedy: replayer.run([(remedy, None)]) for remedy in remedy_ids if replayer.can(remedy, None)}
 
 
 def replayed(ctx: DeviceContext, demand: Demand, offered: list[str]) -> dict[str, dict[str, int | bool | None]]:

@@ -11,7 +11,8 @@ the batch (activations, temporaries and inputs of the forward and backward); acc
 forward and backward once per micro-batch with the first one's gradients kept; checkpointing keeps a repeated
 block's output and recomputes the rest in that block's backward; bf16 halves what the ops (or, with Python
 frames only, torch's module files) say autocast runs in bf16 and adds the bf16 weight copies; ZeRO shards the
-model states; 8-bit, Adafactor and offload shrink the optimizer state.
+model states, and ZeRO-3 / FSDP gathers each unit's parameters around its forward and its backward; 8-bit,
+Adafactor and offload shrink the optimizer state.
 """
 from __future__ import annotations
 
@@ -225,13 +226,16 @@ def bf16(stream: Stream) -> Stream:
     return stream.with_rows(pd.concat([out, *copies]))
 
 
+def _optimizer_work(rows: pd.DataFrame) -> pd.Series:
+    return (rows["category"] == Category.OPTIMIZER_STATE.value) | (
+        (rows["phase"] == Phase.OPTIMIZER.value) & (rows["category"] == Category.TEMPORARY.value))
+
+
 def zero(stream: Stream, stage: int, shards: int) -> Stream:
     """ZeRO stage 1-2 over `shards` GPUs: optimizer state and the optimizer step's temporaries are 1/N;
     from stage 2 each gradient is reduce-scattered as it is made: a full-size temporary, then its 1/N shard."""
     rows = stream.rows
-    optimizer = (rows["category"] == Category.OPTIMIZER_STATE.value) | (
-        (rows["phase"] == Phase.OPTIMIZER.value) & (rows["category"] == Category.TEMPORARY.value))
-    out = _scaled(rows, optimizer, 1 / shards)
+    out = _scaled(rows, _optimizer_work(rows), 1 / shards)
     if stage < 2:
         return stream.with_rows(out)
     gradient = out["category"] == Category.GRADIENT.value
@@ -250,3 +254,77 @@ def optimizer_state(stream: Stream, factor: float, step_temporaries: float = 1.0
     out = _scaled(rows, rows["category"] == Category.OPTIMIZER_STATE.value, factor)
     step = (out["phase"] == Phase.OPTIMIZER.value) & (out["category"] == Category.TEMPORARY.value)
     return stream.with_rows(_scaled(out, step, step_temporaries))
+
+
+def _calls(rows: pd.DataFrame, units: pd.Series) -> pd.DataFrame:
+    """Each repeated block's forward and backward calls: a run of a step's forward (or backward) rows of one block,
+    unbroken by another block's (columns unit, phase, step, first, last, last_gradient: positions; NaN when the
+    call made no gradient)."""
+    work = rows[rows["phase"].isin((Phase.FORWARD.value, Phase.BACKWARD.value)) & units.notna() & (rows["at"] >= 0)]
+    work = work.assign(unit=units[work.index]).sort_values("at", kind="stable")
+    key = work[["unit", "phase", "step"]]
+    run = (key != key.shift()).any(axis=1).cumsum()
+    gradient_at = work["at"].where(work["category"] == Category.GRADIENT.value)
+    return work.assign(run=run, gradient_at=gradient_at).groupby("run").agg(
+        unit=("unit", "first"), phase=("phase", "first"), step=("step", "first"), first=("at", "min"),
+        last=("at", "max"), last_gradient=("gradient_at", "max"))
+
+
+def zero3(stream: Stream, shards: int) -> Stream:
+    """ZeRO-3 / FSDP full sharding over `shards` GPUs, each repeated block one unit and the rest of the model the
+    root unit (FSDP's usual wrapping of a transformer), no prefetching. Parameters, gradients, optimizer state and
+    the optimizer step's temporaries are 1/N. A block's parameters are all-gathered into a buffer of the unit's
+    size just before each of its forward calls and freed after it, and gathered again just before its backward;
+    when its last gradient is made the unit's gradients are reduce-scattered (a buffer of their size, then the
+    1/N shards that live on to the recorded frees) and the full gradients, the buffer and the gathered
+    parameters are freed. The root unit is gathered from the step's first forward allocation to the end of its
+    own reduce-scatter. A recording without repeated blocks or without forward and backward phases shows no
+    place to gather: it is returned as it is, for the formula to judge."""
+    rows = stream.rows
+    blocks = rows["module"].astype(str).map(block_key)
+    calls = _calls(rows, blocks)
+    if blocks.nunique() < 2 or not (calls["phase"] == Phase.BACKWARD.value).any():
+        return stream
+    units = blocks.fillna("")                       # "": the root unit
+    parameter = rows["category"] == Category.PARAMETER.value
+    gradient = (rows["category"] == Category.GRADIENT.value).to_numpy()
+    until = rows["until"].to_numpy().copy()
+    added: list[dict[str, object]] = []
+
+    def buffer(at: float, end: float, size: float, phase: str, step: float, unit: str) -> None:
+        added.append({"at": at, "until": end, "bytes": int(size), "stream": 0, "category": Category.TEMPORARY.value,
+                      "phase": phase, "module": unit or "(root module)", "step": step, "stack_id": np.nan})
+
+    def reduce_scatter(grads: np.ndarray, end: float, step: float, unit: str) -> None:
+        """The unit's full gradients (row positions) freed at `end`, after the buffer and their shards are made."""
+        buffer(end + NUDGE / 8, end + 2.5 * NUDGE / 8, rows["bytes"].to_numpy()[grads].sum(), Phase.BACKWARD.value,
+               step, unit)
+        for i in grads:
+            shard = rows.iloc[i].to_dict()
+            shard.update(at=end + 2 * NUDGE / 8, bytes=-(-int(shard["bytes"]) // shards))
+            added.append(shard)
+        until[grads] = end + 3 * NUDGE / 8
+
+    for step, part in calls.groupby("step"):
+        start = rows.loc[(rows["step"] == step) & (rows["phase"] == Phase.FORWARD.value) & (rows["at"] >= 0), "at"]
+        if start.empty:
+            continue
+        first = float(start.min())
+        alive = parameter & (rows["at"] < first) & (rows["until"] > first)
+        size = rows.loc[alive, "bytes"].groupby(units[alive]).sum()
+        in_step = (rows["step"] == step).to_numpy() & gradient & (rows["phase"] == Phase.BACKWARD.value).to_numpy()
+        for call in part.itertuples():
+            if call.phase == Phase.FORWARD.value:
+                buffer(call.first - NUDGE / 2, call.last + NUDGE / 2, size.get(call.unit, 0), call.phase, step, call.unit)
+                continue
+            end = call.last if np.isnan(call.last_gradient) else call.last_gradient
+            grads = np.flatnonzero(in_step & (units == call.unit).to_numpy() & (rows["at"] >= call.first).to_numpy()
+                                   & (rows["at"] <= end).to_numpy())
+            buffer(call.first - NUDGE / 2, end + 3.5 * NUDGE / 8, size.get(call.unit, 0), call.phase, step, call.unit)
+            reduce_scatter(grads, end, step, call.unit)
+        root = np.flatnonzero(in_step & (units == "").to_numpy())
+        end = float(rows["at"].to_numpy()[root].max()) if len(root) else float(part["last"].max())
+        buffer(first - NUDGE / 2, end + 3.5 * NUDGE / 8, size.get("", 0), Phase.FORWARD.value, step, "")
+        reduce_scatter(root, end, step, "")
+    out = _scaled(rows.assign(until=until), parameter | _optimizer_work(rows), 1 / shards)
+    return stream.with_rows(pd.concat([out, pd.DataFrame(added, columns=rows.columns)]))

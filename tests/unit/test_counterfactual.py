@@ -6,8 +6,9 @@ import numpy as np
 import pandas as pd
 
 from analyzer.attribute import attribute
-from analyzer.diagnose.counterfactual import predict, recorded_stream, replay
-from analyzer.diagnose.transforms import Stream, accumulation, bf16, block_key, checkpointing, micro_batch, zero
+from analyzer.diagnose.counterfactual import Replayer, predict, recorded_stream, replay
+from analyzer.diagnose.transforms import (Stream, accumulation, bf16, block_key, checkpointing, micro_batch, zero,
+                                          zero3)
 from analyzer.simulate.allocator import AllocatorSettings
 from tests.support.snapshots import MiB, Recording
 
@@ -147,3 +148,75 @@ def test_a_micro_batch_scales_activations_of_an_unknown_phase_not_the_optimizers
     s = stream([(1, 4, 8 * MiB, "activation", "unattributed", "m"), (2, 5, 4 * MiB, "temporary", "optimizer", "m"),
                 (3, 6, 2 * MiB, "activation", "load", "m")])
     assert micro_batch(s, 2).rows["bytes"].tolist() == [4 * MiB, 4 * MiB, 2 * MiB]
+
+
+def _two_block_step() -> Stream:
+    """Two blocks of 8 MiB of parameters and a 4 MiB embedding (the root unit); one step: the embedding's output,
+    each block's forward, each block's backward making its gradient, the embedding's gradient, Adam's state."""
+    return stream([
+        (-1, np.inf, 8 * MiB, "parameter", "load", "layers.0.fc"), (-1, np.inf, 8 * MiB, "parameter", "load", "layers.1.fc"),
+        (-1, np.inf, 4 * MiB, "parameter", "load", "embed"),
+        (0, 16, 1 * MiB, "activation", "forward", "embed"),
+        (1, 15, 2 * MiB, "activation", "forward", "layers.0.fc"), (2, 3, 1 * MiB, "temporary", "forward", "layers.0"),
+        (4, 11, 2 * MiB, "activation", "forward", "layers.1.fc"), (5, 6, 1 * MiB, "temporary", "forward", "layers.1"),
+        (10, 12, 1 * MiB, "temporary", "backward", "layers.1.fc"), (11, 30, 8 * MiB, "gradient", "backward", "layers.1.fc"),
+        (13, 17, 1 * MiB, "temporary", "backward", "layers.0.fc"), (14, 30, 8 * MiB, "gradient", "backward", "layers.0.fc"),
+        (18, 30, 4 * MiB, "gradient", "backward", "embed"),
+        (20, np.inf, 40 * MiB, "optimizer_state", "optimizer", "m")])
+
+
+def test_zero3_gathers_each_block_around_its_forward_and_its_backward():
+    before = _two_block_step()
+    after = zero3(before, 4)
+    shards = 5 * MiB                                   # the 20 MiB of parameters over 4 GPUs
+    assert live_after(before, -0.5) == 20 * MiB and live_after(after, -0.5) == shards
+    # block 0 running forward: its 8 MiB gathered, the root's 4 MiB gathered from the step's start
+    assert live_after(after, 1.5) == shards + 4 * MiB + 8 * MiB + 1 * MiB + 2 * MiB
+    assert live_after(after, 3.5) == shards + 4 * MiB + 1 * MiB + 2 * MiB      # block 0's freed after its forward
+    assert live_after(after, 4.5) == shards + 4 * MiB + 8 * MiB + 1 * MiB + 2 * MiB + 2 * MiB
+    assert live_after(after, 8) == shards + 4 * MiB + 1 * MiB + 4 * MiB      # between forward and backward
+    # block 1's backward: gathered again (8 MiB); at its gradient (its activation freed) the reduce-scatter's
+    # 8 MiB buffer, then the 2 MiB shard; then the full gradient, the buffer and the gathered parameters go
+    assert live_after(after, 10.5) == shards + 4 * MiB + 1 * MiB + 4 * MiB + 8 * MiB + 1 * MiB
+    assert live_after(after, 11 + 2e-4) == live_after(after, 10.5) - 2 * MiB + 8 * MiB + 8 * MiB
+    assert live_after(after, 11 + 3e-4) == live_after(after, 10.5) - 2 * MiB + 8 * MiB + 8 * MiB + 2 * MiB
+    assert live_after(after, 11.5) == live_after(after, 10.5) - 2 * MiB - 8 * MiB + 2 * MiB
+    # the root unit is gathered until its own reduce-scatter, after the embedding's gradient (18)
+    assert live_after(after, 18 + 3e-4) == shards + 4 * MiB + 4 * MiB + 4 * MiB + 2 * MiB + 2 * MiB + 1 * MiB
+    # after the step: the parameters' and the gradients' shards, Adam's state 1/4
+    assert live_after(after, 25) == shards + 5 * MiB + 10 * MiB
+    assert live_after(before, 25) == 20 * MiB + 20 * MiB + 40 * MiB
+
+
+def test_zero3_needs_blocks_and_a_backward_to_place_its_gathers():
+    blocks_without_backward = stream([(-1, np.inf, 8 * MiB, "parameter", "load", "layers.0.fc"),
+                                      (1, 3, 2 * MiB, "activation", "forward", "layers.0.fc"),
+                                      (4, 6, 2 * MiB, "activation", "forward", "layers.1.fc")])
+    one_module = stream([(-1, np.inf, 8 * MiB, "parameter", "load", "encoder"),
+                         (1, 3, 2 * MiB, "activation", "forward", "encoder"), (4, 6, 2 * MiB, "gradient", "backward", "encoder")])
+    assert zero3(blocks_without_backward, 4) is blocks_without_backward and zero3(one_module, 4) is one_module
+
+
+def _forward_only(expandable: bool = False):
+    """A forward pass that keeps a 64 MiB activation: no optimizer, no blocks."""
+    rec = Recording()
+    with rec.step(1), rec.phase("forward"):
+        rec.alloc(64 * MiB)
+        rec.free(rec.alloc(32 * MiB))
+    return attribute(rec.trace(expandable_segments=expandable))
+
+
+def test_the_plan_and_the_remedy_list_replay_by_one_rule():
+    """A remedy is replayed only where its transform acts on the recording, whether the remedy list (predict)
+    or the plan (Replayer) asks: micro-batches act on this forward's activations, 8-bit Adam finds no optimizer
+    state, ZeRO-3 no blocks; expandable segments act unless the recording already had them."""
+    trace = _forward_only()
+    replayer = Replayer(trace, 0, 256 * MiB, {"zero3": 4})
+    asked = ["micro_batch", "optimizer_8bit", "zero3", "expandable_segments"]
+    assert [replayer.can(r, None) for r in asked] == [True, False, False, True]
+    assert set(predict(trace, 0, asked, 256 * MiB, 4)) == {"micro_batch", "expandable_segments"}
+    assert replayer.run([("micro_batch", 2)]).peak_allocated_bytes == 48 * MiB
+    assert predict(trace, 0, ["micro_batch"], 256 * MiB, 4)["micro_batch"].peak_allocated_bytes == 64 * MiB // 2 + 16 * MiB
+    already = _forward_only(expandable=True)
+    assert not Replayer(already, 0, 256 * MiB, {}).can("expandable_segments", None)
+    assert predict(already, 0, ["expandable_segments"], 256 * MiB, 4) == {}
