@@ -1,9 +1,19 @@
 """Attribution of a CPU-profiled training run against torch's own memory profiler categories (the
-export_memory_timeline of the same run, recorded by scripts/record_kineto_fixtures.py)."""
+export_memory_timeline of the same run, recorded by scripts/record_kineto_fixtures.py), and a real memory
+timeline's breakdown against torch's own sums of its rows."""
 from __future__ import annotations
 
+import gzip
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import analyzer
 from analyzer.evaluate.accuracy import profiler_agreement
-from support.paths import FIXTURES
+from analyzer.ingest.memory_timeline import AS_OUR_CATEGORY, CATEGORIES
+from support.paths import FIXTURES, REAL
 
 KINETO = FIXTURES / "kineto"
 
@@ -17,3 +27,22 @@ def test_categories_agree_with_torch_memory_profiler_at_the_peak() -> None:
     # over the whole recording the definitions part: torch calls every forward intermediate an activation,
     # we call one freed before backward begins a temporary (it costs nothing at the peak); measured 0.83
     assert scores["overall"] >= 0.80
+
+
+def test_a_raw_memory_timeline_reports_torchs_categories_exactly() -> None:
+    """hta/memory_timeline.raw.gz (export_memory_timeline raw rows: time, action, signed bytes, category): the
+    peak's breakdown equals torch's own running sum per category at the timestamp where the sum is highest."""
+    name = REAL / "hta" / "memory_timeline.raw.gz"
+    if not name.is_file():
+        pytest.skip(f"real recording not found at {name}")
+    with gzip.open(name) as stream:
+        rows = pd.DataFrame(json.load(stream), columns=["t", "action", "bytes", "category"])
+    rows["name"] = [AS_OUR_CATEGORY.get(CATEGORIES[c], CATEGORIES[c]) for c in rows["category"]]
+    running = pd.crosstab(np.arange(len(rows)), rows["name"], values=rows["bytes"], aggfunc="sum").fillna(0).cumsum()
+    by_time = running.groupby(rows["t"].to_numpy(), sort=False).last()   # after every row of a timestamp
+    torch_peak = by_time.loc[by_time.sum(axis=1).idxmax()]
+    result = analyzer.analyze(name)
+    assert isinstance(result, analyzer.Analysis)
+    d = result.devices[0]
+    assert d.peak.allocated_bytes == int(torch_peak.sum())
+    assert {r["name"]: r["bytes"] for r in d.by_category} == {k: int(v) for k, v in torch_peak.items() if v}
