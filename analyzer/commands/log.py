@@ -39,7 +39,8 @@ class LogCommand:
         log = read_log(args.log)
         warn = Console(stderr=True, highlight=False)
         for skipped in log.skipped:
-            warn.print(Text(f"analyze log: warning: {printable(str(args.log))}: skipped {skipped}", style="yellow"))
+            warn.print(Text(f"analyze log: warning: {printable(str(args.log))}: skipped {skipped}", style="yellow"),
+                       soft_wrap=True)
         pairs = pair_runs(log.runs)
         if fmt == "text" and args.output is None:
             print_log(log, pairs, Console(highlight=False))

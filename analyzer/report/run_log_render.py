@@ -21,6 +21,7 @@ from analyzer.report.html import _CSS, _ENV
 from analyzer.report.plots import PEAK_COLOR, figure_svg
 from analyzer.report.run_log import Run, RunLog
 from analyzer.report.run_pairs import DevicePair, Pair
+from analyzer.report.shown import shown
 
 BAR_WIDTH = 12   # characters of the terminal bar of the largest peak
 _FIT_COLOR = "#3b6fc4"
@@ -54,7 +55,8 @@ def _change(p: Pair, d: DevicePair) -> str:
 
 
 def _measured(d: DevicePair) -> str:
-    return _signed(d.measured_saving_bytes) + (" of reserved memory" if d.remedy and d.remedy["measure"] == "reserved" else "")
+    reserved = d.remedy is not None and d.remedy["measure"] == "reserved"
+    return _signed(d.measured_saving_bytes) + (" of reserved memory" if reserved else "")
 
 
 def _ratio(d: DevicePair) -> str:
@@ -71,6 +73,23 @@ def _when(time: str) -> str:
     return time.replace("T", " ")[:16]
 
 
+def _run_rows(log: RunLog) -> list[dict[str, Any]]:
+    """One row a run, its strings made visible (`shown`), for the terminal and the page alike."""
+    rows = [{"line": r.line, "time": _when(r.record["time"]), "input": r.record["input"],
+             "note": r.record.get("note") or "", "needed": r.worst["needed_bytes"],
+             "reserved": r.worst["peak_reserved_bytes"], "outcome": outcome(r)} for r in log.runs]
+    return shown(rows)
+
+
+def _pair_rows(pairs: list[Pair]) -> list[dict[str, Any]]:
+    """One row a device of a pair, its strings made visible."""
+    rows = [{"runs": f"#{p.before.line} -> #{p.after.line}", "device": _device_name(d), "change": _change(p, d),
+             "needed_before": d.before["needed_bytes"], "needed_after": d.after["needed_bytes"], "ooms": _ooms(d),
+             "measured": _measured(d), "predicted": _predicted(d), "ratio": _ratio(d)}
+            for p in pairs for d in p.devices]
+    return shown(rows)
+
+
 def print_log(log: RunLog, pairs: list[Pair], console: Console) -> None:
     """The runs with a bar of each peak, then the pairs."""
     top = max(r.worst["needed_bytes"] for r in log.runs) or 1
@@ -82,27 +101,25 @@ def print_log(log: RunLog, pairs: list[Pair], console: Console) -> None:
     runs.add_column("peak", justify="right", no_wrap=True)
     runs.add_column("", no_wrap=True)
     runs.add_column("", no_wrap=True)
-    for r in log.runs:
-        worst, result = r.worst, outcome(r)
-        runs.add_row(str(r.line), Text(printable(_when(r.record["time"]))), Text(printable(r.record["input"])),
-                     Text(printable(r.record.get("note") or "")), human_bytes(worst["needed_bytes"]),
-                     Text(result, style="bold red" if result == "OOM" else ""),
-                     Text("█" * max(1, round(BAR_WIDTH * worst["needed_bytes"] / top)),
-                          style="red" if result == "OOM" else "blue"))
+    for r in _run_rows(log):
+        oom = r["outcome"] == "OOM"
+        runs.add_row(str(r["line"]), Text(printable(r["time"])), Text(printable(r["input"])),
+                     Text(printable(r["note"])), human_bytes(r["needed"]),
+                     Text(r["outcome"], style="bold red" if oom else ""),
+                     Text("█" * max(1, round(BAR_WIDTH * r["needed"] / top)), style="red" if oom else "blue"))
     console.print(runs)
     if not pairs:
         console.print(Text("\nNo two runs are one change apart (a note naming a remedy id, or one configuration "
                            "variable that differs).", style="dim"))
         return
     console.print(Text("\nOne change apart: the saving measured beside the saving predicted", style="italic"))
-    for p in pairs:   # two lines a device, readable at any width
-        for d in p.devices:
-            console.print(Text(f"#{p.before.line} -> #{p.after.line} {_device_name(d)}: ", style="bold")
-                          + Text(printable(_change(p, d))))
-            ratio = f" ({_ratio(d)} of predicted)" if d.ratio is not None else ""
-            flipped = f"; {_ooms(d)}" if _ooms(d) else ""
-            console.print(Text(f"  peak {human_bytes(d.before['needed_bytes'])} -> {human_bytes(d.after['needed_bytes'])}"
-                               f"{flipped}; measured saving {_measured(d)}, predicted {_predicted(d)}{ratio}"))
+    for p in _pair_rows(pairs):   # two lines a device, readable at any width
+        console.print(Text(f"{p['runs']} {p['device']}: ", style="bold") + Text(printable(p["change"])),
+                      soft_wrap=True)
+        ratio = f" ({p['ratio']} of predicted)" if p["ratio"] else ""
+        flipped = f"; {p['ooms']}" if p["ooms"] else ""
+        console.print(Text(f"  peak {human_bytes(p['needed_before'])} -> {human_bytes(p['needed_after'])}{flipped}; "
+                           f"measured saving {p['measured']}, predicted {p['predicted']}{ratio}"), soft_wrap=True)
 
 
 def log_document(log: RunLog, pairs: list[Pair]) -> dict[str, Any]:
@@ -136,13 +153,5 @@ def peaks_svg(runs: list[Run]) -> str:
 
 
 def render_log_html(log: RunLog, pairs: list[Pair]) -> str:
-    rows = [{"line": r.line, "time": _when(r.record["time"]), "input": r.record["input"], "note": r.record.get("note"),
-             "needed": r.worst["needed_bytes"], "reserved": r.worst["peak_reserved_bytes"], "outcome": outcome(r)}
-            for r in log.runs]
-    pair_rows = [{"runs": f"#{p.before.line} → #{p.after.line}", "device": _device_name(d), "change": _change(p, d),
-                  "needed_before": d.before["needed_bytes"], "needed_after": d.after["needed_bytes"],
-                  "ooms": _ooms(d), "measured": _measured(d), "predicted": _predicted(d),
-                  "ratio": _ratio(d)}
-                 for p in pairs for d in p.devices]
-    return _ENV.get_template("run_log.html.j2").render(rows=rows, pairs=pair_rows, skipped=log.skipped,
-                                                       chart=peaks_svg(log.runs), css=_CSS)
+    return _ENV.get_template("run_log.html.j2").render(rows=_run_rows(log), pairs=_pair_rows(pairs),
+                                                       skipped=shown(log.skipped), chart=peaks_svg(log.runs), css=_CSS)
