@@ -15,7 +15,10 @@ A Kineto `[memory]` event carries no op id, but the spans of its thread say what
   all look alike in a running total).
 Categories then follow from lifetime (analyzer.attribute.category), except in forward, where an op says more:
 a tensor freed before the op that made it returned is that op's temporary, one that outlives it is an
-activation (`ops:freed-inside-op` / `ops:outlived-op`), as torch's memory profiler defines them.
+activation (`ops:freed-inside-op` / `ops:outlived-op`), as torch's memory profiler defines them. In the optimizer
+step lifetime decides: torch's data-flow flood calls single-tensor Adam's `exp_avg_sq.sqrt()` a parameter and its
+quotient an activation, which the run contradicts (docs/results/accuracy.md), and the trace keeps no tensor ids
+to follow that flow anyway.
 """
 from __future__ import annotations
 
