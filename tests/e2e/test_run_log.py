@@ -114,6 +114,16 @@ def test_a_log_that_cannot_be_written_is_one_line_and_exit_2(where, tmp_path, ca
                                  "a full disk": "cannot be written"}[where] in err
 
 
+def test_log_wins_over_the_environment_and_an_empty_variable_is_unset(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("ANALYZER_RUN_LOG", str(tmp_path))   # a directory: would be exit 2 if it were used
+    argv = [str(SIM / "healthy.pickle"), "-q", "-o", str(tmp_path / "r.html")]
+    assert _run(argv + ["--log", str(tmp_path / "given.jsonl"), "--note", "given"], capsys)[0] == 0
+    assert json.loads((tmp_path / "given.jsonl").read_text())["note"] == "given"
+    assert _run(argv, capsys)[0] == 2
+    monkeypatch.setenv("ANALYZER_RUN_LOG", "")
+    assert _run(argv, capsys)[0] == 0 and sorted(p.name for p in tmp_path.glob("*.jsonl")) == ["given.jsonl"]
+
+
 def test_a_note_without_a_log_is_refused(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("ANALYZER_RUN_LOG", raising=False)
     code, _, err = _run([str(SIM / "healthy.pickle"), "-q", "-o", str(tmp_path / "r.html"), "--note", "x"], capsys)
