@@ -2,7 +2,8 @@
 
 The rule, for each run in the order logged (the *after* run), pairing it with at most one earlier run:
 1. its note names remedy ids (`micro_batch`, `activation-checkpointing`: a word of the note, `-` read as `_`):
-   the nearest earlier run that offered one of them is *before*; the prediction is that remedy's, on each device;
+   the nearest earlier run that offered one of them, and whose own note does not name it (a run again after the
+   change is no run before it), is *before*; the prediction is that remedy's, on each device;
 2. otherwise, the nearest earlier run with the same devices whose revealed configuration (CONFIG_VARIABLES)
    differs in exactly one variable both runs know (unknown on either side is no difference). The prediction is
    that of the remedy that changes the variable (VARIABLE_REMEDIES: more GPUs is ZeRO or tensor parallelism,
@@ -96,7 +97,7 @@ def _matched(before: Run, after: Run) -> list[tuple[dict[str, Any], dict[str, An
 
 
 def _by_note(before: Run, after: Run, named: set[str]) -> Pair | None:
-    offered = {r["id"] for d in before.devices for r in d["remedies"]} & named
+    offered = ({r["id"] for d in before.devices for r in d["remedies"]} & named) - named_remedies(before.record.get("note"))
     matched = _matched(before, after)
     if not offered or not matched:
         return None

@@ -130,9 +130,11 @@ def test_a_note_pairs_with_the_nearest_earlier_run_that_offered_the_remedy(docum
     without = copy.deepcopy(base)
     without["devices"][0]["remedies"] = [r for r in without["devices"][0]["remedies"] if r["id"] != "micro_batch"]
     saved = _saved(base, "micro_batch")
-    runs = [_run(1, base), _run(2, base), _run(3, without), _run(4, base, "halved: micro-batch", needed_less=saved)]
-    [pair] = pair_runs(runs)
+    after = _run(4, base, "halved: micro-batch", needed_less=saved)
+    runs = [_run(1, base), _run(2, base), _run(3, without), after, _run(5, after.record, "micro_batch again")]
+    [pair, again] = pair_runs(runs)
     assert (pair.before.line, pair.after.line, pair.change) == (2, 4, "note names micro_batch")
+    assert (again.before.line, again.after.line) == (2, 5)   # run 4 is after the change too: not the run before
     [d] = pair.devices
     assert d.measured_saving_bytes == saved == d.predicted_saving_bytes and d.ratio == 1.0
     assert named_remedies("ZeRO-3 (zero3) and activation-checkpointing") >= {"zero3", "activation_checkpointing"}
