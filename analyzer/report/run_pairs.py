@@ -97,7 +97,8 @@ def _matched(before: Run, after: Run) -> list[tuple[dict[str, Any], dict[str, An
 
 
 def _by_note(before: Run, after: Run, named: set[str]) -> Pair | None:
-    offered = ({r["id"] for d in before.devices for r in d["remedies"]} & named) - named_remedies(before.record.get("note"))
+    done = named_remedies(before.record.get("note"))   # a run after the change already
+    offered = {r["id"] for d in before.devices for r in d["remedies"]} & (named - done)
     matched = _matched(before, after)
     if not offered or not matched:
         return None
