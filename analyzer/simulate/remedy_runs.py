@@ -4,8 +4,9 @@
 as the remedy changes a real run: the micro-batch halved, gradient accumulation over two micro-batches of half
 the size (the runner's `micro_batches`), every block under `torch.utils.checkpoint`, bf16 autocast with CUDA's
 op lists (`cuda_autocast_policy`), ZeRO stage 1 or 2 as rank 0 of N GPUs sees it (`ShardedAdam`: Adam's state
-for its 1/N of every parameter; from stage 2 each gradient is reduce-scattered to its shard as it is made), and
-8-bit Adam (`Adam8bit`: uint8 moments with a scale per 2048 values). `simulate(setup)` traces two optimizer
+for its 1/N of every parameter; from stage 2 each gradient is reduce-scattered to its shard as it is made), ZeRO-3
+/ FSDP full sharding (`fully_shard`: every block one unit, the rest of the model the root unit; parameters
+gathered per unit as it runs, gradients reduce-scattered per unit), and 8-bit Adam (`Adam8bit`: uint8 moments with a scale per 2048 values). `simulate(setup)` traces two optimizer
 steps under FakeTensorMode and replays them on an 80 GiB device (nothing runs out: the peak is the demand).
 """
 from __future__ import annotations
@@ -123,6 +124,109 @@ class ShardedAdam(torch.optim.Optimizer):
             view.grad = None
 
 
+class ShardedUnit:
+    """One FSDP unit as rank 0 of N sees it: each parameter holds its first ceil(numel / N) values between uses;
+    `gather` all-gathers the unit into one flat buffer of its unsharded size and points every parameter at its
+    part; `reshard` frees the buffer. When the last of the unit's gradients is accumulated they are
+    reduce-scattered: flattened into a buffer of the unit's size, rank 0's shard of each kept as its gradient,
+    the full gradients, the buffer and the gathered parameters freed."""
+
+    def __init__(self, owners: list[tuple[torch.nn.Module, str]], shards: int) -> None:
+        self.shapes = [getattr(m, n).shape for m, n in owners]
+        self.params = []
+        for module, name in owners:       # materialized as shards only, as FSDP's meta-device init does
+            meta = getattr(module, name)
+            setattr(module, name, torch.nn.Parameter(torch.empty(-(-meta.numel() // shards), dtype=meta.dtype)))
+            self.params.append(getattr(module, name))
+        self.shards = [p.data for p in self.params]
+        self.buffer: torch.Tensor | None = None
+        self.ready = 0
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._gradient_ready)
+
+    def gather(self) -> None:
+        if self.buffer is not None:
+            return
+        self.buffer = torch.empty(sum(s.numel() for s in self.shapes), dtype=self.shards[0].dtype)
+        offset = 0
+        for p, shard, shape in zip(self.params, self.shards, self.shapes):
+            part = self.buffer[offset: offset + shape.numel()]
+            part[: shard.numel()].copy_(shard)          # the rest comes from the other ranks
+            p.data = part.view(shape)
+            offset += shape.numel()
+
+    def reshard(self) -> None:
+        for p, shard in zip(self.params, self.shards):
+            p.data = shard
+        self.buffer = None
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        return self.buffer is not None and tensor.untyped_storage()._cdata == self.buffer.untyped_storage()._cdata
+
+    def _gradient_ready(self, _: torch.Tensor) -> None:
+        self.ready += 1
+        if self.ready < len(self.params):
+            return
+        self.ready = 0
+        flat = torch.cat([p.grad.view(-1) for p in self.params if p.grad is not None])
+        grads, offset = [], 0
+        for shard, shape in zip(self.shards, self.shapes):
+            grads.append(flat[offset: offset + shard.numel()].clone())
+            offset += shape.numel()
+        del flat
+        for p in self.params:
+            p.grad = None
+        self.reshard()
+        for p, grad in zip(self.params, grads):
+            p.grad = grad
+
+
+def fully_shard(gpt: GPT, shards: int) -> GPT:
+    """ZeRO-3 / FSDP full sharding of a GPT built on the meta device, as rank 0 of `shards` GPUs runs it (no
+    prefetching): each block is a unit gathered just before its forward and freed after it, gathered again when
+    its output's gradient arrives and freed after its gradients are reduce-scattered; the root unit (embeddings,
+    final norm, head) stays gathered from the forward's start to the end of its backward, as FSDP keeps the
+    root's. Saved tensors that are views of a gathered buffer are saved as their place in it and read back from
+    the buffer gathered for backward, so a freed buffer holds no memory in between."""
+    in_blocks = {id(m) for block in gpt.layers for m in block.modules()}
+    units = [ShardedUnit([(m, n) for m in block.modules() for n, _ in m.named_parameters(recurse=False)], shards)
+             for block in gpt.layers]
+    root = ShardedUnit([(m, n) for m in gpt.modules() if id(m) not in in_blocks
+                        for n, _ in m.named_parameters(recurse=False)], shards)
+    gpt.causal_mask = torch.ones(gpt.get_buffer("causal_mask").shape, dtype=torch.bool).tril()  # not sharded
+    everything = [root, *units]
+
+    def pack(t: torch.Tensor) -> Any:
+        unit = next((u for u in everything if u.holds(t)), None)
+        return t if unit is None else (unit, t.size(), t.stride(), t.storage_offset())
+
+    def unpack(saved: Any) -> torch.Tensor:
+        if isinstance(saved, torch.Tensor):
+            return saved
+        unit, size, stride, offset = saved
+        assert unit.buffer is not None, "a unit is gathered before its backward"
+        return unit.buffer.as_strided(size, stride, offset)
+
+    saving = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    def root_forward(module: torch.nn.Module, args: Any) -> None:
+        root.gather()
+        saving.__enter__()
+
+    gpt.register_forward_pre_hook(root_forward)
+    gpt.register_forward_hook(lambda module, args, out: saving.__exit__(None, None, None))
+    for block, unit in zip(gpt.layers, units):
+        block.register_forward_pre_hook(lambda module, args, unit=unit: unit.gather())
+        block.register_forward_hook(lambda module, args, out, unit=unit: _after_forward(unit, out))
+    return gpt
+
+
+def _after_forward(unit: ShardedUnit, out: torch.Tensor) -> None:
+    unit.reshard()
+    if out.requires_grad:
+        out.register_hook(lambda grad: unit.gather())
+
+
 class Adam8bit(torch.optim.Optimizer):
     """Adam with both moments in uint8 and one fp32 scale per 2048 values (bitsandbytes' AdamW8bit layout);
     each parameter's update dequantizes into temporaries and quantizes back."""
@@ -168,15 +272,23 @@ class RemedySetup:
     def loop(self) -> TrainingLoop:
         config, micro = self.config, self.batch // self.micro_batches
 
+        def model_fn() -> GPT:
+            return model(config, self.fused_attention, self.checkpointing)
+
+        if self.zero_stage == 3:
+            with torch.device("meta"):                 # built outside the tracer: only the shards are allocated
+                meta = model_fn()
+            model_fn = lambda: fully_shard(meta, self.shards)   # noqa: E731
+
         def optimizer_fn(params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-            if self.zero_stage:
+            if self.zero_stage in (1, 2):
                 return ShardedAdam(params, self.shards, self.zero_stage)
             if self.optimizer_8bit:
                 return Adam8bit(params)
             return torch.optim.Adam(params, lr=3e-4, foreach=True)
 
         return TrainingLoop(
-            model_fn=lambda: model(config, self.fused_attention, self.checkpointing),
+            model_fn=model_fn,
             batch_fn=lambda step: (torch.randint(0, config.vocab, (micro, self.seq)),
                                    torch.randint(0, config.vocab, (micro, self.seq))),
             optimizer_fn=optimizer_fn, micro_batches=self.micro_batches,
@@ -191,6 +303,7 @@ REMEDY_RUNS: dict[str, Callable[[RemedySetup], RemedySetup]] = {
     "bf16": lambda s: replace(s, bf16=True),
     "zero1": lambda s: replace(s, zero_stage=1, shards=4),
     "zero2": lambda s: replace(s, zero_stage=2, shards=4),
+    "zero3": lambda s: replace(s, zero_stage=3, shards=4),
     "optimizer_8bit": lambda s: replace(s, optimizer_8bit=True),
 }
 SHARDS = 4

@@ -1,6 +1,7 @@
 """Replayed predictions against simulated runs with each remedy applied (small GPTs, so the test stays fast):
-the issue's bars, 10% for micro-batch, accumulation, checkpointing and ZeRO, 25% for bf16; and expandable
-segments on the fragmentation scenario, whose recording ran out of memory and whose expandable twin did not."""
+the issue's bars, 10% for micro-batch, accumulation, checkpointing and ZeRO (ZeRO-3 / FSDP against a run whose
+parameters are gathered per block as it runs), 25% for bf16; and expandable segments on the fragmentation
+scenario, whose recording ran out of memory and whose expandable twin did not."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,13 +16,13 @@ from tests.support.paths import SIM
 
 GiB = 1 << 30
 BARS = {"micro_batch": 0.10, "gradient_accumulation": 0.10, "activation_checkpointing": 0.10, "zero1": 0.10,
-        "zero2": 0.10, "bf16": 0.25}
+        "zero2": 0.10, "zero3": 0.10, "bf16": 0.25}
 SMALL = GPTConfig(vocab=8000, d_model=256, layers=4, heads=4, max_seq=512)
 SETUPS = {
     "activations": (RemedySetup("eager d256 L4 s512 b4", SMALL, batch=4, seq=512),
                     ["micro_batch", "gradient_accumulation", "activation_checkpointing", "bf16"]),
     "model states": (RemedySetup("d1024 L4 s64 b1", GPTConfig(vocab=8000, d_model=1024, layers=4, heads=8, max_seq=64),
-                                 batch=1, seq=64), ["zero1", "zero2"]),
+                                 batch=1, seq=64), ["zero1", "zero2", "zero3"]),
 }
 
 
