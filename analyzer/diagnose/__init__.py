@@ -21,7 +21,7 @@ from analyzer.core.units import gib, rate_bytes
 from analyzer.core.vocabulary import Category, Phase
 from analyzer.diagnose.triage import triage
 from analyzer.diagnose.remedies import (LAYOUT_ONLY, SMALLEST_GPU, Demand, checkpointable_bytes, count_layers,
-                                        describe, fits_any_gpu, fits_as_is, gpus_for, rank_remedies)
+                                        describe, fits_any_gpu, fits_as_is, rank_remedies)
 from analyzer.diagnose.theory import explain_model_states
 from analyzer.diagnose.workload import Workload, recognise
 from analyzer.result import Diagnosis
@@ -48,11 +48,9 @@ def diagnose(ctx: DeviceContext) -> Diagnosis:
     demand.replayed = counterfactual.replayed(ctx, demand, offered)   # only what is offered is replayed
     remedies = [] if host else [r for r in rank_remedies(demand) if ctx.device >= 0 or r["id"] not in LAYOUT_ONLY]
     fits = _fits(demand)
-    states = demand.bytes(Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE)
-    shards = gpus_for(demand, states)[0]
     found = None if host or ctx.device < 0 else plan.for_recording(
-        demand, remedies, counterfactual.Replayer(ctx.trace, ctx.device, ctx.capacity_bytes,
-                                                  {"zero1": shards, "zero2": shards}))
+        demand, remedies, counterfactual.Replayer(ctx.trace, ctx.device, ctx.capacity_bytes, plan.shards(demand)))
+    plan.agree(remedies, found)
     return Diagnosis(findings=findings, remedies=remedies, theory=theory, fragmentation=picture, triage=triaged, plan=found,
                      demand_bytes=demand.total, verdict=verdict(ctx, findings, remedies, demand, triaged, fits, found),
                      capacity_bytes=ctx.capacity_bytes, capacity_source=ctx.capacity_source,
@@ -126,6 +124,7 @@ def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str
     return Demand(
         total=total, by_category={k: int(v) for k, v in by_category.items()}, capacity=ctx.capacity_bytes,
         world_size=workload.gpus, oomed=d.oom is not None, reserved_peak=d.reserved_peak_bytes,
+        oom_phase=oom_finding.get("phase") if oom_finding else None,
         workload=workload.kind, frozen_share=workload.frozen_share, graph_kept=workload.graph_kept,
         graph_bytes=_graph_bytes(live) if workload.graph_kept else 0, autocast=workload.mixed_precision_on,
         layers=count_layers([r["name"] for r in d.by_module] +
@@ -164,10 +163,8 @@ def verdict(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[d
                 "GPU remedies do not act on it")
     first = next((r for r in remedies if r["try_first"]), None)
     advice = f" Try first: {describe(first, demand.capacity)}." if first else ""
-    if first is None and found is not None and found["fits"] and len(found["steps"]) > 1 and demand.capacity:
-        last = found["steps"][-1]
-        advice = (f" No single change fits; together: {', then '.join(s['title'] for s in found['steps'])} (peak "
-                  f"{gib(demand.total)} → {gib(last['predicted_peak_allocated_bytes'])}, fits in {gib(demand.capacity)}).")
+    if found is not None and found["fits"] and not found["single"] and demand.capacity:
+        advice = f" Try first, as the plan below: {_plan_clause(found, remedies, demand)}."
     if fits is not None and fits.get("capacity_assumed"):
         advice = (f" Fits any GPU of {gib(fits['capacity_bytes'])} or more (peak {gib(fits['peak_bytes'])}; pass "
                   "--gpu-memory for the headroom on yours)" + ("; the remedies listed are optional ways to grow the "
@@ -196,6 +193,19 @@ def verdict(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[d
     composition = d.composition()
     return (f"Peak {gib(d.peak.allocated_bytes)} allocated on {ctx.trace.device_label(d.device)}{' ' + place if place else ''}"
             f"{': ' + composition if composition else ''}.{advice}")
+
+
+def _plan_clause(found: dict[str, Any], remedies: list[dict[str, Any]], demand: Demand) -> str:
+    """'Halve the micro-batch, then ZeRO-1 … (peak 30 → 20 GiB, fits in 24 GiB); no single change fits', or
+    '…; cheaper together than ZeRO-3 alone': the plan's changes in order, and why it is not one change."""
+    assert demand.capacity is not None  # a plan needs the device
+    steps = found["steps"]
+    single = next((r for r in remedies if r["id"] == found.get("cheapest_single")), None)
+    together = " together" if len(steps) > 1 else ""
+    why = (f"cheaper{together} than {single['title']} alone" if single is not None
+           else "no single change fits" if together else "no change as listed fits")
+    return (f"{', then '.join(s['title'] for s in steps)} (peak {gib(demand.total)} → "
+            f"{gib(steps[-1]['predicted_peak_allocated_bytes'])}, fits in {gib(demand.capacity)}); {why}")
 
 
 def _oom_reason(finding: dict[str, Any]) -> str:

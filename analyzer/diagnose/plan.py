@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.core.vocabulary import Category
-from analyzer.diagnose.counterfactual import Replayer
-from analyzer.diagnose.remedies import FIT_HEADROOM, Demand, fits_as_is, gpus_for
+from analyzer.diagnose.counterfactual import Prediction, Replayer
+from analyzer.diagnose.remedies import (FIT_HEADROOM, Demand, fits_as_is, gpus_for, pipeline_stages, tp_gpus,
+                                        untrained_weights)
 
 ALTERNATIVES = 3   # fitting configurations shown after the plan
 
@@ -55,6 +56,14 @@ PRICE = {
                           "(torch.distributed.pipelining)"),
     "expandable_segments": ("none measurable", "none", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
     "offload": ("large slowdown, bounded by PCIe", "weights over PCIe every step", "FSDP CPUOffload / ZeRO-Infinity"),
+    "weight_quantization": ("slower matmuls (weights dequantized on the fly)", "none",
+                            "BitsAndBytesConfig(load_in_8bit=True) (a new dependency)"),
+    "weight_quantization_4bit": ("slower matmuls (weights dequantized on the fly)", "none",
+                                 "BitsAndBytesConfig(load_in_4bit=True) (a new dependency)"),
+    "state_dict_offload": ("a slower save", "none", "get_state_dict(..., cpu_offload=True)"),
+    "sharded_save": ("none measurable", "none", "torch.distributed.checkpoint.save (a directory of shards)"),
+    "init_optimizer_state": ("one extra step at lr 0", "none", "create the optimizer state before the first batch"),
+    "max_split_size": ("none measurable", "none", "PYTORCH_CUDA_ALLOC_CONF=...,max_split_size_mb:512"),
 }
 
 
@@ -82,7 +91,7 @@ class Lever:
 
 
 AS_IS = Level("as_is", "as it is", 0.0)
-_COST_OF = {"gradient_accumulation": "micro_batch", "weight_quantization": "bf16"}   # priced as the change it is
+_COST_OF = {"gradient_accumulation": "micro_batch"}   # priced as the change it is
 Config = dict[str, Level]       # lever name -> the level chosen
 Predict = Callable[[Config], tuple[int, bool]]   # (predicted peak bytes, fits)
 
@@ -153,32 +162,86 @@ def alternative_json(config: Config, cost: float, peak: int, plan_cost: float) -
 # ---- a recording's plan: the levers its offered remedies give, the formula on its breakdown, the replay ----
 
 _BATCH_LEVELS = (2, 4, 8)     # micro-batches per step a batch lever tries
-MAX_CANDIDATES = 3            # fitting configurations replayed before the plan is given up
-_LEVERS = (("batch", ("gradient_accumulation", "micro_batch")), ("precision", ("bf16",)),
+MAX_REPLAYS = 8               # replays of candidate configurations before the plan is given up
+# A recording's single changes cost in the order its remedy list ranks them (analyzer.diagnose.remedies.REMEDIES,
+# the method's fix order), so that the cheapest single remedy that fits is the cheapest one-change plan and the
+# plan never costs more than the list's try-first. At a fragmentation OOM the allocator settings lead, as in the
+# list. A deeper batch cut costs its base once per halving.
+RECORDING_COST = {"state_dict_offload": 0.1, "sharded_save": 0.2, "init_optimizer_state": 0.3, "micro_batch": 1.0,
+                  "bf16": 1.5, "weight_quantization": 1.6, "weight_quantization_4bit": 1.7,
+                  "gradient_accumulation": 1.75, "activation_checkpointing": 3.0, "optimizer_8bit": 4.0,
+                  "adafactor": 4.25, "optimizer_offload": 4.5, "zero1": 4.75, "zero2": 5.0, "zero3": 6.0,
+                  "tensor_parallel": 8.0, "pipeline_parallel": 8.5, "expandable_segments": 9.0, "max_split_size": 9.5,
+                  "offload": 12.0}
+LAYOUT_FIRST_COST = {"expandable_segments": 0.05, "max_split_size": 0.06}
+_LEVERS = (("checkpoint_save", ("state_dict_offload", "sharded_save")), ("first_step", ("init_optimizer_state",)),
+           ("batch", ("micro_batch", "gradient_accumulation")), ("precision", ("bf16",)),
            ("checkpointing", ("activation_checkpointing",)),
            ("optimizer", ("optimizer_8bit", "adafactor", "optimizer_offload")), ("zero", ("zero1", "zero2", "zero3")),
-           ("tp", ("tensor_parallel",)), ("weights", ("weight_quantization", "offload")),
-           ("layout", ("expandable_segments",)))
+           ("tp", ("tensor_parallel",)), ("pp", ("pipeline_parallel",)),
+           ("weights", ("weight_quantization", "weight_quantization_4bit", "offload")),
+           ("layout", ("expandable_segments", "max_split_size")))
+_LAYOUT = {"expandable_segments", "max_split_size"}
+_BATCH_REMEDIES = ("micro_batch", "gradient_accumulation")
+_ZERO_SHARDS = {"zero1": (Category.OPTIMIZER_STATE,), "zero2": (Category.OPTIMIZER_STATE, Category.GRADIENT),
+                "zero3": (Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE)}
 
 
-def recording_levers(remedies: list[dict[str, Any]]) -> list[Lever]:
-    """The levers a recording's offered remedies give, each remedy a level at its place in the cost order."""
+def recording_cost(remedy: str, layout_first: bool) -> float:
+    return LAYOUT_FIRST_COST[remedy] if layout_first and remedy in LAYOUT_FIRST_COST else RECORDING_COST[remedy]
+
+
+def shards(d: Demand) -> dict[str, int]:
+    """The GPUs each ZeRO stage shards over, as its remedy's title names them (remedies.gpus_for)."""
+    return {remedy: gpus_for(d, d.bytes(*categories))[0] for remedy, categories in _ZERO_SHARDS.items()}
+
+
+def listed_value(d: Demand, remedy: str) -> int | None:
+    """The level the remedy list's entry is at: 2 micro-batches, the GPUs or stages its title names."""
+    if remedy in _BATCH_REMEDIES:
+        return 2
+    if remedy in _ZERO_SHARDS:
+        return shards(d)[remedy]
+    if remedy == "tensor_parallel":
+        return tp_gpus(d)
+    if remedy == "pipeline_parallel":
+        return pipeline_stages(d)
+    return None
+
+
+def _batch_title(remedy: str, title: str, k: int) -> str:
+    if k == 2:
+        return title
+    if remedy == "gradient_accumulation":
+        return f"Gradient accumulation: {k} micro-batches of 1/{k} the size"
+    return f"Divide the batch by {k}" + (" (or the sequence length)" if "sequence" in title else "")
+
+
+def recording_levers(d: Demand, remedies: list[dict[str, Any]]) -> list[Lever]:
+    """The levers a recording's offered remedies give, each remedy a level at its place in the list's order. The
+    batch lever of a run that trains halves the micro-batch once (the global batch halves) and goes further only
+    with accumulation, which keeps the global batch; a forward-only run's batch divides by 2, 4 and 8."""
     offered = {r["id"]: r for r in remedies}
+    layout_first = d.oom_verdict == "fragmentation"
     levers = []
     for name, ids in _LEVERS:
         levels: list[Level] = []
-        for remedy in (i for i in ids if i in offered):
-            base = COST.get(_COST_OF.get(remedy, remedy), 10.0)
-            if name == "batch":
-                word = "micro-batches" if remedy == "gradient_accumulation" else "the batch divided by"
-                levels += [Level(remedy, f"{word} {k}" if remedy == "micro_batch" else
-                                 f"gradient accumulation: {k} micro-batches of 1/{k} the size", base * (k.bit_length() - 1), k)
-                           for k in _BATCH_LEVELS]
-                break     # accumulation when training, the batch itself forward-only: one of them
-            levels.append(Level(remedy, str(offered[remedy]["title"]), base))
+        for remedy in (i for i in ids if i in offered and offered[i]["new_peak_bytes"] is not None):
+            base, title = recording_cost(remedy, layout_first), str(offered[remedy]["title"])
+            if remedy in _BATCH_REMEDIES:
+                ks = (2,) if remedy == "micro_batch" and "gradient_accumulation" in offered else _BATCH_LEVELS
+                levels += [Level(remedy, _batch_title(remedy, title, k), base * (k.bit_length() - 1), k) for k in ks]
+            else:
+                levels.append(Level(remedy, title, base, listed_value(d, remedy)))
         if levels:
             levers.append(lever(name, levels))
     return levers
+
+
+def _degrees(config: Config) -> int:
+    """GPUs a configuration's parallelism takes: ZeRO's, tensor and pipeline degrees multiplied."""
+    return math.prod(level.value for level in config.values() if level.id in ("zero1", "zero2", "zero3",
+                                                                            "tensor_parallel", "pipeline_parallel"))
 
 
 def formula_peak(d: Demand, config: Config) -> int:
@@ -186,6 +249,7 @@ def formula_peak(d: Demand, config: Config) -> int:
     acts on the categories as its remedy's formula says (analyzer.diagnose.remedies), one after the other."""
     c = {k: float(v) for k, v in d.by_category.items()}
     total = float(d.total)
+    parameters = float(d.bytes(Category.PARAMETER))
 
     def shrink(category: str, factor: float) -> None:
         nonlocal total
@@ -195,7 +259,7 @@ def formula_peak(d: Demand, config: Config) -> int:
 
     for level in changes(config):
         k = level.value or 1
-        if level.id in ("gradient_accumulation", "micro_batch"):
+        if level.id in _BATCH_REMEDIES:
             for category in ("activation", "input", "temporary"):
                 shrink(category, 1 / k)
             if level.id == "gradient_accumulation":
@@ -213,22 +277,29 @@ def formula_peak(d: Demand, config: Config) -> int:
             shrink("optimizer_state", {"optimizer_8bit": 1 - 0.75 * (8 / 12 if d.mixed_precision else 1.0),
                                        "adafactor": 1 - 0.9 * (8 / 12 if d.mixed_precision else 1.0),
                                        "optimizer_offload": 0.0}[level.id])
-        elif level.id in ("zero1", "zero2", "zero3"):
-            n = gpus_for(d, d.bytes(Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE))[0]
-            sharded = {"zero1": ("optimizer_state",), "zero2": ("optimizer_state", "gradient"),
-                       "zero3": ("optimizer_state", "gradient", "parameter")}[level.id]
-            for category in sharded:
-                shrink(category, 1 / n)
+        elif level.id in _ZERO_SHARDS:
+            for category in _ZERO_SHARDS[level.id]:
+                shrink(category, 1 / k)
         elif level.id == "tensor_parallel":
-            t = min(d.world_size, 8) if d.world_size else 2
             for category in ("optimizer_state", "gradient", "parameter", "activation"):
-                shrink(category, 1 / t)
-        elif level.id == "weight_quantization":
-            shrink("parameter", 0.5)
+                shrink(category, 1 / k)
+        elif level.id == "pipeline_parallel":   # remedies._pipelined: a stage's layers, S micro-batches in flight
+            for category in ("optimizer_state", "gradient", "parameter", "activation", "temporary"):
+                shrink(category, 1 / k)
+        elif level.id in ("weight_quantization", "weight_quantization_4bit"):
+            share = untrained_weights(d) / parameters if parameters else 0.0
+            shrink("parameter", 1 - share * (0.5 if level.id == "weight_quantization" else 0.75))
         elif level.id == "offload":
             shrink("parameter", 0.0)
             if d.workload != "forward_only":
                 shrink("activation", 0.5)
+        elif level.id == "state_dict_offload":
+            shrink("other", 0.0)
+        elif level.id == "sharded_save":
+            shrink("other", 1 / gpus_for(d, d.bytes(Category.OTHER))[0])
+        elif level.id == "init_optimizer_state":
+            temporary = c.get("temporary", 0.0)
+            shrink("temporary", max(0.0, 1 - (d.first_step_excess or 0) / temporary) if temporary else 1.0)
     return int(round(total))
 
 
@@ -236,59 +307,116 @@ def _key(config: Config) -> tuple[tuple[str, Any], ...]:
     return tuple((level.id, level.value) for level in changes(config))
 
 
+Predicted = tuple[int, int | None, bool, str]   # (peak allocated, peak reserved or None, fits, source)
+
+
+def _seed(d: Demand, remedies: list[dict[str, Any]]) -> tuple[dict[Any, Predicted], dict[Any, Prediction]]:
+    """The remedy list's own predictions of its single changes (so that a one-change plan says what the list
+    says), and its replays, reused when a change is composed with formula-only ones."""
+    singles: dict[Any, Predicted] = {}
+    runs: dict[Any, Prediction] = {}
+    for r in remedies:
+        if r["new_peak_bytes"] is None or r["fits"] is None:
+            continue
+        key = ((r["id"], listed_value(d, r["id"])),)
+        replay: dict[str, Any] = r.get("replay") or {}
+        if replay.get("oom") is None:
+            singles[key] = (int(r["new_peak_bytes"]), None, bool(r["fits"]), "formula")
+            continue
+        singles[key] = (int(r["new_peak_bytes"]), int(replay["peak_reserved_bytes"]), bool(r["fits"]), "replay")
+        runs[key] = Prediction(int(replay["peak_allocated_bytes"]), int(replay["peak_reserved_bytes"]), bool(replay["oom"]))
+    return singles, runs
+
+
 def for_recording(d: Demand, remedies: list[dict[str, Any]], replayer: Replayer | None) -> dict[str, Any] | None:
     """The plan of a run that does not fit on a known device: the cheapest configuration of its offered remedies
-    whose formula fits, checked by replaying its changes composed (the formula where a change has no
-    transform); the next candidate when the replay says it does not fit, up to MAX_CANDIDATES. Only the
-    candidates and the plan's steps are replayed. None for a run that fits, on an unknown device, or a leak."""
+    that fits, single changes as the remedy list predicts them and combinations by their formula, checked by
+    replaying the replayable changes composed (the formula's saving of the others taken off the replayed peak);
+    the next candidate when the replay says it does not fit, up to MAX_REPLAYS replays. None for a run that
+    fits, on an unknown device, or a leak."""
     if d.capacity is None or fits_as_is(d) or d.triage == "leak" or not remedies:
         return None
-    levers = recording_levers(remedies)
+    levers = recording_levers(d, remedies)
     capacity = d.capacity
     limit = FIT_HEADROOM * capacity
-    cache: dict[tuple[tuple[str, Any], ...], tuple[int, int | None, bool, str]] = {}
-    for remedy, run in d.replayed.items():     # the remedy list's replays: one change each, k = 2
-        if run.get("oom") is not None and (d.world_size or not remedy.startswith("zero")):
-            peak, layout = int(run["peak_allocated_bytes"]), remedy == "expandable_segments"
-            value = 2 if remedy in ("gradient_accumulation", "micro_batch") else None
-            cache[((remedy, value),)] = (peak, int(run["peak_reserved_bytes"]),
-                                         peak <= (capacity if layout else limit) and not run["oom"], "replay")
+    cache, runs = _seed(d, remedies)
+    seeded, listed_runs = set(cache), len(runs)
 
-    def predicted(config: Config) -> tuple[int, int | None, bool, str]:
-        """(peak allocated, peak reserved or None, fits, source) of a configuration."""
-        made = changes(config)
+    def fits(config: Config, peak: int, oom: bool = False) -> bool:
+        layout = any(level.id in _LAYOUT for level in changes(config))
+        return peak <= (capacity if layout else limit) and not oom
+
+    def predicted(config: Config, replay: bool = True) -> Predicted | None:
+        """The configuration's prediction; None when it needs a replay and `replay` is off."""
         key = _key(config)
         if key in cache:
             return cache[key]
+        made = changes(config)
         replayed = [level for level in made if replayer is not None and replayer.can(level.id, level.value)]
+        peak = formula_peak(d, config)
         if not replayed or replayer is None:
-            peak = formula_peak(d, config)
-            cache[key] = (peak, None, peak <= limit, "formula")
+            cache[key] = (peak, None, fits(config, peak), "formula")
             return cache[key]
-        run = replayer.run([(level.id, level.value) for level in replayed])
+        part = tuple((level.id, level.value) for level in replayed)
+        if part not in runs:
+            if not replay:
+                return None
+            runs[part] = replayer.run(list(part))
+        run = runs[part]
         only = {name: (level if level in replayed else AS_IS) for name, level in config.items()}
-        formula_saving = formula_peak(d, only) - formula_peak(d, config) if len(replayed) < len(made) else 0
+        formula_saving = formula_peak(d, only) - peak if len(replayed) < len(made) else 0
         peak = run.peak_allocated_bytes - formula_saving
-        layout = any(level.id == "expandable_segments" for level in made)
-        fits = (peak <= (capacity if layout else limit)) and not run.oom
-        cache[key] = (peak, None if formula_saving else run.peak_reserved_bytes, fits,
-                      "replay" if not formula_saving else "formula")
+        if not formula_saving:
+            cache[key] = (peak, run.peak_reserved_bytes, fits(config, peak, bool(run.oom)), "replay")
+            return cache[key]
+        # the replayed part ran without the formula's saving, so its OOM says nothing of the whole: the reserve,
+        # less that saving, must be within what the allocator could have had
+        usable = replayer.usable if replayer.usable is not None else capacity
+        cache[key] = (peak, None, fits(config, peak, run.peak_reserved_bytes - formula_saving > usable), "formula")
         return cache[key]
 
-    layout_only = {"expandable_segments"}
-    fitting = search(levers, lambda c: (formula_peak(d, c), formula_peak(d, c) <= (
-        capacity if any(level.id in layout_only for level in changes(c)) else limit)))
+    def first_guess(config: Config) -> tuple[int, bool]:
+        key = _key(config)
+        if key in cache:
+            return cache[key][0], cache[key][2]
+        peak = formula_peak(d, config)
+        return peak, fits(config, peak)
+
+    world = d.world_size
+    fitting = search(levers, first_guess, lambda c: world is None or _degrees(c) <= world)
     start = {lv.name: lv.levels[0] for lv in levers}
-    for cost, _, config in fitting[:MAX_CANDIDATES]:
-        if not predicted(config)[2]:
+    searched = math.prod(len(lv.levels) for lv in levers)
+    for cost, _, config in fitting:
+        guess = predicted(config, replay=len(runs) - listed_runs < MAX_REPLAYS)
+        if guess is None or not guess[2]:
             continue
-        out = [step_json(level, *predicted(after)) for level, after in steps(config, start)]
+        out = [step_json(level, *_at_least(predicted(after))) for level, after in steps(config, start)]
         refuted = {k for k, v in cache.items() if not v[2]}     # the formula said fits, the replay did not
         others = [item for item in distinct([f for f in fitting if _key(f[2]) not in refuted], ALTERNATIVES + 1)
                   if item[2] is not config][:ALTERNATIVES]
-        return {"fits": True, "steps": out,
+        return {"fits": True, "steps": out, "single": len(out) == 1 and _key(config) in seeded,
                 "alternatives": [alternative_json(c, alt_cost, peak, cost) for alt_cost, peak, c in others],
-                "searched": math.prod(len(lv.levels) for lv in levers),
-                "replays": replayer.replays if replayer is not None else 0}
-    return {"fits": False, "steps": [], "alternatives": [], "searched": math.prod(len(lv.levels) for lv in levers),
+                "searched": searched, "replays": replayer.replays if replayer is not None else 0}
+    return {"fits": False, "steps": [], "single": False, "alternatives": [], "searched": searched,
             "replays": replayer.replays if replayer is not None else 0}
+
+
+def _at_least(found: Predicted | None) -> Predicted:
+    assert found is not None   # a step's prediction is always made (replay allowed)
+    return found
+
+
+def agree(remedies: list[dict[str, Any]], found: dict[str, Any] | None) -> None:
+    """One try-first for the verdict, the list and the plan: when a plan fits, the remedy of its first step. A
+    plan of exactly the list's cheapest fitting remedy leaves it as it is; otherwise (no single change fits, or
+    changes cheaper together) the remedy of step 1 is marked, with `plan_step` saying it is the plan's first."""
+    if not found or not found["fits"]:
+        return
+    first_step = found["steps"][0]
+    chosen = next(r for r in remedies if r["id"] == first_step["remedy"])
+    found["cheapest_single"] = next((r["id"] for r in remedies if r["try_first"]), None)
+    found["try_first"] = chosen["id"]
+    for r in remedies:
+        r["try_first"] = r is chosen
+    if not found["single"]:
+        chosen["plan_step"] = f"the plan's step 1 of {len(found['steps'])}: {first_step['title']}"

@@ -17,6 +17,11 @@ The list is data (`REMEDIES`, cheapest first); each estimate is computed from th
   fit; without a known device memory either, 8, said to be assumed. With one GPU, sharding is not offered;
 - when the triage says leak, fixing the leak comes first and is what to try first, and batch-size advice is
   left out: a smaller batch only delays the out of memory.
+- quantized weights (8-bit, 4-bit) are offered only for weights nothing trains (a forward-only run, a frozen base,
+  an out of memory while loading the model) that are at least QUANTIZE_SHARE of the peak; pipeline parallelism
+  only for a run that trains, on more than one GPU, with at least PIPELINE_MIN_LAYERS repeated blocks seen;
+- when a plan exists (analyzer.diagnose.plan, a run that does not fit a known device), it decides what to try
+  first: `plan.agree` moves `try_first` to the remedy of its first step.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from typing import Any
 import pandas as pd
 
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import Category, category_plural
+from analyzer.core.vocabulary import Category, Phase, category_plural
 
 RELEVANT_SHARE = 0.05     # a remedy must act on at least this share of the peak to be listed
 MIN_SAVING_SHARE = 0.01   # a remedy must save more than this share of the peak to be listed
@@ -41,8 +46,13 @@ SMALLEST_GPU = 8 * 2**30
 ASSUMED_GPUS = 8          # GPUs a sharding estimate assumes when neither --gpus nor the device memory is known
 MAX_GPUS = 64             # the most GPUs "the fewest that fit" looks at
 NODE_GPUS = 8             # tensor parallelism stays inside a node
+#: quantized weights act where the weights are this share of the peak or more (8-bit then saves an eighth of it)
+#: and are not trained: a forward-only run, a frozen base (QLoRA), or an out of memory while loading them
+QUANTIZE_SHARE = 0.25
+PIPELINE_MIN_LAYERS = 2   # pipeline stages split repeated blocks: at least two must be seen in the module names
 TRAINING, FORWARD_ONLY, UNKNOWN = "training", "forward_only", "unknown"
 _LAYER = re.compile(r"^(?:.*\.)?(?:layers|layer|h|blocks|block|encoder\.layer|decoder\.layers)\.(\d+)(?:\.|$)")
+_CALL = re.compile(r"^(.*?)\[(\d+)\]")     # a call path's first numbered call: `model.py:382 forward[3]`
 _BATCH = (Category.ACTIVATION, Category.INPUT, Category.TEMPORARY)
 _STATES = (Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE)
 
@@ -59,6 +69,7 @@ class Demand:
     findings: set[str] = field(default_factory=set)
     oom_verdict: str | None = None
     oomed: bool = False                      # the recording ends with an out-of-memory
+    oom_phase: str | None = None             # the phase the out-of-memory came in (load: while loading the model)
     reserved_peak: int | None = None         # the most the allocator reserved over the recording
     workload: str = TRAINING                 # training | forward_only | unknown (analyzer.diagnose.workload)
     frozen_share: float | None = None        # share of the parameters that train nothing (fine-tuning)
@@ -172,7 +183,7 @@ def _zero(*categories: str) -> Callable[[Demand], tuple[int, str]]:
     return estimate
 
 
-def _tp_gpus(d: Demand) -> int:
+def tp_gpus(d: Demand) -> int:
     return min(d.world_size, NODE_GPUS) if d.world_size else 2
 
 
@@ -212,6 +223,51 @@ def _micro_batch_title(d: Demand) -> str:
 def _zero2_title(d: Demand) -> str:
     frozen = "" if d.frozen_share is None else " (of the trainable part: the frozen base has neither)"
     return f"ZeRO-2: shard optimizer state and gradients {_over(d, d.bytes(Category.OPTIMIZER_STATE, Category.GRADIENT))}{frozen}"
+
+
+def untrained_weights(d: Demand) -> int:
+    """The parameter bytes nothing trains, which quantized weights can hold: all of a forward-only run's, or of
+    a run that ran out of memory while loading its model (nothing trained yet); the frozen base of a fine-tune."""
+    parameters = d.bytes(Category.PARAMETER)
+    if d.workload == FORWARD_ONLY or (d.workload == UNKNOWN and d.oom_phase == Phase.LOAD.value):
+        return parameters
+    return int(parameters * d.frozen_share) if d.frozen_share is not None else 0
+
+
+def _quantizable(d: Demand) -> bool:
+    """Quantized loading acts where the untrained weights are at least QUANTIZE_SHARE of the peak. The saving is
+    of 16-bit weights (a half at 8 bits, three quarters at 4): fp32 weights would save more."""
+    return untrained_weights(d) >= QUANTIZE_SHARE * d.total
+
+
+def _quantized_title(d: Demand, what: str) -> str:
+    if d.workload == FORWARD_ONLY:
+        return what
+    if d.frozen_share is not None and d.workload != UNKNOWN:
+        return f"{what} for the frozen base (QLoRA)"
+    return f"{what} when loading, if these weights are not trained"
+
+
+def _quantized_how(d: Demand, option: str) -> str:
+    return ("from transformers import BitsAndBytesConfig\n"
+            f"model = AutoModelForCausalLM.from_pretrained(name, quantization_config=BitsAndBytesConfig({option}))")
+
+
+def _pipelined(d: Demand) -> int:
+    """What a pipeline stage holds 1/S of: the model states of its layers, and (1F1B, the batch split into S
+    micro-batches, S of them in flight on the first stage, each over L/S layers) the activations and temporaries."""
+    return d.bytes(*_STATES, Category.ACTIVATION, Category.TEMPORARY)
+
+
+def pipeline_stages(d: Demand) -> int:
+    """S: the GPUs given, the fewest that fit, or 8 assumed (remedies.gpus_for), at most one stage per layer."""
+    return min(gpus_for(d, _pipelined(d))[0], d.layers or 1)
+
+
+def _pipeline_title(d: Demand) -> str:
+    s, how = pipeline_stages(d), gpus_for(d, _pipelined(d))[1]
+    return (f"Pipeline parallelism: the {d.layers} layers over {s} stages (1F1B, the batch as {s} micro-batches)"
+            + (f" ({how})" if how else ""))
 
 
 def _fix_leak_how(d: Demand) -> str:
@@ -256,12 +312,14 @@ REMEDIES: list[Remedy] = [
            "with torch.autocast(device_type='cuda', dtype=torch.bfloat16):\n    loss = model(batch)",
            _bf16, lambda d: _trains(d) and d.autocast is not True and d.mixed_precision is not True
            and _relevant(Category.ACTIVATION)(d), acts_on=(Category.ACTIVATION,)),
-    Remedy("weight_quantization", "8-bit weights (bitsandbytes LLM.int8)", "a new dependency; slower matmuls; "
-           "small accuracy loss",
-           "from transformers import BitsAndBytesConfig\n"
-           "model = AutoModelForCausalLM.from_pretrained(name, quantization_config=BitsAndBytesConfig(load_in_8bit=True))",
-           lambda d: (d.bytes(Category.PARAMETER) // 2, "medium"),
-           lambda d: d.workload == FORWARD_ONLY and _relevant(Category.PARAMETER)(d), acts_on=(Category.PARAMETER,)),
+    Remedy("weight_quantization", lambda d: _quantized_title(d, "8-bit weights (bitsandbytes LLM.int8)"),
+           "a new dependency; slower matmuls; small accuracy loss",
+           lambda d: _quantized_how(d, "load_in_8bit=True"),
+           lambda d: (untrained_weights(d) // 2, "medium"), _quantizable, acts_on=(Category.PARAMETER,)),
+    Remedy("weight_quantization_4bit", lambda d: _quantized_title(d, "4-bit weights (bitsandbytes NF4)"),
+           "a new dependency; slower matmuls; more accuracy loss than 8-bit",
+           lambda d: _quantized_how(d, "load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_compute_dtype=torch.bfloat16"),
+           lambda d: (untrained_weights(d) * 3 // 4, "medium"), _quantizable, acts_on=(Category.PARAMETER,)),
     Remedy("gradient_accumulation", "Gradient accumulation: 2 micro-batches of half the size",
            "slower steps; the same effective batch (BatchNorm-style layers see smaller batches)",
            "for i, chunk in enumerate(batch.chunk(2)):\n    (model(chunk).loss / 2).backward()\noptimizer.step(); optimizer.zero_grad()",
@@ -295,12 +353,19 @@ REMEDIES: list[Remedy] = [
            "most communication; parameters gathered per layer",
            "from torch.distributed.fsdp import fully_shard\nfor block in model.layers: fully_shard(block)\nfully_shard(model)",
            _zero(*_STATES), lambda d: _trains(d) and _shards_possible(d) and _relevant(*_STATES)(d), acts_on=_STATES),
-    Remedy("tensor_parallel", lambda d: f"Tensor parallelism over {_tp_gpus(d)} GPUs (inside a node)",
+    Remedy("tensor_parallel", lambda d: f"Tensor parallelism over {tp_gpus(d)} GPUs (inside a node)",
            "needs model code changes; fast links",
            "from torch.distributed.tensor.parallel import parallelize_module  # ColwiseParallel / RowwiseParallel",
-           lambda d: (int(d.bytes(*_STATES, Category.ACTIVATION) * (1 - 1 / _tp_gpus(d))), "low"),
+           lambda d: (int(d.bytes(*_STATES, Category.ACTIVATION) * (1 - 1 / tp_gpus(d))), "low"),
            lambda d: _shards_possible(d) and _relevant(*_STATES, Category.ACTIVATION)(d),
            acts_on=(*_STATES, Category.ACTIVATION)),
+    Remedy("pipeline_parallel", _pipeline_title,
+           "a pipeline bubble ((S-1)/(m+S-1) of the step idle with m micro-batches); the model split into stages",
+           "from torch.distributed.pipelining import pipeline, SplitPoint, ScheduleGPipe  # or Schedule1F1B\n"
+           "pipe = pipeline(model, mb_args=(micro_batch,), split_spec={'layers.16': SplitPoint.BEGINNING})",
+           lambda d: (int(_pipelined(d) * (1 - 1 / pipeline_stages(d))), "low"),
+           lambda d: _trains(d) and (d.layers or 0) >= PIPELINE_MIN_LAYERS and _shards_possible(d)
+           and _relevant(*_STATES, Category.ACTIVATION)(d), acts_on=(*_STATES, Category.ACTIVATION, Category.TEMPORARY)),
     Remedy("model_changes", "Model changes: GQA/MQA, efficient attention (SDPA/FlashAttention), fewer or narrower layers",
            "changes the model; may need retraining", "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)",
            lambda d: (None, "low"), _relevant(Category.ACTIVATION), acts_on=(Category.ACTIVATION,)),
@@ -333,9 +398,17 @@ BY_ID = {r.id: r for r in REMEDIES}
 
 
 def count_layers(modules: list[str]) -> int | None:
-    """Repeated blocks (`layers.N`, `h.N`, `blocks.N` ...) seen in module names."""
+    """Repeated blocks seen in module names: `layers.N`, `h.N`, `blocks.N` ... of qualified names; else, in call
+    paths (Python frames only), the most calls `forward[N]` one line made (a loop over the layers)."""
     numbers = {m.group(1) for name in modules if (m := _LAYER.match(name))}
-    return len(numbers) or None
+    if numbers:
+        return len(numbers)
+    calls: dict[str, set[str]] = {}
+    for name in modules:
+        if (m := _CALL.match(name)) is not None:
+            calls.setdefault(m.group(1), set()).add(m.group(2))
+    most = max((len(n) for n in calls.values()), default=0)
+    return most if most >= 2 else None
 
 
 def checkpointable_bytes(live: pd.DataFrame) -> int | None:
@@ -379,7 +452,8 @@ def rank_remedies(demand: Demand) -> list[dict[str, Any]]:
                     "new_peak_bytes": new_peak, "fits": fits, "confidence": confidence, "try_first": False,
                     "purpose": "grow" if grow else "fix", "note": _same_saving(demand, remedy, saved, out),
                     "how": remedy.how(demand) if callable(remedy.how) else remedy.how, "cost": remedy.cost,
-                    "saving_source": "formula" if replay is None or remedy.layout_only else "replay", "replay": replay})
+                    "saving_source": "formula" if replay is None or remedy.layout_only else "replay", "replay": replay,
+                    "plan_step": None})
     if grow:
         return out
     candidates = [r for r in out if r["id"] not in CONDITIONAL]

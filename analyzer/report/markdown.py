@@ -64,6 +64,8 @@ def _remedy(r: RemedyView, demand: int, number: int) -> list[str]:
         facts.append("fits" if r.fits else "still does not fit")
     if r.confidence:
         facts.append(f"confidence {md_text(r.confidence)}")
+    if r.try_first:
+        facts.append("**try first**" + (f" ({md_text(r.plan_step)})" if r.plan_step else ""))
     lines = [f"{number}. **{md_text(r.title)}**" + (f": {'; '.join(facts)}" if facts else "")]
     if r.cost:
         lines[0] += "\\"   # a hard line break before the cost

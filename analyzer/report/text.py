@@ -68,7 +68,7 @@ def _remedies(d: DeviceView) -> Group:
         if r.confidence == "low":
             line.append(" (low confidence)", "yellow")
         if r.try_first:
-            line.append("  ← try first", "bold green")
+            line.append("  ← try first" + (f" ({printable(r.plan_step)})" if r.plan_step else ""), "bold green")
         lines.append(line)
         if r.note:
             lines.append(Text("     " + r.note, style="dim"))

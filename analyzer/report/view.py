@@ -135,6 +135,7 @@ class RemedyView:
     cost: str | None
     addresses: list[str]
     note: str | None = None              # why it saves what a cheaper one saves, when it does
+    plan_step: str | None = None         # the try-first as the plan's first step, when alone it is not the plan
 
 
 @dataclass
@@ -530,7 +531,7 @@ def _remedy_view(r: dict[str, Any]) -> RemedyView:
         saved_bytes=_optional_int(r.get("saved_bytes")), new_peak_bytes=_optional_int(r.get("new_peak_bytes")),
         fits=r.get("fits"), confidence=r.get("confidence"), try_first=bool(r.get("try_first")),
         how=r.get("how"), cost=r.get("cost"), addresses=[str(a) for a in r.get("addresses") or []],
-        note=r.get("note"),
+        note=r.get("note"), plan_step=r.get("plan_step"),
     )
 
 

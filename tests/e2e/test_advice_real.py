@@ -11,7 +11,7 @@ import pytest
 import analyzer
 from analyzer.core.units import parse_bytes
 from analyzer.diagnose.fragmentation import NEAR_OOM_SHARE, SEGMENTED_SOURCES
-from analyzer.diagnose.remedies import CONDITIONAL, LAYOUT_ONLY, REMEDIES
+from analyzer.diagnose.remedies import CONDITIONAL, FIT_HEADROOM, LAYOUT_ONLY, REMEDIES
 from analyzer.report.view import build_view
 from analyzer.result import Analysis
 from support.paths import REAL
@@ -83,6 +83,10 @@ def test_the_advice_holds(path: Path):
         if first and d.capacity_bytes is not None and first[0]["id"] != "fix_leak":
             before = remedies[: remedies.index(first[0])]
             assert not any(r["fits"] and r["id"] not in CONDITIONAL for r in before)
+        if dx.plan is not None and dx.plan["fits"]:   # one try-first: the plan's first step, in the list and verdict
+            assert [r["id"] for r in first] == [dx.plan["steps"][0]["remedy"]]
+            assert (first[0]["plan_step"] is None) is dx.plan["single"]
+            assert ("Try first, as the plan below" in dx.verdict) is not dx.plan["single"]
         ids = {r["id"] for r in remedies}
         workload = dx.workload
         if workload.get("kind") == "forward_only":
@@ -155,3 +159,30 @@ def test_equal_savings_on_the_oom_device_are_explained():
             and abs(r["saved_bytes"] - first["saved_bytes"]) <= 0.01 * d.diagnosis.demand_bytes]
     assert same and all(r["note"] and r["note"].startswith(f"the same saving as #{first['rank']}") for r in same)
     assert all("over 4 GPUs" in r["title"] for r in remedies if r["id"] in SHARDING)
+
+
+# real recordings on a card their run does not fit, at most one single change fitting (--gpus 1): a plan of
+# several changes whose last step's prediction (replayed where a transform exists) fits
+SQUEEZED = [("wedsonlin-cs336-a2/medium_1024_training_memory_snapshot.pickle", 0.3),
+            ("kkaitlyn111-cs336-a2/memory_ctx512_forward.pickle", 0.3),
+            ("nothanmin-cs336-a2/memory_snapshot_forward.pickle", 0.3),
+            ("maphsge4-select_n/04d383c/snapshot.pickle", 0.3),
+            ("constructor-sun-code_location/memory_snapshot.pickle", 0.5)]
+
+
+@pytest.mark.parametrize(("name", "share"), SQUEEZED, ids=[n for n, _ in SQUEEZED])
+def test_a_run_no_single_change_fits_gets_a_plan_that_fits(name: str, share: float):
+    path = REAL / name
+    if not path.exists():
+        pytest.skip(f"real recordings not found at {REAL}")
+    worst = max(_one(name).diagnosis.demand_bytes, 1)
+    capacity = int(worst * share)
+    analysis = analyzer.analyze(path, capacity, 1)
+    assert isinstance(analysis, Analysis)
+    dx = max(analysis.devices, key=lambda d: d.diagnosis.demand_bytes).diagnosis
+    assert not any(r["fits"] and r["id"] not in CONDITIONAL for r in dx.remedies)
+    found = dx.plan
+    assert found["fits"] and found["steps"][-1]["fits"] and not any(s["fits"] for s in found["steps"][:-1])
+    assert found["steps"][-1]["predicted_peak_allocated_bytes"] <= FIT_HEADROOM * capacity
+    assert next(r for r in dx.remedies if r["try_first"])["id"] == found["steps"][0]["remedy"]
+    assert "Try first, as the plan below: " + found["steps"][0]["title"] in dx.verdict

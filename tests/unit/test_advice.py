@@ -12,7 +12,7 @@ import math
 import pytest
 
 import analyzer
-from analyzer.diagnose.remedies import Demand, gpus_for, rank_remedies
+from analyzer.diagnose.remedies import Demand, count_layers, gpus_for, rank_remedies
 from analyzer.diagnose.workload import frozen_share
 from support.paths import FIXTURES, REAL
 from support.snapshots import GiB, MiB, Recording
@@ -21,6 +21,8 @@ AMPLE_HEADROOM = 0.20     # remedies.AMPLE_HEADROOM: a run fits as it is with 20
 FIT_HEADROOM = 0.95       # remedies.FIT_HEADROOM: ... and its reserve within 95% of it
 MIN_SAVING_SHARE = 0.01   # remedies.MIN_SAVING_SHARE: a remedy saving at most 1% of the peak is left out
 FROZEN_SHARE = 0.5        # workload.FROZEN_SHARE: gradients of under half the parameters: a frozen part
+QUANTIZE_SHARE = 0.25     # remedies.QUANTIZE_SHARE: untrained weights of a quarter of the peak or more: quantize
+PIPELINE_MIN_LAYERS = 2   # remedies.PIPELINE_MIN_LAYERS: pipeline stages need two repeated blocks or more
 SHARDING = {"zero1", "zero2", "zero3", "tensor_parallel", "sharded_save"}
 TRAINING_ONLY = {"gradient_accumulation", "activation_checkpointing", "bf16", "zero1", "zero2", "zero3"}
 CAPACITY = 80 * GiB
@@ -223,3 +225,83 @@ def test_host_memory_beside_a_gpu_gets_no_remedies_and_never_leads():
     assert host.diagnosis.remedies == [] and host.diagnosis.verdict.startswith("Host memory")
     view = build_view(analysis)
     assert view.lead_device == 0 and view.devices[-1].device == -1 and not view.verdict.startswith("Host")
+
+
+# ---- quantized weights: only weights nothing trains, a quarter of the peak or more -----------------------------
+QUANTIZE_TOTAL = 100 * GiB
+QUANTIZE_AT = math.ceil(QUANTIZE_SHARE * QUANTIZE_TOTAL)
+QUANTIZED = {"weight_quantization", "weight_quantization_4bit"}
+
+
+def _weights(parameters: int, **kw) -> Demand:
+    return Demand(**{"total": QUANTIZE_TOTAL, "capacity": 80 * GiB, "world_size": 1, "layers": None, "oomed": True,
+                     "by_category": {"parameter": parameters, "activation": QUANTIZE_TOTAL - parameters}, **kw})
+
+
+@pytest.mark.parametrize(("parameters", "offered"), [(QUANTIZE_AT, True), (QUANTIZE_AT - 1, False)], ids=["at", "below"])
+def test_quantized_weights_are_offered_from_a_quarter_of_the_peak(parameters, offered):
+    remedies = {r["id"]: r for r in rank_remedies(_weights(parameters, workload="forward_only"))}
+    assert (QUANTIZED <= set(remedies)) is offered
+    if offered:   # of 16-bit weights: half saved at 8 bits, three quarters at 4
+        assert remedies["weight_quantization"]["saved_bytes"] == parameters // 2
+        assert remedies["weight_quantization_4bit"]["saved_bytes"] == parameters * 3 // 4
+
+
+def test_weights_that_train_are_not_quantized():
+    assert not QUANTIZED & {r["id"] for r in rank_remedies(_weights(60 * GiB, workload="training"))}
+
+
+@pytest.mark.parametrize(("frozen", "offered"), [(QUANTIZE_SHARE / 0.6, True), (QUANTIZE_SHARE / 0.6 - 0.01, False)],
+                         ids=["at", "below"])
+def test_a_frozen_base_is_quantized_as_qlora_from_a_quarter_of_the_peak(frozen, offered):
+    """60 GiB of parameters, a share of them frozen: the frozen part (not the trained adapters) is what can be
+    quantized, so it must itself be a quarter of the peak."""
+    remedies = {r["id"]: r for r in rank_remedies(_weights(60 * GiB, workload="training", frozen_share=frozen))}
+    assert ("weight_quantization" in remedies) is offered
+    if offered:
+        assert remedies["weight_quantization"]["title"].endswith("for the frozen base (QLoRA)")
+        assert remedies["weight_quantization"]["saved_bytes"] == int(60 * GiB * frozen) // 2
+
+
+@pytest.mark.parametrize(("phase", "offered"), [("load", True), ("forward", False)])
+def test_an_oom_while_loading_the_model_is_offered_quantized_loading(phase, offered):
+    """A run that ran out of memory before showing any training (workload unknown): quantized loading acts
+    when it failed while loading the weights, not in the forward of a run that may train them."""
+    remedies = {r["id"]: r for r in rank_remedies(_weights(60 * GiB, workload="unknown", oom_phase=phase))}
+    assert ("weight_quantization" in remedies) is offered
+    if offered:
+        assert remedies["weight_quantization"]["title"].endswith("when loading, if these weights are not trained")
+
+
+# ---- pipeline parallelism: a run that trains, on more than one GPU, with repeated blocks ------------------------
+def _pipeline(**kw) -> Demand:
+    return _training(90 * GiB, **{"oomed": True, "world_size": 4, "layers": 32, **kw})
+
+
+@pytest.mark.parametrize(("layers", "offered"), [(PIPELINE_MIN_LAYERS, True), (PIPELINE_MIN_LAYERS - 1, False),
+                                                 (None, False)], ids=["two", "one", "none seen"])
+def test_pipeline_stages_need_repeated_blocks(layers, offered):
+    assert ("pipeline_parallel" in _ids(_pipeline(layers=layers))) is offered
+
+
+def test_pipeline_parallelism_holds_one_stage_of_states_and_in_flight_activations():
+    """1F1B over S stages with the batch as S micro-batches: the first stage holds 1/S of the model states and,
+    S micro-batches of 1/S in flight over L/S layers, 1/S of the activations and temporaries."""
+    demand = _pipeline()
+    remedy = next(r for r in rank_remedies(demand) if r["id"] == "pipeline_parallel")
+    staged = demand.bytes("parameter", "gradient", "optimizer_state", "activation", "temporary")
+    assert remedy["saved_bytes"] == int(staged * (1 - 1 / 4))
+    assert remedy["title"] == "Pipeline parallelism: the 32 layers over 4 stages (1F1B, the batch as 4 micro-batches)"
+    assert "over 2 stages" in next(r["title"] for r in rank_remedies(_pipeline(layers=2)) if r["id"] == "pipeline_parallel")
+
+
+@pytest.mark.parametrize(("world_size", "workload"), [(1, "training"), (4, "forward_only")])
+def test_pipeline_parallelism_needs_gpus_and_a_run_that_trains(world_size, workload):
+    assert "pipeline_parallel" not in _ids(_pipeline(world_size=world_size, workload=workload))
+
+
+def test_layers_are_counted_from_qualified_names_or_from_a_loops_calls():
+    assert count_layers(["model.layers.0.mlp", "model.layers.1.attn", "model.norm"]) == 2
+    calls = [f"train.py:9 step › model.py:382 forward[{i}] › model.py:101 forward" for i in range(12)]
+    assert count_layers(calls) == 12
+    assert count_layers(["train.py:9 step › model.py:382 forward[0]", "model.py:40 forward"]) is None
