@@ -256,18 +256,17 @@ def optimizer_state(stream: Stream, factor: float, step_temporaries: float = 1.0
     return stream.with_rows(_scaled(out, step, step_temporaries))
 
 
-def _calls(rows: pd.DataFrame, units: pd.Series) -> pd.DataFrame:
+def _calls(rows: pd.DataFrame, units: pd.Series) -> tuple[pd.DataFrame, pd.Series]:
     """Each repeated block's forward and backward calls: a run of a step's forward (or backward) rows of one block,
-    unbroken by another block's (columns unit, phase, step, first, last, last_gradient: positions; NaN when the
-    call made no gradient)."""
+    unbroken by another block's (columns unit, phase, step, first, last: positions), and the call each gradient
+    row was made in."""
     work = rows[rows["phase"].isin((Phase.FORWARD.value, Phase.BACKWARD.value)) & units.notna() & (rows["at"] >= 0)]
     work = work.assign(unit=units[work.index]).sort_values("at", kind="stable")
     key = work[["unit", "phase", "step"]]
     run = (key != key.shift()).any(axis=1).cumsum()
-    gradient_at = work["at"].where(work["category"] == Category.GRADIENT.value)
-    return work.assign(run=run, gradient_at=gradient_at).groupby("run").agg(
-        unit=("unit", "first"), phase=("phase", "first"), step=("step", "first"), first=("at", "min"),
-        last=("at", "max"), last_gradient=("gradient_at", "max"))
+    calls = work.assign(run=run).groupby("run").agg(unit=("unit", "first"), phase=("phase", "first"),
+                                                      step=("step", "first"), first=("at", "min"), last=("at", "max"))
+    return calls, run[work["category"] == Category.GRADIENT.value]
 
 
 def zero3(stream: Stream, shards: int) -> Stream:
@@ -282,49 +281,52 @@ def zero3(stream: Stream, shards: int) -> Stream:
     place to gather: it is returned as it is, for the formula to judge."""
     rows = stream.rows
     blocks = rows["module"].astype(str).map(block_key)
-    calls = _calls(rows, blocks)
+    calls, call_of_gradient = _calls(rows, blocks)
     if blocks.nunique() < 2 or not (calls["phase"] == Phase.BACKWARD.value).any():
         return stream
     units = blocks.fillna("")                       # "": the root unit
     parameter = rows["category"] == Category.PARAMETER.value
-    gradient = (rows["category"] == Category.GRADIENT.value).to_numpy()
+    root_gradients = rows[(rows["category"] == Category.GRADIENT.value) & (rows["phase"] == Phase.BACKWARD.value)
+                          & (units == "") & (rows["at"] >= 0)]
+    gradients_of = {**{("call", c): g.index.to_numpy() for c, g in call_of_gradient.groupby(call_of_gradient)},
+                    **{("root", step): g.index.to_numpy() for step, g in root_gradients.groupby("step")}}
+    forward = rows[(rows["phase"] == Phase.FORWARD.value) & (rows["at"] >= 0)].groupby("step")["at"].min()
+    sizes = rows["bytes"].to_numpy()
     until = rows["until"].to_numpy().copy()
-    added: list[dict[str, object]] = []
+    buffers: list[tuple[float, float, int, str, float, str]] = []   # at, until, bytes, phase, step, unit
+    shard_rows: list[np.ndarray] = []
+    shard_at: list[np.ndarray] = []
 
-    def buffer(at: float, end: float, size: float, phase: str, step: float, unit: str) -> None:
-        added.append({"at": at, "until": end, "bytes": int(size), "stream": 0, "category": Category.TEMPORARY.value,
-                      "phase": phase, "module": unit or "(root module)", "step": step, "stack_id": np.nan})
-
-    def reduce_scatter(grads: np.ndarray, end: float, step: float, unit: str) -> None:
-        """The unit's full gradients (row positions) freed at `end`, after the buffer and their shards are made."""
-        buffer(end + NUDGE / 8, end + 2.5 * NUDGE / 8, rows["bytes"].to_numpy()[grads].sum(), Phase.BACKWARD.value,
-               step, unit)
-        for i in grads:
-            shard = rows.iloc[i].to_dict()
-            shard.update(at=end + 2 * NUDGE / 8, bytes=-(-int(shard["bytes"]) // shards))
-            added.append(shard)
-        until[grads] = end + 3 * NUDGE / 8
+    def gathered(at: float, end: float, unit: str, size: int, phase: str, step: float, grads: np.ndarray) -> None:
+        """The unit gathered from `at` to `end`; with gradients, reduce-scattered at `end` before it is freed."""
+        buffers.append((at - NUDGE / 2, end + 3.5 * NUDGE / 8, size, phase, step, unit))
+        if len(grads):
+            buffers.append((end + NUDGE / 8, end + 2.5 * NUDGE / 8, int(sizes[grads].sum()), phase, step, unit))
+            shard_rows.append(grads)
+            shard_at.append(np.full(len(grads), end + 2 * NUDGE / 8))
+            until[grads] = end + 3 * NUDGE / 8
 
     for step, part in calls.groupby("step"):
-        start = rows.loc[(rows["step"] == step) & (rows["phase"] == Phase.FORWARD.value) & (rows["at"] >= 0), "at"]
-        if start.empty:
+        if step not in forward.index:
             continue
-        first = float(start.min())
+        first = float(forward[step])
         alive = parameter & (rows["at"] < first) & (rows["until"] > first)
         size = rows.loc[alive, "bytes"].groupby(units[alive]).sum()
-        in_step = (rows["step"] == step).to_numpy() & gradient & (rows["phase"] == Phase.BACKWARD.value).to_numpy()
         for call in part.itertuples():
             if call.phase == Phase.FORWARD.value:
-                buffer(call.first - NUDGE / 2, call.last + NUDGE / 2, size.get(call.unit, 0), call.phase, step, call.unit)
+                gathered(call.first, call.last, call.unit, int(size.get(call.unit, 0)), call.phase, step, np.array([]))
                 continue
-            end = call.last if np.isnan(call.last_gradient) else call.last_gradient
-            grads = np.flatnonzero(in_step & (units == call.unit).to_numpy() & (rows["at"] >= call.first).to_numpy()
-                                   & (rows["at"] <= end).to_numpy())
-            buffer(call.first - NUDGE / 2, end + 3.5 * NUDGE / 8, size.get(call.unit, 0), call.phase, step, call.unit)
-            reduce_scatter(grads, end, step, call.unit)
-        root = np.flatnonzero(in_step & (units == "").to_numpy())
-        end = float(rows["at"].to_numpy()[root].max()) if len(root) else float(part["last"].max())
-        buffer(first - NUDGE / 2, end + 3.5 * NUDGE / 8, size.get("", 0), Phase.FORWARD.value, step, "")
-        reduce_scatter(root, end, step, "")
+            grads = gradients_of.get(("call", call.Index), np.array([], dtype=np.int64))
+            end = float(rows["at"].to_numpy()[grads].max()) if len(grads) else call.last
+            gathered(call.first, end, call.unit, int(size.get(call.unit, 0)), call.phase, step, grads)
+        grads = gradients_of.get(("root", step), np.array([], dtype=np.int64))
+        end = float(rows["at"].to_numpy()[grads].max()) if len(grads) else float(part["last"].max())
+        gathered(first, end, "", int(size.get("", 0)), Phase.FORWARD.value, step, grads)
     out = _scaled(rows.assign(until=until), parameter | _optimizer_work(rows), 1 / shards)
-    return stream.with_rows(pd.concat([out, pd.DataFrame(added, columns=rows.columns)]))
+    made = pd.DataFrame(buffers, columns=["at", "until", "bytes", "phase", "step", "module"]).assign(
+        stream=0, category=Category.TEMPORARY.value, stack_id=np.nan)
+    made["module"] = made["module"].replace("", "(root module)")
+    picked = np.concatenate(shard_rows) if shard_rows else np.array([], dtype=np.int64)
+    shard = rows.iloc[picked].assign(at=np.concatenate(shard_at) if shard_at else [],
+                                     bytes=-(-rows["bytes"].to_numpy()[picked] // shards))
+    return stream.with_rows(pd.concat([out, made[rows.columns], shard]))
