@@ -24,9 +24,10 @@ def test_categories_agree_with_torch_memory_profiler_at_the_peak() -> None:
           f"whole recording {scores['overall']:.3f} over {scores['overall_scored_bytes']} bytes")
     assert scores["peak_scored_bytes"] > 0
     assert scores["peak"] >= 0.90
-    # over the whole recording the definitions part: torch calls every forward intermediate an activation,
-    # we call one freed before backward begins a temporary (it costs nothing at the peak); measured 0.83
-    assert scores["overall"] >= 0.80
+    # over the whole recording, measured 0.913: the rest (8.7%) is single-tensor Adam's `exp_avg_sq.sqrt()` and its
+    # quotient in the first of the two steps, a parameter and an activation to torch's data-flow fallback, the
+    # step's temporaries to us (tests/support/profiled_run.py says why the run contradicts torch there)
+    assert scores["overall"] >= 0.90
 
 
 def test_a_raw_memory_timeline_reports_torchs_categories_exactly() -> None:
