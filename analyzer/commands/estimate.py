@@ -6,7 +6,9 @@
 Sizes need their unit: 80GiB is 80 × 2^30 bytes (what an "80 GB" A100 or H100 holds), 80GB is 80 × 10^9 bytes
 (74.5 GiB); a bare 80 is refused. Without --gpus the job is one GPU and no sharding is listed at that count.
 
-Model states follow the ZeRO paper (16Ψ for mixed-precision Adam), activations Korthikanti et al. When the
+Model states follow the ZeRO paper (16Ψ for Adam, mixed precision or fp32 with --precision), activations
+Korthikanti et al. (with dropout unless --no-dropout; the final norm, fp32 log-probabilities and the loss's
+backward temporaries when --vocab is given). When the
 configuration does not fit, the plan is the cheapest combination of changes that does (analyzer.diagnose.plan:
 micro-batch with accumulation, checkpointing selective or full, the optimizer, ZeRO stage, tensor and pipeline
 degree, offload), one change a step with the per-GPU bytes after it, and the alternatives a little dearer.
@@ -22,14 +24,17 @@ from typing import Any
 from analyzer.core.units import gib, parse_bytes, parse_count
 from analyzer.diagnose import plan as lattice
 from analyzer.diagnose.plan import Config, Level
-from analyzer.diagnose.theory import activation_bytes, model_states_bytes
+from analyzer.diagnose.theory import (PRECISIONS, activation_bytes, loss_backward_bytes, model_states,
+                                      output_layer_bytes)
 from analyzer.errors import AnalyzerError
 
 OVERHEAD = 0.10   # CUDA context, workspaces and fragmentation: keep this share of the device free
 NODE_GPUS = 8     # tensor parallelism stays inside a node
 # optimizer bytes per parameter beside the 16-bit weights and gradients: fp32 master + two fp32 moments (Adam),
-# + two int8 moments (8-bit Adam), + a factored second moment (Adafactor, about none), none on the GPU (offload)
+# + two int8 moments (8-bit Adam), + a factored second moment (Adafactor, about none), none on the GPU (offload);
+# fp32 training has no master copy (its 4 bytes less)
 OPTIMIZER_BYTES = {"adam": 12, "optimizer_8bit": 6, "adafactor": 4, "optimizer_offload": 0}
+REGIMES = {"mixed": "mixed-precision Adam", "fp32": "fp32 Adam"}
 
 
 @dataclass
@@ -42,10 +47,22 @@ class Shape:
     hidden: int
     heads: int
     flash_attention: bool = True
+    dropout: bool = True
+    vocab: int | None = None          # the output layer's terms, when known
+    bytes_per_value: int = 2          # 4 when training in fp32
 
-    def activations(self, checkpointing: bool, micro_batch: int | None = None) -> float:
-        return activation_bytes(self.layers, micro_batch or self.micro_batch, self.seq, self.hidden, self.heads,
-                                checkpointing=checkpointing, flash_attention=self.flash_attention)
+    def activations(self, checkpointing: bool, micro_batch: int | None = None, layers: int | None = None) -> float:
+        """The layers' activations, and the output layer's when the vocabulary is known."""
+        b = micro_batch or self.micro_batch
+        kept = activation_bytes(self.layers if layers is None else layers, b, self.seq, self.hidden, self.heads,
+                                self.bytes_per_value, checkpointing=checkpointing,
+                                flash_attention=self.flash_attention, dropout=self.dropout)
+        return kept + (output_layer_bytes(b, self.seq, self.hidden, self.vocab, self.bytes_per_value)
+                       if self.vocab else 0.0)
+
+    def loss_temporaries(self, micro_batch: int | None = None) -> float:
+        """Cross-entropy's backward temporaries, live with every activation at the start of backward."""
+        return loss_backward_bytes(micro_batch or self.micro_batch, self.seq, self.vocab) if self.vocab else 0.0
 
 
 def device_memory(text: str | None) -> int | None:
@@ -63,27 +80,30 @@ def device_memory(text: str | None) -> int | None:
 
 
 def estimate(params: float, gpus: int | None, zero: int, gpu_memory: int | None, shape: Shape | None,
-             checkpointing: bool) -> dict[str, Any]:
-    """The per-GPU memory of a configuration; `gpus` None means one GPU, not given."""
+             checkpointing: bool, precision: str = "mixed") -> dict[str, Any]:
+    """The per-GPU memory of a configuration; `gpus` None means one GPU, not given. Every model state counts
+    with the activations, gradients too: DDP's buckets and ZeRO's partitions hold them through the step."""
     given = gpus is not None
     gpus = gpus or 1
-    states_total = model_states_bytes(params)
-    per_gpu_states = model_states_bytes(params, zero, gpus)
+    states_total = model_states(params, precision).total
+    per_gpu_states = model_states(params, precision, zero=zero, gpus=gpus).total
     shape_known = shape is not None
     acts = shape.activations(checkpointing) if shape else 0.0
+    loss = shape.loss_temporaries() if shape else 0.0
     usable = None if gpu_memory is None else gpu_memory * (1 - OVERHEAD)
-    per_gpu = per_gpu_states + acts
+    per_gpu = per_gpu_states + acts + loss
     result: dict[str, Any] = {
-        "params": params, "gpus": gpus, "gpus_given": given, "zero": zero, "model_states_bytes": int(states_total),
-        "model_states_per_gpu_bytes": int(per_gpu_states), "activation_bytes": int(acts),
+        "params": params, "gpus": gpus, "gpus_given": given, "zero": zero, "precision": precision,
+        "model_states_bytes": int(states_total), "model_states_per_gpu_bytes": int(per_gpu_states),
+        "activation_bytes": int(acts), "loss_backward_bytes": int(loss),
         "activations_known": shape_known, "per_gpu_bytes": int(per_gpu), "gpu_memory_bytes": gpu_memory,
         "usable_bytes": None if usable is None else int(usable),
         "fits": None if usable is None else per_gpu <= usable,
     }
     if usable is not None:
-        result["options"] = options(params, gpus, zero, acts, usable, shape, checkpointing, given)
+        result["options"] = options(params, gpus, zero, acts + loss, usable, shape, checkpointing, given, precision)
         result["plan"] = None if result["fits"] else plan(params, gpus if given else 1, zero, usable, shape,
-                                                           checkpointing)
+                                                           checkpointing, precision)
     return result
 
 
@@ -99,6 +119,7 @@ class Layout:
     tp: int
     pp: int
     offload: bool             # parameters (and all model states) on the CPU
+    precision: str = "mixed"  # mixed | fp32
 
 
 def per_gpu_bytes(params: float, gpus: int, shape: Shape | None, job: Layout) -> float:
@@ -108,24 +129,32 @@ def per_gpu_bytes(params: float, gpus: int, shape: Shape | None, job: Layout) ->
     gathered 16-bit weights of two layers (the one computing and the one prefetched). Activations per layer:
     Korthikanti et al. with the tensor degree (selective checkpointing drops the attention scores, full keeps
     each layer's 2·s·b·h input plus one layer recomputed); under 1F1B the first stage holds min(pp, m) of the
-    m micro-batches in flight, each for layers/pp layers."""
+    m micro-batches in flight, each for layers/pp layers; the output layer and the loss's temporaries (with
+    the vocabulary) are the last stage's, so counted without pipeline stages only, and under full checkpointing
+    they are freed before the first layer is recomputed: the larger of the two counts."""
     dp = max(gpus // (job.tp * job.pp), 1)
     psi = params / (job.tp * job.pp)
+    weight, gradient, master, _ = PRECISIONS[job.precision]
     if job.offload:
         assert shape is not None  # offload is offered with a shape only
-        states = 2 * 2 * psi * job.pp / shape.layers
+        states = 2 * weight * psi * job.pp / shape.layers
     else:
-        states = (2 * psi / (dp if job.zero >= 3 else 1) + 2 * psi / (dp if job.zero >= 2 else 1)
-                  + OPTIMIZER_BYTES[job.optimizer] * psi / (dp if job.zero >= 1 else 1))
+        optimizer = max(OPTIMIZER_BYTES[job.optimizer] - (PRECISIONS["mixed"][2] - master), 0)
+        states = (weight * psi / (dp if job.zero >= 3 else 1) + gradient * psi / (dp if job.zero >= 2 else 1)
+                  + optimizer * psi / (dp if job.zero >= 1 else 1))
     if shape is None:
         return states
     layers = shape.layers // job.pp
     in_flight = min(job.pp, job.accumulation)
-    layer = activation_bytes(1, job.micro_batch, shape.seq, shape.hidden, shape.heads, tensor_parallel=job.tp,
-                             flash_attention=shape.flash_attention or job.checkpointing != "none")
-    if job.checkpointing == "full":
-        return states + in_flight * layers * 2 * shape.seq * job.micro_batch * shape.hidden + layer
-    return states + in_flight * layers * layer
+    bpv = shape.bytes_per_value
+    layer = activation_bytes(1, job.micro_batch, shape.seq, shape.hidden, shape.heads, bpv, tensor_parallel=job.tp,
+                             flash_attention=shape.flash_attention, dropout=shape.dropout,
+                             selective=job.checkpointing == "selective")
+    tail = 0.0 if job.pp > 1 else (shape.activations(False, job.micro_batch, layers=0)
+                                    + shape.loss_temporaries(job.micro_batch))
+    if job.checkpointing == "full":   # the recomputed layer comes after the output layer's memory is freed
+        return states + in_flight * layers * shape.seq * job.micro_batch * shape.hidden * bpv + max(layer, tail)
+    return states + in_flight * layers * layer + tail
 
 
 def _degrees(n: int, limit: int) -> list[int]:
@@ -133,7 +162,7 @@ def _degrees(n: int, limit: int) -> list[int]:
 
 
 def plan(params: float, gpus: int, zero: int, usable: float, shape: Shape | None,
-         checkpointing: bool) -> dict[str, Any]:
+         checkpointing: bool, precision: str = "mixed") -> dict[str, Any]:
     """The cheapest combination of changes whose per-GPU bytes fit in `usable`, from the configuration given."""
     as_is = Level("as_is", "as given", 0.0)
     levers = []
@@ -178,7 +207,7 @@ def plan(params: float, gpus: int, zero: int, usable: float, shape: Shape | None
                       optimizer=optimizer, zero=level.value if level is not None and level.value else zero,
                       tp=(config["tp"].value or 1) if "tp" in config else 1,
                       pp=(config["pp"].value or 1) if "pp" in config else 1,
-                      offload=bool("offload" in config and config["offload"].id == "offload"))
+                      offload=bool("offload" in config and config["offload"].id == "offload"), precision=precision)
 
     def valid(config: Config) -> bool:
         job = layout(config)
@@ -207,37 +236,41 @@ def plan(params: float, gpus: int, zero: int, usable: float, shape: Shape | None
 
 
 def options(params: float, gpus: int, zero: int, acts: float, usable: float, shape: Shape | None,
-            checkpointing: bool, gpus_given: bool = True) -> list[dict[str, Any]]:
+            checkpointing: bool, gpus_given: bool = True, precision: str = "mixed") -> list[dict[str, Any]]:
     """What would fit: ZeRO stages at this GPU count (when more than one was given: ZeRO on one GPU shards
     nothing), then states that shrink, then more GPUs, then the activation term (checkpointing, a smaller
     micro-batch) at the cheapest sharding that leaves room."""
     rows = []
     sharded = gpus_given and gpus > 1
     for stage in (0, 1, 2, 3) if sharded else (0,):
-        states = model_states_bytes(params, stage, gpus)
+        states = model_states(params, precision, zero=stage, gpus=gpus).total
         rows.append(_option(f"ZeRO-{stage} on {gpus} GPUs" if stage else
                             (f"no sharding ({gpus} GPUs, data parallel)" if sharded else "one GPU, no sharding"),
                             states, acts, usable))
     at = f"ZeRO-3 on {gpus} GPUs" if sharded else "one GPU"
-    states_8bit = 2 * params + 2 * params + 4 * params + 2 * params  # fp16 params, grads, fp32 master, int8 moments
-    rows.append(_option(f"8-bit optimizer states, {at}", states_8bit / gpus, acts, usable))
-    rows.append(_option(f"optimizer state offloaded to CPU, {at}", 4 * params / gpus, acts, usable))
+    total = model_states(params, precision).total
+    weights = model_states(params, precision, "none", trainable=0.0).parameters
+    # weights, gradients, the fp32 master (mixed precision) and int8 moments
+    rows.append(_option(f"8-bit optimizer states, {at}", model_states(params, precision, "adam_8bit").total / gpus,
+                        acts, usable))
+    rows.append(_option(f"optimizer state offloaded to CPU, {at}", 2 * weights / gpus, acts, usable))
     rows.append(_option("parameter-efficient fine-tuning (LoRA: frozen 16-bit weights, ~1% trainable)",
                         (2 * params + 16 * 0.01 * params) / gpus, acts, usable))
     room = usable - acts
     if room > 0:
-        needed = math.ceil(16 * params / room)
-        rows.append({"option": f"ZeRO-3 on {needed} GPUs", "per_gpu_bytes": int(16 * params / needed + acts),
+        needed = math.ceil(total / room)
+        rows.append({"option": f"ZeRO-3 on {needed} GPUs", "per_gpu_bytes": int(total / needed + acts),
                      "fits": True, "gpus_needed": needed})
     if shape is not None:
-        states = model_states_bytes(params, zero, gpus)
+        states = model_states(params, precision, zero=zero, gpus=gpus).total
+        loss = shape.loss_temporaries()
         if not checkpointing:
             rows.append(_option(f"activation checkpointing, ZeRO-{zero} on {gpus} GPU{'s' if gpus > 1 else ''}", states,
-                                shape.activations(True), usable))
+                                shape.activations(True) + loss, usable))
         if shape.micro_batch > 1:
             rows.append(_option(f"micro-batch 1 with gradient accumulation x{shape.micro_batch} and activation "
                                 f"checkpointing, ZeRO-{zero} on {gpus} GPU{'s' if gpus > 1 else ''}", states,
-                                shape.activations(True, 1), usable))
+                                shape.activations(True, 1) + shape.loss_temporaries(1), usable))
     return rows
 
 
@@ -247,8 +280,9 @@ def _option(name: str, states: float, acts: float, usable: float) -> dict[str, A
 
 def render(result: dict[str, Any]) -> str:
     psi = result["params"]
-    lines = [f"Model states (mixed-precision Adam, 16Ψ): 16 × {psi / 1e9:g}B = {result['model_states_bytes'] / 1e9:.1f} GB "
-             f"({gib(result['model_states_bytes'])})",
+    k = result["model_states_bytes"] / psi
+    lines = [f"Model states ({REGIMES[result.get('precision', 'mixed')]}, {k:.0f}Ψ): {k:.0f} × {psi / 1e9:g}B = "
+             f"{result['model_states_bytes'] / 1e9:.1f} GB ({gib(result['model_states_bytes'])})",
              (f"Per GPU at ZeRO-{result['zero']} on {result['gpus']} GPU(s): model states " if result.get("gpus_given", True)
               else "On one GPU (no --gpus given): model states ")
              + f"{gib(result['model_states_per_gpu_bytes'])}"
@@ -304,6 +338,13 @@ class EstimateCommand:
         parser.add_argument("--checkpointing", action="store_true", help="full activation checkpointing")
         parser.add_argument("--attention", choices=("flash", "eager"), default="flash",
                             help="fused attention keeps no s×s scores (default); eager does")
+        parser.add_argument("--precision", choices=tuple(REGIMES), default="mixed",
+                            help="mixed: 16-bit weights and gradients, fp32 master and Adam (default); fp32: no "
+                                 "master, 4-byte activations")
+        parser.add_argument("--no-dropout", action="store_true",
+                            help="the model trains without dropout (most LLMs): no dropout masks kept")
+        parser.add_argument("--vocab", type=int, help="vocabulary size: adds the fp32 log-probabilities and the "
+                                                      "loss's backward temporaries (4·s·b·v bytes each)")
         parser.add_argument("--format", choices=("text", "json"), default="text")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -316,8 +357,10 @@ class EstimateCommand:
                                 "Give --micro-batch, --seq, --layers and --hidden together (--heads defaults to "
                                 "hidden/128), or none of them for model states only.")
         shape = (Shape(args.micro_batch, args.seq, args.layers, args.hidden, heads,
-                       flash_attention=args.attention == "flash")
+                       flash_attention=args.attention == "flash", dropout=not args.no_dropout, vocab=args.vocab,
+                       bytes_per_value=PRECISIONS[args.precision][0])
                  if heads is not None and all(given) else None)
-        result = estimate(args.params, args.gpus, args.zero, device_memory(args.gpu_memory), shape, args.checkpointing)
+        result = estimate(args.params, args.gpus, args.zero, device_memory(args.gpu_memory), shape, args.checkpointing,
+                          args.precision)
         print(json.dumps(result, indent=2) if args.format == "json" else render(result))
         return 0

@@ -3,6 +3,8 @@ remedy lattice in the method's cost order, each step's per-GPU bytes from the 16
 formulas, checked here against those formulas written out by hand."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from analyzer.commands import main
@@ -19,6 +21,11 @@ def _sbh(b: int = B) -> float:
     return S * b * H
 
 
+def _layer(b: int = B) -> float:
+    """One layer with fused attention, 16-bit, dropout: 34·sbh and FlashAttention's fp32 logsumexp (4·a·s·b)."""
+    return 34 * _sbh(b) + 4 * 32 * S * b
+
+
 def test_the_worked_example_gets_a_plan_that_fits_with_the_formulas_numbers():
     """7B, FP16 + Adam, 8 x 80 GiB, micro-batch 32, sequence 2048: 16Ψ alone is over the device. Full
     checkpointing keeps 2·sbh per layer plus one layer (34·sbh); ZeRO-1 leaves 4Ψ + 12Ψ/8 per GPU."""
@@ -26,7 +33,7 @@ def test_the_worked_example_gets_a_plan_that_fits_with_the_formulas_numbers():
     assert result["fits"] is False
     plan = result["plan"]
     assert plan["fits"] and [s["remedy"] for s in plan["steps"]] == ["activation_checkpointing", "zero1"]
-    checkpointed = L * 2 * _sbh() + 34 * _sbh()
+    checkpointed = L * 2 * _sbh() + _layer()
     first, second = plan["steps"]
     assert first["predicted_peak_allocated_bytes"] == int(16 * PSI + checkpointed) and first["fits"] is False
     assert second["predicted_peak_allocated_bytes"] == int(4 * PSI + 12 * PSI / GPUS + checkpointed)
@@ -38,7 +45,7 @@ def test_the_worked_example_gets_a_plan_that_fits_with_the_formulas_numbers():
         assert not {"activation_checkpointing", "zero1"} <= set(alt["remedies"])
     smaller = plan["alternatives"][0]   # as cheap, a higher peak: micro-batch 4 with x8 accumulation instead
     assert smaller["remedies"] == ["micro_batch", "zero1"] and smaller["extra_cost"] == 0
-    assert smaller["predicted_peak_allocated_bytes"] == int(4 * PSI + 12 * PSI / GPUS + L * 34 * _sbh(4))
+    assert smaller["predicted_peak_allocated_bytes"] == int(4 * PSI + 12 * PSI / GPUS + L * _layer(4))
     assert smaller["cost"]["zero1"]["communication"].startswith("as data parallel")
     assert "8 accumulation steps" in smaller["cost"]["micro_batch"]["throughput"]
 
@@ -47,9 +54,9 @@ def test_zero2_alone_is_not_enough_and_zero3_with_checkpointing_and_a_smaller_mi
     """The seed's narrative as per-GPU numbers: ZeRO-2 (2Ψ + 14Ψ/N) leaves the 34·sbh·L activations; ZeRO-3
     (16Ψ/N) with checkpointing at micro-batch 8 and x4 accumulation fits."""
     zero2 = per_gpu_bytes(PSI, GPUS, SHAPE, Layout(B, 1, "none", "adam", 2, 1, 1, False))
-    assert zero2 == pytest.approx(2 * PSI + 14 * PSI / GPUS + L * 34 * _sbh()) and zero2 > USABLE
+    assert zero2 == pytest.approx(2 * PSI + 14 * PSI / GPUS + L * _layer()) and zero2 > USABLE
     both = per_gpu_bytes(PSI, GPUS, SHAPE, Layout(8, 4, "full", "adam", 3, 1, 1, False))
-    assert both == pytest.approx(16 * PSI / GPUS + L * 2 * _sbh(8) + 34 * _sbh(8)) and both <= USABLE
+    assert both == pytest.approx(16 * PSI / GPUS + L * 2 * _sbh(8) + _layer(8)) and both <= USABLE
 
 
 def test_one_side_of_fits_gets_a_plan_the_other_none():
@@ -73,9 +80,9 @@ def test_the_last_step_is_the_only_one_that_fits_and_costs_rise():
 def test_pipeline_stages_hold_their_layers_and_the_in_flight_micro_batches():
     """1F1B: the first of p stages holds min(p, m) micro-batches of L/p layers and Ψ/p of the parameters."""
     job = Layout(4, 8, "none", "adam", 0, 1, 4, False)
-    assert per_gpu_bytes(PSI, GPUS, SHAPE, job) == pytest.approx(16 * PSI / 4 + 4 * (L // 4) * 34 * _sbh(4))
+    assert per_gpu_bytes(PSI, GPUS, SHAPE, job) == pytest.approx(16 * PSI / 4 + 4 * (L // 4) * _layer(4))
     two = Layout(4, 2, "none", "adam", 0, 1, 4, False)   # only 2 micro-batches: 2 in flight
-    assert per_gpu_bytes(PSI, GPUS, SHAPE, two) == pytest.approx(16 * PSI / 4 + 2 * (L // 4) * 34 * _sbh(4))
+    assert per_gpu_bytes(PSI, GPUS, SHAPE, two) == pytest.approx(16 * PSI / 4 + 2 * (L // 4) * _layer(4))
 
 
 def test_selective_checkpointing_drops_the_attention_scores_only():
@@ -94,5 +101,42 @@ def test_the_command_prints_the_plan(capsys):
                  "--hidden", "4096", "--gpu-memory", "80GiB"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "1. full activation checkpointing: 128.81 GiB per GPU, does not fit yet" in out
+    assert "1. full activation checkpointing: 128.82 GiB per GPU, does not fit yet" in out
     assert "2. ZeRO-1: 60.36 GiB per GPU, fits" in out and "A little dearer" in out
+
+
+def test_precision_dropout_and_the_vocabulary_reach_the_per_gpu_bytes():
+    """fp32 Adam: 4 + 4 + 8 bytes a parameter, no master (ZeRO-1 shards the 8), activations at 4 bytes a value
+    (the two dropout masks stay a byte);
+    without dropout a layer keeps 32·sbh + 2·a·s²·b bytes in 16-bit (eager); the vocabulary adds the final norm's
+    2·sbh values, the fp32 log-probabilities and cross-entropy's two backward temporaries (4·s·b·v each)."""
+    b, v = 4, 32000
+    fp32 = Shape(b, S, L, H, 32, bytes_per_value=4)
+    job = Layout(b, 1, "none", "adam", 1, 1, 1, False, precision="fp32")
+    assert per_gpu_bytes(PSI, GPUS, fp32, job) == pytest.approx(4 * PSI + 4 * PSI + 8 * PSI / GPUS
+                                                                + L * ((16 * 4 + 2) * _sbh(b) + 4 * 32 * S * b))
+    eager = Shape(b, S, L, H, 32, flash_attention=False, dropout=False)
+    none = Layout(b, 1, "none", "adam", 3, 1, 1, False)
+    assert per_gpu_bytes(PSI, GPUS, eager, none) == pytest.approx(16 * PSI / GPUS + L * _sbh(b) * (32 + 2 * 32 * S / H))
+    vocab = Shape(b, S, L, H, 32, vocab=v)
+    without = per_gpu_bytes(PSI, GPUS, Shape(b, S, L, H, 32), none)
+    assert per_gpu_bytes(PSI, GPUS, vocab, none) - without == pytest.approx(2 * 2 * _sbh(b) + 3 * 4 * S * b * v)
+    result = estimate(PSI, None, 0, None, None, False, precision="fp32")
+    assert result["model_states_bytes"] == 16 * PSI and result["precision"] == "fp32"
+
+
+def test_the_command_takes_the_precision_dropout_and_vocabulary(capsys):
+    """fp32: 4-byte activations and no master copy; --no-dropout and --vocab change the per-GPU figure by the
+    terms the formulas give (one GPU, micro-batch 1, sequence 1024, 24 layers of width 1024, vocabulary 50257)."""
+    args = ["estimate", "--params", "350e6", "--micro-batch", "1", "--seq", "1024", "--layers", "24", "--hidden",
+            "1024", "--format", "json"]
+    def per_gpu(*extra: str) -> int:
+        assert main([*args, *extra]) == 0
+        return json.loads(capsys.readouterr().out)["per_gpu_bytes"]
+    sbh, a, v = 1024 * 1024, 8, 50257
+    base = per_gpu()
+    assert per_gpu("--no-dropout") == pytest.approx(base - 24 * 2 * sbh, abs=2)
+    assert per_gpu("--vocab", str(v)) == pytest.approx(base + 2 * 2 * sbh + 3 * 4 * 1024 * v, abs=2)
+    assert per_gpu("--precision", "fp32") == pytest.approx(16 * 350e6 + 24 * ((16 * 4 + 2) * sbh + 4 * a * 1024), abs=2)
+    assert main(args[:-2] + ["--precision", "fp32"]) == 0
+    assert capsys.readouterr().out.startswith("Model states (fp32 Adam, 16Ψ): 16 × 0.35B")
