@@ -369,17 +369,22 @@ def for_recording(d: Demand, remedies: list[dict[str, Any]], replayer: Replayer 
         if not formula_saving:
             cache[key] = (peak, run.peak_reserved_bytes, fits(config, peak, bool(run.oom)), "replay")
             return cache[key]
-        # the replayed part ran without the formula's saving, so its OOM says nothing of the whole: the reserve,
-        # less that saving, must be within what the allocator could have had
-        usable = replayer.usable if replayer.usable is not None else capacity
-        cache[key] = (peak, None, fits(config, peak, run.peak_reserved_bytes - formula_saving > usable), "formula")
+        # the replayed part ran without the formula's saving, so neither its OOM nor its reserve (grown past the
+        # device once it failed) speaks for the whole: the allocated peak less that saving is judged, as a formula is
+        cache[key] = (peak, None, fits(config, peak), "formula")
         return cache[key]
+
+    # what the list's replay of a single change says beyond its formula, added to a combination's formula to
+    # choose the candidates worth replaying (optimizer offload also drops the step's temporaries, which its
+    # formula does not count)
+    beyond = {(level.id, level.value): cache[((level.id, level.value),)][0] - formula_peak(d, {lv.name: level})
+              for lv in levers for level in lv.levels[1:] if cache.get(((level.id, level.value),), ("",) * 4)[3] == "replay"}
 
     def first_guess(config: Config) -> tuple[int, bool]:
         key = _key(config)
         if key in cache:
             return cache[key][0], cache[key][2]
-        peak = formula_peak(d, config)
+        peak = max(0, formula_peak(d, config) + sum(beyond.get(change, 0) for change in key))
         return peak, fits(config, peak)
 
     world = d.world_size

@@ -100,14 +100,16 @@ def test_a_cheaper_plan_than_the_cheapest_single_fit_leads():
 
 
 def test_a_combination_where_each_alone_falls_short():
-    """On 12 GiB accumulation alone replays to an OOM (its reserve is over the device); the plan takes two
-    steps, the first not yet fitting, and the verdict names both in order."""
-    dx = _device(12 * GiB)
-    single = {r["id"]: r for r in dx.remedies}
-    assert single["gradient_accumulation"]["fits"] is False
+    """capacity_oom (23.7 GiB) on one 7 GiB GPU: halving the micro-batch replays to 12.26 GiB and checkpointing
+    to 6.69 GiB (over 95% of 7 GiB); both, composed and replayed, fit: two steps, the first not yet fitting, and
+    the verdict names both in order."""
+    dx = _analysis(CAPACITY_OOM, 7 * GiB, 1).devices[0].diagnosis
+    assert not any(r["fits"] for r in dx.remedies)
     steps = dx.plan["steps"]
-    assert len(steps) >= 2 and not steps[0]["fits"] and steps[-1]["fits"]
-    assert ", then ".join(s["title"] for s in steps) in dx.verdict
+    assert [s["remedy"] for s in steps] == ["micro_batch", "activation_checkpointing"]
+    assert not steps[0]["fits"] and steps[-1]["fits"] and steps[-1]["source"] == "replay"
+    assert steps[-1]["predicted_peak_allocated_bytes"] <= FIT_HEADROOM * 7 * GiB
+    assert "Try first, as the plan below: " + ", then ".join(s["title"] for s in steps) in dx.verdict
 
 
 def test_a_run_that_fits_gets_no_plan():
@@ -140,8 +142,8 @@ def _forward_only(capacity: int) -> Analysis:
 
 def test_a_formula_change_composed_with_a_replay_that_alone_ran_out_still_fits():
     """On 5 GiB, halving the batch replays to an OOM (9 GiB: the 6 GiB of weights stay) and 4-bit weights alone
-    (a formula) leave 7.5 GiB; together they fit: the replay's OOM alone does not refute the composition, its
-    reserve less the formula's saving does."""
+    (a formula) leave 7.5 GiB; together they fit: the replay's OOM, which ran without the formula's saving, does
+    not refute the composition; its allocated peak less that saving is judged."""
     dx = _forward_only(5 * GiB).devices[0].diagnosis
     assert dx.workload["kind"] == "forward_only"
     assert not any(r["fits"] for r in dx.remedies)
@@ -166,3 +168,17 @@ def test_parallel_degrees_never_take_more_gpus_than_the_job_has():
     degrees = [s["value"] for s in found["steps"] if s["remedy"] in ("zero1", "zero2", "zero3", "tensor_parallel",
                                                                       "pipeline_parallel")]
     assert degrees and math.prod(degrees) <= 4
+
+
+def test_candidates_count_what_a_single_replay_found_beyond_its_formula():
+    """adam_first_step (9.97 GiB, its optimizer step) on one 3 GiB GPU: optimizer offload replays to 3.99 GiB,
+    2 GiB below its formula (the step's temporaries go with the state); with that, weight offload on top is a
+    candidate, and the plan is the two of them (2.0 GiB), which the formula alone would not have tried."""
+    path = SIM / "adam_first_step.pickle"
+    dx = _analysis(path, 3 * GiB, 1).devices[0].diagnosis
+    offload = next(r for r in dx.remedies if r["id"] == "optimizer_offload")
+    assert offload["saving_source"] == "replay" and not offload["fits"]
+    steps = dx.plan["steps"]
+    assert [s["remedy"] for s in steps] == ["optimizer_offload", "offload"] and steps[-1]["fits"]
+    assert steps[0]["predicted_peak_allocated_bytes"] == offload["new_peak_bytes"]
+    assert steps[-1]["predicted_peak_allocated_bytes"] <= FIT_HEADROOM * 3 * GiB
