@@ -15,7 +15,7 @@ backward are 16·sbh values + 2·a·s²·b (the softmax output and its dropout o
 and the dropout output go: 16·sbh + a·s²·b values. Fused attention (FlashAttention, Dao et al. 2022, §3.1 and
 Algorithm 2) keeps no s×s matrix: its backward needs its output O, laid out b·s·a·d and so the projection's input
 itself (counted in the 16·sbh), and the fp32 softmax statistics (a·s·b·4 bytes). With full activation checkpointing only the layer inputs stay
-(sbh values per layer) plus one layer being recomputed. Outside the layers (Korthikanti §4.3): the final norm's
+(sbh values per layer) plus one layer being recomputed. Outside the layers (Korthikanti §4, total activations): the final norm's
 input and output (2·sbh values) and the loss's fp32 log-probabilities (4·s·b·v bytes); PyTorch's cross-entropy
 backward then makes two more of that size at once (the gradients of the log-probabilities and of the logits).
 """
@@ -32,7 +32,7 @@ PRECISIONS: dict[str, tuple[int, int, int, int]] = {"mixed": (2, 2, 4, 4), "fp32
 OPTIMIZERS: dict[str, tuple[int, int | None, bool]] = {
     "adam": (2, None, True), "adam_8bit": (2, 1, True), "sgd_momentum": (1, None, True), "sgd": (0, None, True),
     "none": (0, None, False)}
-LOGITS_BYTES = 4            # the loss's log-probabilities are fp32, under autocast too (Korthikanti §4.3)
+LOGITS_BYTES = 4            # the loss's log-probabilities are fp32, under autocast too (Korthikanti §4)
 
 
 @dataclass(frozen=True)
