@@ -67,7 +67,9 @@ def simulated_cases() -> list[Case]:
                          fused_attention=True),
              RemedySetup("sdpa d1024 L12 s2048 b4", GPTConfig(d_model=1024, layers=12, heads=16, max_seq=2048), 4,
                          2048, fused_attention=True),
-             RemedySetup("states d2048 L8 s256 b2", GPTConfig(d_model=2048, layers=8, heads=16, max_seq=256), 2, 256)]
+             RemedySetup("states d2048 L8 s256 b2", GPTConfig(d_model=2048, layers=8, heads=16, max_seq=256), 2, 256),
+             RemedySetup("eager d256 L4 s1024 b2 v1024", GPTConfig(vocab=1024, d_model=256, layers=4, heads=4,
+                                                                 max_seq=1024), 2, 1024)]
     for base in bases:
         for variant in VARIANTS:
             setup = base if variant == "as is" else REMEDY_RUNS[variant](base)
