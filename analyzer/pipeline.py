@@ -100,6 +100,7 @@ def measure(trace: MemoryTrace, device: int) -> DeviceMeasures:
         by_module=split(peak.live, "module", TOP_MODULES), by_site=by_site(trace, peak.live),
         module_tree=module_tree(peak.live) if len(peak.live) else [], peak_step=step, peak_phase=phase,
         peak_module=str(made["module"].iloc[0]) if len(made) else None, steps=step_peaks(labels, tl), labels=labels,
+        reserved_recorded=info.reserved_recorded,
     )
 
 
@@ -145,15 +146,21 @@ def _recorded_capacity(device_usage: MemoryTrace | None, device: int) -> int | N
     return info.capacity_bytes if info is not None else None
 
 
+_SEEDED = "they are seeded from frees without allocs and from memory alive at the end"
+_BEFORE_PROFILING = ("the profiler started recording after they were allocated", _SEEDED)
+#: why memory was alive before a recording's first event, by the kind of input: only a snapshot has a ring buffer
+_BEFORE_RECORDING = {"snapshot": ("the ring buffer wrapped or recording started late", _SEEDED),
+                     "memory_timeline": ("torch's memory profiler lists them as existing before the profiled steps",
+                                         "their categories are torch's")}
+
+
 def _device_warnings(d: DeviceMeasures, timeline: pd.DataFrame, source_kind: str) -> list[str]:
     """What a reader of the numbers must know about how complete and consistent they are."""
     out = []
     if d.history_truncated:
         start = human_bytes(int(timeline["allocated_bytes"].iloc[0]) if len(timeline) else 0)
-        why = ("the profiler started recording after they were allocated" if source_kind == "kineto" else
-               "the ring buffer wrapped or recording started late")
-        out.append(f"device {d.device}: {start} were already allocated before the first recorded event ({why}); "
-                   "they are seeded from frees without allocs and from memory alive at the end")
+        why, how = _BEFORE_RECORDING.get(source_kind, _BEFORE_PROFILING)
+        out.append(f"device {d.device}: {start} were already allocated before the first recorded event ({why}); {how}")
     over = timeline["allocated_bytes"] - timeline["reserved_bytes"]
     if len(over) and int(over.max()) > 0:
         out.append(f"device {d.device}: allocated bytes exceed reserved bytes by up to {human_bytes(int(over.max()))}; "

@@ -57,6 +57,7 @@ class DeviceMeasures:
     peak_module: str | None                # module of the allocation that made the peak
     steps: list[dict[str, Any]]
     labels: pd.DataFrame = field(repr=False)  # step and phase after each event
+    reserved_recorded: bool = True         # False: reserved figures are the running peak of allocated (an estimate)
 
     def headline(self) -> str:
         """'62% activations, forward of layers.11.mlp, step 1': what the peak is made of and where it is."""
@@ -201,6 +202,7 @@ def _device_json(d: DeviceAnalysis) -> dict[str, Any]:
         },
         "steps": d.steps,
         "reserved_peak_bytes": d.reserved_peak_bytes,
+        "reserved_recorded": d.reserved_recorded,
         "end": d.end,
         "trace_entries": d.trace_entries,
         "history_truncated": d.history_truncated,

@@ -50,7 +50,13 @@ CONFIDENCE = {"tag": 1.0, "recording": 1.0, "annotation": 0.95, "frames": 0.9, "
 
 #: signals below their kind's confidence: a repeated block told apart by order, not by what was recorded
 SIGNAL_CONFIDENCE = {"frames:call-path+order": 0.75, "ops:before-backward": 0.8, "ops:freed-in-backward": 0.7,
-                     "ops:freed-by-zero_grad": 0.7, "ops:alive-through-inference": 0.6}
+                     "ops:freed-by-zero_grad": 0.7, "ops:alive-through-inference": 0.6,
+                     "structure:torch-category": 0.8}
+
+#: the phase that makes a tensor of torch's memory-profiler category: an activation is a forward op's output kept
+#: for backward, a gradient and the autograd engine's own buffers are made by backward
+_PHASE_OF_TORCH_CATEGORY = {Category.ACTIVATION.value: Phase.FORWARD.value, Category.GRADIENT.value: Phase.BACKWARD.value,
+                            "autograd_detail": Phase.BACKWARD.value}
 
 
 def _confidence(source: object) -> float:
@@ -138,6 +144,7 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     _fill(phase, source, frame_phase, frame_signal)
     if ops is not None:
         _fill(phase, source, ops.phase, ops.phase_signal)
+    _fill(phase, source, *_phases_of_recorded_categories(a))
     recorded_python = bool(has_python[timed].any())
     frameless = timed & ~has_python & recorded_python
     _fill(phase, source, *frameless_phases(frameless, phase, t_alloc, any(f.has_native for f in facts)))
@@ -177,6 +184,19 @@ def _recorded_categories(a: pd.DataFrame, category: np.ndarray, source: np.ndarr
     rows = (a["label_source"].astype(str).to_numpy() == LABEL_SOURCE) & (given != UNATTRIBUTED)
     category[rows] = [AS_OUR_CATEGORY.get(c, c) for c in given[rows]]
     source[rows] = "recording:torch-memory-profiler"
+
+
+def _phases_of_recorded_categories(a: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """An export_memory_timeline file has no ops and no frames, but torch's category of a tensor says which pass
+    made it (`_PHASE_OF_TORCH_CATEGORY`): enough to see the phase cycle, and so the steps, of the recording.
+    Tensors alive before the recording (untimed) were made by a pass it did not see: they get no phase."""
+    given = a["category"].astype(str).to_numpy()
+    recorded = (a["label_source"].astype(str).to_numpy() == LABEL_SOURCE) & a["t_alloc_us"].notna().to_numpy()
+    phase = np.asarray([_PHASE_OF_TORCH_CATEGORY.get(c) for c in given], dtype=object)
+    phase[~recorded] = None
+    signal = np.full(len(a), None, dtype=object)
+    signal[~pd.isna(phase)] = "structure:torch-category"
+    return phase, signal
 
 
 def _marked_tensors(a: pd.DataFrame, marks: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

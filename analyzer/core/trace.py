@@ -162,6 +162,7 @@ class DeviceInfo:
     capacity_bytes: int | None = None   # total device memory, where the input records it
     name: str | None = None
     api: str | None = None              # what drives a GPU that is not CUDA, as the input says ("ROCm/HIP")
+    reserved_recorded: bool = True      # False: reserved bytes are only estimated (the running peak of allocated)
 
 
 @dataclass

@@ -572,6 +572,7 @@ class _Assembler:
 
     def __init__(self, name: str, kept: _Kept, meta: dict[str, Any], warnings: list[str]) -> None:
         self.name, self.kept, self.meta, self.warnings = name, kept, meta, warnings
+        self.reserved_estimated: set[int] = set()   # devices whose events carry no Total Reserved
         self.names = list(kept.names)
         base_ns = meta.get("baseTimeNanoseconds")
         self.base_ns = int(base_ns) if isinstance(base_ns, (int, float)) else None
@@ -633,6 +634,8 @@ class _Assembler:
         memory = oom == 0
         by_address = bool(memory.any()) and bool((addr[memory] != MISSING).all())
         has_reserved = device != HOST and bool(memory.any()) and bool((reserved[memory] != MISSING).all())
+        if not has_reserved:
+            self.reserved_estimated.add(device)
         builder.start_device(device, ByAddress if by_address else BySize)
         for t_i, tid_i, addr_i, bytes_i, reserved_i, oom_i, stack in zip(
                 t.tolist(), tid.tolist(), addr.tolist(), nbytes.tolist(), reserved.tolist(), oom.tolist(), stacks):
@@ -683,7 +686,7 @@ class _Assembler:
             memory = p.get("totalGlobalMem")
             devices[d] = DeviceInfo(d, trace_entries=int(counts.get(d, 0)), history_truncated=d in truncated,
                                     name=p.get("name"), capacity_bytes=int(memory) if isinstance(memory, int) else None,
-                                    api=self.kept.device_apis.get(d))
+                                    api=self.kept.device_apis.get(d), reserved_recorded=d not in self.reserved_estimated)
         return devices
 
     def _main_device(self, devices: dict[int, DeviceInfo]) -> int:

@@ -21,7 +21,7 @@ from analyzer.report.job_report import JobReport, Report
 from analyzer.report.interactive import allocator_pictures, embed_json, module_icicle, page_data
 from analyzer.report.plots import figure_svg, memory_figure
 from analyzer.core.units import human_bytes
-from analyzer.report.view import ReportView, build_view, words
+from analyzer.report.view import ReportView, build_view, reserved, words
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("analyzer.report", "templates"),
@@ -29,6 +29,7 @@ _ENV = jinja2.Environment(
     undefined=jinja2.StrictUndefined,
 )
 _ENV.filters["bytes"] = human_bytes
+_ENV.filters["reserved"] = reserved
 _ENV.filters["pct"] = lambda share: f"{share:.1%}" if share < 0.1 else f"{share:.0%}"
 _ENV.filters["label"] = words
 _ENV.filters["onoff"] = lambda flag: {True: "on", False: "off"}.get(flag, "not recorded")

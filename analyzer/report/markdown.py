@@ -17,7 +17,7 @@ from analyzer.report.job_report import Report, report_view
 from analyzer.report.plots import memory_figure, save_png
 from analyzer.core.printable import visible
 from analyzer.core.units import human_bytes
-from analyzer.report.view import DeviceView, RemedyView, ReportView, Share, words
+from analyzer.report.view import DeviceView, RemedyView, ReportView, Share, reserved, words
 
 TOP_REMEDIES = 3
 TOP_MODULES = 5
@@ -93,7 +93,7 @@ def _plan(d: DeviceView) -> list[str]:
 
 def _device(d: DeviceView, several: bool) -> list[str]:
     title = f"### {md_text(d.name)}: peak {human_bytes(d.peak_allocated_bytes)} allocated, " \
-            f"{human_bytes(d.reserved_peak_bytes)} reserved"
+            f"{reserved(d.reserved_peak_bytes)}"
     lines = [title, ""]
     if several:
         lines += [md_text(d.verdict), ""]

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from analyzer.core.units import human_bytes
 from analyzer.report.job_report import Report, report_view
-from analyzer.report.view import DeviceView, Share, words
+from analyzer.report.view import DeviceView, Share, reserved, words
 from analyzer.core.printable import printable
 from analyzer.core.stacks import short_frame
 
@@ -99,8 +99,9 @@ def _plan(d: DeviceView) -> Group:
 def _device(d: DeviceView, console: Console, several: bool) -> None:
     head = Text.assemble((printable(d.name), "bold"), "  peak ", (human_bytes(d.peak_allocated_bytes), "bold"),
                          f" allocated ({human_bytes(d.peak_requested_bytes)} requested, "
-                         f"{human_bytes(d.peak_reserved_bytes)} reserved) at {d.peak_when}, event {d.peak_event} "
-                         f"of {d.trace_entries}; highest reserved {human_bytes(d.reserved_peak_bytes)}")
+                         f"{reserved(d.peak_reserved_bytes)}) at {d.peak_when}, event {d.peak_event} "
+                         f"of {d.trace_entries}" + ("" if d.reserved_peak_bytes is None else
+                                                    f"; highest reserved {human_bytes(d.reserved_peak_bytes)}"))
     console.print()
     console.print(head)
     if several:
@@ -122,8 +123,8 @@ def _device(d: DeviceView, console: Console, several: bool) -> None:
         console.print(_plan(d))
     if d.remedies:
         console.print(_remedies(d))
-    console.print(f"  end: {human_bytes(d.end['allocated_bytes'])} allocated, {human_bytes(d.end['reserved_bytes'])} "
-                  f"reserved, largest free block "
+    console.print(f"  end: {human_bytes(d.end['allocated_bytes'])} allocated, {reserved(d.end['reserved_bytes'])}, "
+                  "largest free block "
                   + ("not recorded" if d.end["largest_free_block_bytes"] is None else human_bytes(d.end["largest_free_block_bytes"])))
 
 

@@ -218,8 +218,8 @@ class DeviceView:
     peak_allocated_bytes: int
     demand_bytes: int                   # what the run needed: the peak, or allocated + the request at the OOM
     peak_requested_bytes: int
-    peak_reserved_bytes: int
-    reserved_peak_bytes: int
+    peak_reserved_bytes: int | None     # None: the input records no reserved bytes (`reserved`)
+    reserved_peak_bytes: int | None
     peak_when: str
     peak_event: int
     trace_entries: int
@@ -351,7 +351,8 @@ def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> De
         peak_allocated_bytes=d.peak.allocated_bytes,
         demand_bytes=d.diagnosis.demand_bytes,
         peak_requested_bytes=d.peak.requested_bytes,
-        peak_reserved_bytes=d.peak.reserved_bytes, reserved_peak_bytes=d.reserved_peak_bytes,
+        peak_reserved_bytes=d.peak.reserved_bytes if d.reserved_recorded else None,
+        reserved_peak_bytes=d.reserved_peak_bytes if d.reserved_recorded else None,
         peak_when=relative_seconds(d.peak.time_us, origin), peak_event=d.peak.event_index,
         trace_entries=d.trace_entries, live_count=len(live), capacity_bytes=d.capacity_bytes, end=_end(d, trace),
         oom=_oom_view(d, origin),
@@ -398,9 +399,15 @@ def _end(d: DeviceAnalysis, trace: MemoryTrace) -> dict[str, int | None]:
     if timeline.empty:
         return {**dict(d.end), "inactive_bytes": None, "largest_free_block_bytes": None}
     last = timeline.iloc[-1]
-    allocated, reserved = int(last["allocated_bytes"]), int(last["reserved_bytes"])
-    return {"allocated_bytes": allocated, "requested_bytes": int(last["requested_bytes"]), "reserved_bytes": reserved,
-            "inactive_bytes": reserved - allocated, "largest_free_block_bytes": None}
+    allocated = int(last["allocated_bytes"])
+    held = int(last["reserved_bytes"]) if d.reserved_recorded else None
+    return {"allocated_bytes": allocated, "requested_bytes": int(last["requested_bytes"]), "reserved_bytes": held,
+            "inactive_bytes": None if held is None else held - allocated, "largest_free_block_bytes": None}
+
+
+def reserved(n: int | None) -> str:
+    """`12.00 GiB reserved`, or that the input does not record it (a memory timeline, a 2021 profiler trace)."""
+    return "reserved not recorded" if n is None else f"{human_bytes(n)} reserved"
 
 
 def words(name: str) -> str:

@@ -226,6 +226,28 @@ def test_fixture_memory_timeline_categories():
     assert curve.timeline["allocated_bytes"].max() <= raw.timeline["allocated_bytes"].max()
 
 
+def _steps_of_memory_timeline(path: Path, active: int) -> None:
+    """A memory timeline has no step marks: the phase cycle of torch's categories (activations made in forward,
+    gradients in backward) numbers the profiler's active steps; tensors alive before it get no phase."""
+    from analyzer.attribute import attribute
+
+    a = attribute(read_memory_timeline(path)).allocations
+    timed = a["t_alloc_us"].notna()
+    assert sorted(a.loc[timed, "step"].unique()) == list(range(1, active + 1)), path
+    assert (a.loc[timed & (a["category"] == "activation"), "phase"] == "forward").all()
+    assert (a.loc[timed & (a["category"] == "gradient"), "phase"] == "backward").all()
+    assert (a.loc[~timed, "phase"] == "unattributed").all() and a.loc[~timed, "step"].isna().all()
+
+
+@pytest.mark.parametrize("name", ["train.memory_timeline.raw.json.gz", "train.memory_timeline.json.gz"])
+def test_fixture_memory_timeline_steps_from_torchs_categories(name):
+    _steps_of_memory_timeline(KINETO_FIXTURES / name, active=2)   # scripts/record_kineto_fixtures.py: ACTIVE
+
+
+def test_real_memory_timeline_steps_from_torchs_categories(real_dir):
+    _steps_of_memory_timeline(real_dir / TIMELINES[1], active=10)  # TRUTH.md: the schedule's active=10
+
+
 # ---- synthetic traces: formats and edges ---------------------------------------------------------------------
 def memory(ts, nbytes, allocated, reserved, addr=None, device=0, name="[memory]"):
     args = {"Device Type": 1, "Device Id": device, "Bytes": nbytes, "Total Allocated": allocated,
