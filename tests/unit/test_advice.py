@@ -305,3 +305,19 @@ def test_layers_are_counted_from_qualified_names_or_from_a_loops_calls():
     calls = [f"train.py:9 step › model.py:382 forward[{i}] › model.py:101 forward" for i in range(12)]
     assert count_layers(calls) == 12
     assert count_layers(["train.py:9 step › model.py:382 forward[0]", "model.py:40 forward"]) is None
+
+
+def test_a_recording_that_runs_out_while_loading_is_offered_quantized_loading_first():
+    """Eleven 1 GiB weights loaded on a 12 GiB card, then a 2 GiB one fails: nothing trained yet (workload
+    unknown), the OOM in the load phase: 8-bit weights (6.5 GiB) fit and are what to try first."""
+    rec = Recording()
+    with rec.step(1), rec.phase("load"):
+        for i in range(11):
+            rec.alloc(GiB, where=f"model.py:{10 + i}")
+        rec.oom(2 * GiB, device_free=GiB)
+    d = analyzer.analyze(rec.trace(), gpu_memory=12 * GiB, world_size=1).devices[0].diagnosis
+    assert d.workload["kind"] == "unknown"
+    first = next(r for r in d.remedies if r["try_first"])
+    assert first["id"] == "weight_quantization" and first["fits"]
+    assert first["title"].endswith("when loading, if these weights are not trained")
+    assert first["saved_bytes"] == 13 * GiB // 2 and "8-bit weights" in d.verdict
