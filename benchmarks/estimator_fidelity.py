@@ -186,7 +186,9 @@ FIXES: list[tuple[str, Callable[[Workload], Workload], dict[str, bool]]] = [
     ("final norm, fp32 log-probabilities (Korthikanti et al. §4, total activations) and cross-entropy's backward temporaries",
      lambda w: w, {"output_layer": True, "peak": False}),
     ("the peak is one moment (start of backward, recompute, optimizer step), not every state plus every activation",
-     lambda w: w, {"output_layer": True, "peak": True}),
+     lambda w: w, {"output_layer": True, "peak": True, "inside_layers": False}),
+    ("the moments inside written-out attention's backward (its s x s gradients)",
+     lambda w: w, {"output_layer": True, "peak": True, "inside_layers": True}),
 ]
 
 

@@ -113,6 +113,15 @@ def foreach_step_bytes(trainable: float, precision: str = "mixed") -> float:
     return PRECISIONS[precision][3] * trainable
 
 
+def attention_backward_bytes(b: int, s: int, h: int, a: int, bytes_per_value: int = 2) -> tuple[float, float]:
+    """Written-out attention's backward in one layer: what the layer still keeps when it starts (its first norm's
+    input and output, Q, K, V and the softmax output, 5·sbh + a·s²·b values: the MLP's and the projection's
+    inputs are freed by then) and the temporaries it makes, the gradients of the softmax output and of the
+    scores (2·a·s²·b values), live together. With a small vocabulary this, not the loss, makes the peak."""
+    scores = a * s * s * b
+    return (5 * s * b * h + scores) * bytes_per_value, 2 * scores * bytes_per_value
+
+
 @dataclass(frozen=True)
 class Peak:
     """What is live at the estimated peak of a training step, by category, and at which moment."""
@@ -130,17 +139,19 @@ class Peak:
 
 
 def training_peak(states: ModelStates, activations: float, loss_temporaries: float = 0.0,
-                  gradients_kept: bool = True, step_temporaries: float = 0.0, recomputing: float = 0.0) -> Peak:
+                  gradients_kept: bool = True, step_temporaries: float = 0.0, recomputing: float = 0.0,
+                  others: tuple[Peak, ...] = ()) -> Peak:
     """The highest of the moments a training step peaks at. At the start of backward every activation and the
     loss's temporaries are live, and gradients only where they outlive the step (DDP's buckets, ZeRO's
     partitions, accumulation; not with one GPU and `zero_grad(set_to_none=True)`, PyTorch's default since 2.0).
     Under full checkpointing, `recomputing` is what is live once the loss's memory is freed and the last layer
     is made again (every layer's input and that layer's activations). In the optimizer step all gradients are
-    live, the activations gone, plus the step's own temporaries."""
+    live, the activations gone, plus the step's own temporaries. `others`: moments the caller knows more of
+    (inside a layer's backward)."""
     gradients = states.gradients if gradients_kept else 0.0
     moments = [Peak("backward", states.parameters, gradients, states.optimizer, activations, loss_temporaries),
                Peak("recompute", states.parameters, gradients, states.optimizer, recomputing, 0.0),
-               Peak("optimizer", states.parameters, states.gradients, states.optimizer, 0.0, step_temporaries)]
+               Peak("optimizer", states.parameters, states.gradients, states.optimizer, 0.0, step_temporaries), *others]
     return max(moments, key=lambda m: m.total)
 
 

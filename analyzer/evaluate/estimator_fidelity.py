@@ -64,10 +64,12 @@ class Workload:
     source: str = ""               # where the facts come from
 
 
-def estimate(w: Workload, output_layer: bool = True, peak: bool = True) -> dict[str, float | None]:
+def estimate(w: Workload, output_layer: bool = True, peak: bool = True, inside_layers: bool = True
+             ) -> dict[str, float | None]:
     """The estimate of each category at the estimated peak; None where the workload does not say enough.
     Without `output_layer` the terms after the last layer are left out, without `peak` the total is every
-    model state plus the activations (as `analyze estimate` sums them): the fixes can be measured one by one."""
+    model state plus the activations (as `analyze estimate` sums them), without `inside_layers` the moments
+    inside a layer's backward are not considered: the fixes can be measured one by one."""
     optimizer = w.optimizer or "none"
     states = theory.model_states(w.params, w.precision, optimizer if w.training else "none", w.zero, w.gpus,
                                  w.trainable if w.training else 0.0)
@@ -90,11 +92,41 @@ def estimate(w: Workload, output_layer: bool = True, peak: bool = True) -> dict[
     if output_layer:
         activations += theory.output_layer_bytes(s.micro_batch, s.seq, s.hidden, s.vocab, w.bytes_per_value)
         loss = theory.loss_backward_bytes(s.micro_batch, s.seq, s.vocab)
-    at = (theory.training_peak(states, activations, loss, gradients_kept=w.persistent_gradients or w.accumulation > 1,
-                               step_temporaries=step_temporaries, recomputing=recomputing) if peak else
+    kept = w.persistent_gradients or w.accumulation > 1
+    at = (theory.training_peak(states, activations, loss, gradients_kept=kept, step_temporaries=step_temporaries,
+                               recomputing=recomputing,
+                               others=_layer_backward(w, states, kept) if inside_layers else ()) if peak else
           theory.Peak("sum", states.parameters, states.gradients, states.optimizer, activations, loss))
     return {PARAMETER: at.parameters, GRADIENT: at.gradients, OPTIMIZER: at.optimizer, ACTIVATION: at.activations,
             TOTAL: at.total}
+
+
+def _layer_backward(w: Workload, states: theory.ModelStates, gradients_kept: bool) -> tuple[theory.Peak, ...]:
+    """The moments inside written-out attention's backward: in the last layer (every earlier layer's activations,
+    or under checkpointing their inputs, with the gradients of the output layer and of the layer's MLP and
+    projection, v·h + 9·h² parameters) and, checkpointed, in the first (every gradient but the first layer's and
+    the embeddings'). Fused attention makes no s x s gradients: none."""
+    s = w.shape
+    if s is None or s.flash:
+        return ()
+    b, h, bpv = s.micro_batch, s.hidden, w.bytes_per_value
+    core, temporaries = theory.attention_backward_bytes(b, s.seq, h, s.heads, bpv)
+    per_parameter = states.gradients / w.trainable if w.trainable else 0.0   # gradient bytes (ZeRO-2: a shard)
+
+    def grads(parameters: float) -> float:
+        return states.gradients if gradients_kept else per_parameter * max(parameters, 0.0)
+
+    last_layer = s.vocab * h + 9 * h * h
+    if not s.checkpointing:
+        earlier = (s.layers - 1) * theory.layer_activation_bytes(b, s.seq, h, s.heads, bpv, flash=False,
+                                                                  dropout=s.dropout)
+        return (theory.Peak("layer backward", states.parameters, grads(last_layer), states.optimizer, earlier + core,
+                            temporaries),)
+    inputs = s.seq * b * h * bpv
+    first_layer = w.trainable - 12 * h * h - (s.vocab + s.seq) * h
+    return (theory.Peak("layer backward", states.parameters, grads(last_layer), states.optimizer,
+                        (s.layers - 1) * inputs + core, temporaries),
+            theory.Peak("layer backward", states.parameters, grads(first_layer), states.optimizer, core, temporaries))
 
 
 @dataclass

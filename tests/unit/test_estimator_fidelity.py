@@ -157,6 +157,22 @@ def test_large_states_and_few_activations_peak_in_the_optimizer_step_with_foreac
     assert at["gradient"] == pytest.approx(row.estimate[GRADIENT], rel=0.05)
 
 
+def test_a_small_vocabulary_peaks_inside_written_out_attentions_backward(tmp_path: Path):
+    """Vocabulary 512 at sequence 512: the loss's memory is small, and the peak is inside the last layer's
+    attention backward, with the gradients of the softmax output and of the scores (2·a·s²·b fp32 values)."""
+    setup = RemedySetup("inside", GPTConfig(vocab=512, d_model=128, layers=2, heads=4, max_seq=512), 2, 512)
+    row, truth = _simulated(setup, tmp_path)
+    kept, temporaries = theory.attention_backward_bytes(2, 512, 128, 4, 4)
+    assert (kept, temporaries) == ((5 * 512 * 2 * 128 + 4 * 512 * 512 * 2) * 4, 2 * 4 * 512 * 512 * 2 * 4)
+    assert truth["measures"]["peak_phase"] == "backward"
+    assert truth["measures"]["peak_by_category"]["temporary"] == pytest.approx(temporaries, rel=0.1)
+    assert theory.loss_backward_bytes(2, 512, 512) <= temporaries / 4
+    assert abs(row.error(TOTAL) or 1) <= BARS[TOTAL] and abs(row.error(ACTIVATION) or 1) <= BARS[ACTIVATION]
+    without = fidelity.compare(row.workload, row.truth, row.analysis, row.peak,
+                               estimator=lambda w: fidelity.estimate(w, inside_layers=False))
+    assert abs(without.error(TOTAL) or 0) > BARS[TOTAL]      # the moment is what brings it within the bar
+
+
 def test_the_peak_moment_either_side():
     """Which moment wins, by hand: the start of backward when activations exceed the gradients and the step's
     temporaries, the optimizer step otherwise; gradients are counted at the start of backward only when kept."""
