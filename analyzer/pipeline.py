@@ -24,6 +24,7 @@ from analyzer.diagnose import diagnose
 from analyzer.diagnose.context import make_context
 from analyzer.diagnose.imbalance import find_imbalance, summarise
 from analyzer.ingest import load
+from analyzer.ingest.sniff import MEMORY_TIMELINE, MEMORY_TIMELINE_RAW, SNAPSHOT
 from analyzer.result import TOP_ALLOCATIONS, Analysis, DeviceAnalysis, DeviceMeasures, OutOfMemory, RankSetAnalysis
 
 
@@ -149,9 +150,9 @@ def _recorded_capacity(device_usage: MemoryTrace | None, device: int) -> int | N
 _SEEDED = "they are seeded from frees without allocs and from memory alive at the end"
 _BEFORE_PROFILING = ("the profiler started recording after they were allocated", _SEEDED)
 #: why memory was alive before a recording's first event, by the kind of input: only a snapshot has a ring buffer
-_BEFORE_RECORDING = {"snapshot": ("the ring buffer wrapped or recording started late", _SEEDED),
-                     "memory_timeline": ("torch's memory profiler lists them as existing before the profiled steps",
-                                         "their categories are torch's")}
+_PREEXISTING = ("torch's memory profiler lists them as existing before the profiled steps", "their categories are torch's")
+_BEFORE_RECORDING = {SNAPSHOT: ("the ring buffer wrapped or recording started late", _SEEDED),
+                     MEMORY_TIMELINE: _PREEXISTING, MEMORY_TIMELINE_RAW: _PREEXISTING}
 
 
 def _device_warnings(d: DeviceMeasures, timeline: pd.DataFrame, source_kind: str) -> list[str]:

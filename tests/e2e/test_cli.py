@@ -133,3 +133,21 @@ def test_nsys_rep_says_how_to_export(tmp_path: Path) -> None:
 def test_help_lists_options() -> None:
     run = run_cli("--help")
     assert run.returncode == 0 and "--format" in run.stdout
+
+
+def test_reserved_is_stated_only_where_the_input_records_it(tmp_path: Path) -> None:
+    """A memory timeline records no reserved bytes: the summary says so instead of the allocator model's estimate;
+    a snapshot records them, and the summary states them."""
+    timeline = Path(__file__).resolve().parents[2] / "fixtures/traces/kineto/train.memory_timeline.raw.json.gz"
+    said = run_cli(str(timeline), "-o", str(tmp_path / "timeline.md"))
+    assert said.returncode == 0, said.stderr
+    text = " ".join(said.stdout.split())   # the terminal wraps lines
+    assert "reserved not recorded" in text and "highest reserved" not in text
+    assert "ring buffer" not in text and "lists them as existing before the profiled steps" in text
+    assert "reserved not recorded" in (tmp_path / "timeline.md").read_text(encoding="utf-8")
+    snapshot = tmp_path / "tiny.pickle"
+    snapshot.write_bytes(pickle.dumps(tiny_snapshot(), protocol=4))
+    said = run_cli(str(snapshot), "-o", str(tmp_path / "tiny.md"))
+    assert said.returncode == 0, said.stderr
+    text = " ".join(said.stdout.split())
+    assert "highest reserved 2.00 MiB" in text and "reserved not recorded" not in text
