@@ -99,11 +99,16 @@ def _attribute_states(optimizer: torch.optim.Optimizer) -> list[tuple[torch.Tens
 
 
 def mark_optimizer_state(tracer: Tracer, optimizer: torch.optim.Optimizer) -> None:
+    """Every tensor the optimizer keeps, and those of an optimizer it wraps (a ZeRO optimizer's Adam over its
+    shards). A view of a parameter that it holds (its shard) stays the parameter it is."""
     for state_param, state in optimizer.state.items():
         tracer.mark(_tensors(state), Role.OPTIMIZER_STATE.value, tracer.owner(state_param))
     for tensor, owner in _attribute_states(optimizer):
-        if tracer.role_of(tensor) != Role.OPTIMIZER_STATE:
+        if tracer.role_of(tensor) not in (Role.OPTIMIZER_STATE, Role.PARAMETER):
             tracer.mark([tensor], Role.OPTIMIZER_STATE.value, tracer.owner(owner) if owner is not None else None)
+    for inner in vars(optimizer).values():
+        if isinstance(inner, torch.optim.Optimizer):
+            mark_optimizer_state(tracer, inner)
 
 
 def _train_step(tracer: Tracer, loop: TrainingLoop, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -242,3 +242,20 @@ def test_fixtures_are_what_the_generator_makes(tmp_path):
     strip = lambda d: [{k: v for k, v in e.items() if k != "frames"} for e in d["device_traces"][0]]  # noqa: E731
     fresh = pickle.loads((tmp_path / "capacity_oom.pickle").read_bytes())
     assert strip(fresh) == strip(_raw("capacity_oom"))
+
+
+def test_a_zero_optimizers_truth_keeps_parameters_and_finds_its_wrapped_state(tmp_path):
+    """ShardedAdam (ZeRO-1, rank 0 of 4) holds views of the parameters and an Adam over them: the truth keeps the
+    views parameters and counts the wrapped Adam's moments as optimizer state, a quarter of plain Adam's."""
+    from analyzer.evaluate.estimator_fidelity import measure_simulated
+    from analyzer.simulate.gpt import GPTConfig
+    from analyzer.simulate.remedy_runs import REMEDY_RUNS, RemedySetup, simulate
+
+    base = RemedySetup("d256 L2 s64 b2", GPTConfig(vocab=512, d_model=256, layers=2, heads=4, max_seq=64), 2, 64)
+    truths = {}
+    for variant, setup in [("as is", base), ("zero1", REMEDY_RUNS["zero1"](base))]:
+        simulate(setup, tmp_path / f"{variant}.pickle")
+        truths[variant] = measure_simulated(tmp_path / f"{variant}.pickle")[0]
+    plain, zero1 = truths["as is"], truths["zero1"]
+    assert zero1["parameter"] == plain["parameter"] > 0
+    assert zero1["optimizer_state"] == pytest.approx(plain["optimizer_state"] / 4, rel=0.05)
