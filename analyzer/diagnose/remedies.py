@@ -266,7 +266,8 @@ def pipeline_stages(d: Demand) -> int:
 
 def _pipeline_title(d: Demand) -> str:
     s, how = pipeline_stages(d), gpus_for(d, _pipelined(d))[1]
-    return (f"Pipeline parallelism: the {d.layers} layers over {s} stages (1F1B, the batch as {s} micro-batches)"
+    return (f"Pipeline parallelism over {s} GPUs: the {d.layers} layers as {s} stages (1F1B, the batch as {s} "
+            "micro-batches)"
             + (f" ({how})" if how else ""))
 
 

@@ -28,8 +28,8 @@ CARDS: dict[str, tuple[str | None, int | None]] = {
     "yiyi-llm-inference/oom_snapshot.pickle": ("12GiB", 1),               # issue 18's command
 }
 ORDER = [r.id for r in REMEDIES]
-TRAINING_ONLY = {"gradient_accumulation", "activation_checkpointing", "bf16", "zero1", "zero2", "zero3"}
-SHARDING = {"zero1", "zero2", "zero3", "tensor_parallel", "sharded_save"}
+TRAINING_ONLY = {"gradient_accumulation", "activation_checkpointing", "bf16", "zero1", "zero2", "zero3", "pipeline_parallel"}
+SHARDING = {"zero1", "zero2", "zero3", "tensor_parallel", "pipeline_parallel", "sharded_save"}
 
 
 def _files() -> list[Path]:

@@ -23,8 +23,8 @@ MIN_SAVING_SHARE = 0.01   # remedies.MIN_SAVING_SHARE: a remedy saving at most 1
 FROZEN_SHARE = 0.5        # workload.FROZEN_SHARE: gradients of under half the parameters: a frozen part
 QUANTIZE_SHARE = 0.25     # remedies.QUANTIZE_SHARE: untrained weights of a quarter of the peak or more: quantize
 PIPELINE_MIN_LAYERS = 2   # remedies.PIPELINE_MIN_LAYERS: pipeline stages need two repeated blocks or more
-SHARDING = {"zero1", "zero2", "zero3", "tensor_parallel", "sharded_save"}
-TRAINING_ONLY = {"gradient_accumulation", "activation_checkpointing", "bf16", "zero1", "zero2", "zero3"}
+SHARDING = {"zero1", "zero2", "zero3", "tensor_parallel", "pipeline_parallel", "sharded_save"}
+TRAINING_ONLY = {"gradient_accumulation", "activation_checkpointing", "bf16", "zero1", "zero2", "zero3", "pipeline_parallel"}
 CAPACITY = 80 * GiB
 
 
@@ -291,8 +291,10 @@ def test_pipeline_parallelism_holds_one_stage_of_states_and_in_flight_activation
     remedy = next(r for r in rank_remedies(demand) if r["id"] == "pipeline_parallel")
     staged = demand.bytes("parameter", "gradient", "optimizer_state", "activation", "temporary")
     assert remedy["saved_bytes"] == int(staged * (1 - 1 / 4))
-    assert remedy["title"] == "Pipeline parallelism: the 32 layers over 4 stages (1F1B, the batch as 4 micro-batches)"
-    assert "over 2 stages" in next(r["title"] for r in rank_remedies(_pipeline(layers=2)) if r["id"] == "pipeline_parallel")
+    assert remedy["title"] == ("Pipeline parallelism over 4 GPUs: the 32 layers as 4 stages (1F1B, the batch as 4 "
+                               "micro-batches)")
+    assert "over 2 GPUs: the 2 layers as 2 stages" in next(
+        r["title"] for r in rank_remedies(_pipeline(layers=2)) if r["id"] == "pipeline_parallel")
 
 
 @pytest.mark.parametrize(("world_size", "workload"), [(1, "training"), (4, "forward_only")])
