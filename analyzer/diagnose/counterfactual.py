@@ -80,8 +80,9 @@ def _acts_on(stream: Stream, changed: Stream, layout: bool) -> bool:
     or (`layout`) the allocator's layout. Where it changed nothing the labels show nothing it acts on (a memory
     timeline without phases, a run without an optimizer): the replay would say it saves 0, the formula judges."""
     before, after = stream.rows, changed.rows
-    return layout or len(before) != len(after) or not all(
-        before[column].equals(after[column]) for column in ("bytes", "at", "until"))
+    return layout or len(before) != len(after) or not all(   # by value: a transform may widen a column's dtype
+        np.array_equal(before[column].to_numpy(dtype=np.float64), after[column].to_numpy(dtype=np.float64),
+                       equal_nan=True) for column in ("bytes", "at", "until"))
 
 
 def transform_for(remedy: str, value: int | None, shards: dict[str, int]) -> tuple[Transform, bool] | None:

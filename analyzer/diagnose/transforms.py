@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from analyzer.core.vocabulary import Category, Phase
+from analyzer.core.vocabulary import UNATTRIBUTED, Category, Phase
 
 #: positions of recorded events are integers; an added row sits this far (or a fraction of it) after one
 NUDGE = 1e-3
@@ -277,15 +277,18 @@ def zero3(stream: Stream, shards: int) -> Stream:
     when its last gradient is made the unit's gradients are reduce-scattered (a buffer of their size, then the
     1/N shards that live on to the recorded frees) and the full gradients, the buffer and the gathered
     parameters are freed. The root unit is gathered from the step's first forward allocation to the end of its
-    own reduce-scatter. A recording without repeated blocks or without forward and backward phases shows no
-    place to gather: it is returned as it is, for the formula to judge."""
+    own reduce-scatter. A recording without repeated blocks, without forward and backward phases, or with
+    parameters no module owns (made before the recording) shows no place to gather, or no unit to gather: it is
+    returned as it is, for the formula to judge."""
     rows = stream.rows
     blocks = rows["module"].astype(str).map(block_key)
     calls, call_of_gradient = _calls(rows, blocks)
-    if blocks.nunique() < 2 or not (calls["phase"] == Phase.BACKWARD.value).any():
+    parameter = rows["category"] == Category.PARAMETER.value
+    owners = rows.loc[parameter, "module"].astype(str)
+    if blocks.nunique() < 2 or not (calls["phase"] == Phase.BACKWARD.value).any() \
+            or owners.isin((UNATTRIBUTED, "")).any() or not blocks[parameter].notna().any():
         return stream
     units = blocks.fillna("")                       # "": the root unit
-    parameter = rows["category"] == Category.PARAMETER.value
     root_gradients = rows[(rows["category"] == Category.GRADIENT.value) & (rows["phase"] == Phase.BACKWARD.value)
                           & (units == "") & (rows["at"] >= 0)]
     gradients_of = {**{("call", c): g.index.to_numpy() for c, g in call_of_gradient.groupby(call_of_gradient)},

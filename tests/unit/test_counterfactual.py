@@ -195,28 +195,38 @@ def test_zero3_needs_blocks_and_a_backward_to_place_its_gathers():
     one_module = stream([(-1, np.inf, 8 * MiB, "parameter", "load", "encoder"),
                          (1, 3, 2 * MiB, "activation", "forward", "encoder"), (4, 6, 2 * MiB, "gradient", "backward", "encoder")])
     assert zero3(blocks_without_backward, 4) is blocks_without_backward and zero3(one_module, 4) is one_module
+    # parameters made before the recording own no module: which unit gathers them is unknown
+    rows = _two_block_step().rows
+    unowned = _two_block_step().with_rows(rows.assign(module=rows["module"].where(rows["category"] != "parameter",
+                                                                                  "unattributed")))
+    assert zero3(unowned, 4) is unowned and len(zero3(_two_block_step(), 4).rows) > len(rows)   # owned: gathered
 
 
-def _forward_only(expandable: bool = False):
-    """A forward pass that keeps a 64 MiB activation: no optimizer, no blocks."""
+def _no_optimizer(expandable: bool = False):
+    """A forward pass that keeps a 64 MiB activation and a backward: no optimizer, no blocks."""
     rec = Recording()
-    with rec.step(1), rec.phase("forward"):
-        rec.alloc(64 * MiB)
-        rec.free(rec.alloc(32 * MiB))
+    with rec.step(1):
+        with rec.phase("forward"):
+            kept = rec.alloc(64 * MiB)
+            rec.free(rec.alloc(32 * MiB))
+        with rec.phase("backward"):
+            rec.free(rec.alloc(2 * MiB))
+            rec.free(kept)
     return attribute(rec.trace(expandable_segments=expandable))
 
 
 def test_the_plan_and_the_remedy_list_replay_by_one_rule():
     """A remedy is replayed only where its transform acts on the recording, whether the remedy list (predict)
     or the plan (Replayer) asks: micro-batches act on this forward's activations, 8-bit Adam finds no optimizer
-    state, ZeRO-3 no blocks; expandable segments act unless the recording already had them."""
-    trace = _forward_only()
+    state, ZeRO-3 no blocks, bf16 no op or frame it halves (its transform returns the same values, in a wider
+    column); expandable segments act unless the recording already had them."""
+    trace = _no_optimizer()
     replayer = Replayer(trace, 0, 256 * MiB, {"zero3": 4})
-    asked = ["micro_batch", "optimizer_8bit", "zero3", "expandable_segments"]
-    assert [replayer.can(r, None) for r in asked] == [True, False, False, True]
+    asked = ["micro_batch", "optimizer_8bit", "zero3", "bf16", "expandable_segments"]
+    assert [replayer.can(r, None) for r in asked] == [True, False, False, False, True]
     assert set(predict(trace, 0, asked, 256 * MiB, 4)) == {"micro_batch", "expandable_segments"}
     assert replayer.run([("micro_batch", 2)]).peak_allocated_bytes == 48 * MiB
     assert predict(trace, 0, ["micro_batch"], 256 * MiB, 4)["micro_batch"].peak_allocated_bytes == 64 * MiB // 2 + 16 * MiB
-    already = _forward_only(expandable=True)
+    already = _no_optimizer(expandable=True)
     assert not Replayer(already, 0, 256 * MiB, {}).can("expandable_segments", None)
     assert predict(already, 0, ["expandable_segments"], 256 * MiB, 4) == {}
