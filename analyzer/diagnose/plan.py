@@ -4,7 +4,8 @@ method's cost order (USER-STORIES.md "Fix order"), for when one change is not en
 A lever is one variable practitioners change (micro-batch with accumulation, precision, checkpointing, the
 optimizer, the ZeRO stage, the tensor and pipeline degrees, offload); its levels run cheapest first, the first
 being the run as it is (cost 0). A configuration takes one level of each lever and costs the sum of its
-levels' costs (`COST`, in the method's order). The lattice is small (thousands of configurations), so every
+levels' costs (`COST`, in the method's order; a recording's `RECORDING_COST` follows its remedy list, so that
+its plan and its list name the same try-first). The lattice is small (thousands of configurations), so every
 valid one is predicted by the caller's formula and the cheapest that fits is the plan, ties going to the lower
 peak. The plan makes its changes one at a time, cheapest first, each step with the peak predicted after it:
 only the last step fits, since a fitting prefix would be a cheaper configuration. The alternatives are the
