@@ -333,8 +333,10 @@ def for_recording(d: Demand, remedies: list[dict[str, Any]], replayer: Replayer 
     """The plan of a run that does not fit on a known device: the cheapest configuration of its offered remedies
     that fits, single changes as the remedy list predicts them and combinations by their formula, checked by
     replaying the replayable changes composed (the formula's saving of the others taken off the replayed peak);
-    the next candidate when the replay says it does not fit, up to MAX_REPLAYS replays. None for a run that
-    fits, on an unknown device, or a leak."""
+    the next candidate when the replay says it does not fit, up to MAX_REPLAYS replays. A combination whose fit
+    rests on a formula (bf16's is a loose upper bound) gives way to a dearer replayed one, or to a single change
+    the list says fits, and is the plan only when neither fits. None for a run that fits, on an unknown device,
+    or a leak."""
     if d.capacity is None or fits_as_is(d) or d.triage == "leak" or not remedies:
         return None
     levers = recording_levers(d, remedies)
@@ -392,19 +394,28 @@ def for_recording(d: Demand, remedies: list[dict[str, Any]], replayer: Replayer 
     fitting = search(levers, first_guess, lambda c: world is None or _degrees(c) <= world)
     start = {lv.name: lv.levels[0] for lv in levers}
     searched = math.prod(len(lv.levels) for lv in levers)
+    chosen, guessed = None, None
     for cost, _, config in fitting:
         guess = predicted(config, replay=len(runs) - listed_runs < MAX_REPLAYS)
         if guess is None or not guess[2]:
             continue
-        out = [step_json(level, *_at_least(predicted(after))) for level, after in steps(config, start)]
-        refuted = {k for k, v in cache.items() if not v[2]}     # the formula said fits, the replay did not
-        others = [item for item in distinct([f for f in fitting if _key(f[2]) not in refuted], ALTERNATIVES + 1)
-                  if item[2] is not config][:ALTERNATIVES]
-        return {"fits": True, "steps": out, "single": len(out) == 1 and _key(config) in seeded,
-                "alternatives": [alternative_json(c, alt_cost, peak, cost) for alt_cost, peak, c in others],
-                "searched": searched, "replays": replayer.replays if replayer is not None else 0}
-    return {"fits": False, "steps": [], "single": False, "alternatives": [], "searched": searched,
-            "replays": replayer.replays if replayer is not None else 0}
+        if guess[3] == "formula" and len(changes(config)) > 1:
+            guessed = guessed or (cost, config)   # a combination resting on a formula: only if none replayed fits
+            continue
+        chosen = (cost, config)
+        break
+    picked = chosen or guessed
+    if picked is None:
+        return {"fits": False, "steps": [], "single": False, "alternatives": [], "searched": searched,
+                "replays": replayer.replays if replayer is not None else 0}
+    cost, config = picked
+    out = [step_json(level, *_at_least(predicted(after))) for level, after in steps(config, start)]
+    refuted = {k for k, v in cache.items() if not v[2]}     # the formula said fits, the replay did not
+    others = [item for item in distinct([f for f in fitting if _key(f[2]) not in refuted], ALTERNATIVES + 1)
+              if item[2] is not config][:ALTERNATIVES]
+    return {"fits": True, "steps": out, "single": len(out) == 1 and _key(config) in seeded,
+            "alternatives": [alternative_json(c, alt_cost, peak, cost) for alt_cost, peak, c in others],
+            "searched": searched, "replays": replayer.replays if replayer is not None else 0}
 
 
 def _at_least(found: Predicted | None) -> Predicted:

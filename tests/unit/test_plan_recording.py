@@ -182,3 +182,18 @@ def test_candidates_count_what_a_single_replay_found_beyond_its_formula():
     assert [s["remedy"] for s in steps] == ["optimizer_offload", "offload"] and steps[-1]["fits"]
     assert steps[0]["predicted_peak_allocated_bytes"] == offload["new_peak_bytes"]
     assert steps[-1]["predicted_peak_allocated_bytes"] <= FIT_HEADROOM * 3 * GiB
+
+
+def test_a_replayed_plan_wins_over_a_cheaper_combination_resting_on_a_formula():
+    """oom_with_nccl (84 GiB, its backward) on one 42 GiB GPU: halving the micro-batch (replayed, 42 GiB) with
+    bf16 (a formula, low confidence: a loose upper bound) would fit by 2.5 of cost; accumulation over 4
+    micro-batches replays to 21 GiB at 3.5 and is the plan; the formula combination stays an alternative, said
+    to be cheaper (extra cost -1)."""
+    path = SIM.parent / "nsys" / "oom_with_nccl.pickle"
+    dx = _analysis(path, 42 * GiB, 1).devices[0].diagnosis
+    bf16 = next(r for r in dx.remedies if r["id"] == "bf16")
+    assert bf16["saving_source"] == "formula" and bf16["confidence"] == "low"
+    assert [(s["remedy"], s["value"], s["source"]) for s in dx.plan["steps"]] == [("gradient_accumulation", 4, "replay")]
+    cheaper = dx.plan["alternatives"][0]
+    assert cheaper["remedies"] == ["micro_batch", "bf16"] and cheaper["extra_cost"] == -1.0
+    assert cheaper["predicted_peak_allocated_bytes"] <= FIT_HEADROOM * 42 * GiB
