@@ -95,30 +95,30 @@ def _shard(p: torch.Tensor, shards: int) -> torch.Tensor:
 
 class ShardedAdam(torch.optim.Optimizer):
     """ZeRO stage 1 or 2 as rank 0 sees it: Adam over its 1/N shard of every parameter (state 1/N); stage 2
-    replaces each gradient, once accumulated, by its shard (the reduce-scatter), so full gradients are transient.
-    The all-gather of updated shards writes into the parameters in place: no memory of its own."""
+    replaces each gradient, once accumulated, by its shard (the reduce-scatter: the gradient of its shard's view),
+    so full gradients are transient. The all-gather of updated shards writes into the parameters in place: no
+    memory of its own."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], shards: int, stage: int) -> None:
         params = list(params)
         super().__init__(params, {})
         self.views = [_shard(p, shards) for p in params]
         self.inner = torch.optim.Adam(self.views, lr=3e-4, foreach=True)
-        self.shards: dict[int, torch.Tensor] = {}
         if stage >= 2:
             for i, p in enumerate(params):
                 p.register_post_accumulate_grad_hook(lambda p, i=i: self._reduce_scatter(p, i))
 
     def _reduce_scatter(self, p: torch.Tensor, i: int) -> None:
         assert p.grad is not None
-        self.shards[i] = p.grad.view(-1)[: self.views[i].numel()].clone()
+        self.views[i].grad = p.grad.view(-1)[: self.views[i].numel()].clone()
         p.grad = None
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:   # type: ignore[override]
         params = [p for group in self.param_groups for p in group["params"]]
-        for i, (p, view) in enumerate(zip(params, self.views)):
-            grad = self.shards.pop(i, None)
-            view.grad = grad if grad is not None else (None if p.grad is None else p.grad.view(-1)[: view.numel()])
+        for p, view in zip(params, self.views):
+            if view.grad is None and p.grad is not None:     # stage 1: the shard of the full gradient
+                view.grad = p.grad.view(-1)[: view.numel()]
         self.inner.step()
         for view in self.views:
             view.grad = None

@@ -98,6 +98,16 @@ def _attribute_states(optimizer: torch.optim.Optimizer) -> list[tuple[torch.Tens
     return found
 
 
+def _wrapped(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
+    """The optimizers this one wraps (a ZeRO optimizer's Adam over its shards)."""
+    return [v for v in vars(optimizer).values() if isinstance(v, torch.optim.Optimizer)]
+
+
+def _wrapped_parameters(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """What wrapped optimizers update: a shard's gradient (ZeRO-2's reduce-scatter) is a gradient too."""
+    return [p for inner in _wrapped(optimizer) for group in inner.param_groups for p in group["params"]]
+
+
 def mark_optimizer_state(tracer: Tracer, optimizer: torch.optim.Optimizer) -> None:
     """Every tensor the optimizer keeps, and those of an optimizer it wraps (a ZeRO optimizer's Adam over its
     shards). A view of a parameter that it holds (its shard) stays the parameter it is."""
@@ -106,9 +116,8 @@ def mark_optimizer_state(tracer: Tracer, optimizer: torch.optim.Optimizer) -> No
     for tensor, owner in _attribute_states(optimizer):
         if tracer.role_of(tensor) not in (Role.OPTIMIZER_STATE, Role.PARAMETER):
             tracer.mark([tensor], Role.OPTIMIZER_STATE.value, tracer.owner(owner) if owner is not None else None)
-    for inner in vars(optimizer).values():
-        if isinstance(inner, torch.optim.Optimizer):
-            mark_optimizer_state(tracer, inner)
+    for inner in _wrapped(optimizer):
+        mark_optimizer_state(tracer, inner)
 
 
 def _train_step(tracer: Tracer, loop: TrainingLoop, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -130,7 +139,7 @@ def _train_step(tracer: Tracer, loop: TrainingLoop, model: torch.nn.Module, opti
                 loss = loss / loop.micro_batches
         with tracer.in_phase(Phase.BACKWARD):
             loss.backward()
-        for param in model.parameters():
+        for param in [*model.parameters(), *_wrapped_parameters(optimizer)]:
             if param.grad is not None:
                 tracer.mark([param.grad], Role.GRADIENT.value, tracer.owner(param))
     with tracer.in_phase(Phase.OPTIMIZER):
