@@ -133,8 +133,10 @@ def _run(files: Sequence[RankFile], options: RankOptions, scheduler: str | None,
         cluster = None
     else:
         count = max(1, min(workers or os.cpu_count() or 1, len(files)))
+        # no dashboard; the scheduler's own HTTP endpoints on a free port (its default, 8787, may be taken, and
+        # distributed then warns on stderr)
         cluster = LocalCluster(n_workers=count, threads_per_worker=1, processes=True, dashboard_address=None,
-                               silence_logs=50)
+                               scheduler_kwargs={"dashboard_address": ":0"}, silence_logs=50)
         client = Client(cluster)
     try:
         futures = {client.submit(analyze_rank, f, options, pure=False): f for f in files}
