@@ -5,8 +5,9 @@ Read from what the recording holds, never from what a typical run would do:
   the parameters were seen; forward-only otherwise (inference, or a profile of the forward). A recording that
   ends with an out-of-memory (on any of its devices) before any of these shows no backward yet, so whether it
   trains is not known (`unknown`): the remedies of a training run stay, none that needs a forward-only run;
-- frozen part: gradients (or, without them, Adam's two moments) cover less than FROZEN_SHARE of the
-  parameters: a fine-tune of a frozen base (LoRA ...) whose base has no gradients and no optimizer state;
+- frozen part: gradients (or, without them, the optimizer state at one state a parameter) cover less than
+  FROZEN_SHARE of the parameters: a fine-tune of a frozen base (LoRA ...) whose base has no gradients and no
+  optimizer state;
 - activations kept: a forward-only run whose activations (tensors that outlive the computation that made
   them) are a meaningful share of the peak: an autograd graph (which `torch.no_grad()` /
   `torch.inference_mode()` would free as the forward goes), or tensors the code keeps (a KV cache, outputs).
@@ -80,11 +81,12 @@ def recognise(ctx: DeviceContext) -> Workload:
 
 def frozen_share(parameters: int, gradients: int, optimizer_state: int) -> float | None:
     """The share of the parameter bytes that trains nothing, when it is at least 1 - FROZEN_SHARE. Gradients are
-    as large as the parameters they belong to; without any, Adam's two moments (2x the fp32 parameters they
-    follow) bound the trainable part."""
+    as large as the parameters they belong to. Without any, the optimizer state bounds the trainable part from
+    above at one state a parameter (SGD's momentum, a zeroth-order estimator's; Adam keeps two): a part is
+    called frozen only when even that bound leaves it without state."""
     if not parameters:
         return None
-    trainable = gradients if gradients else optimizer_state / 2
+    trainable = gradients if gradients else optimizer_state
     if not trainable or trainable >= FROZEN_SHARE * parameters:
         return None
     return 1 - trainable / parameters

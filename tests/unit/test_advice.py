@@ -199,6 +199,14 @@ def test_gradients_of_under_half_the_parameters_show_a_frozen_part(gradients, fr
     assert (frozen_share(100, gradients, 0) is not None) is frozen
 
 
+@pytest.mark.parametrize(("optimizer_state", "frozen"), [(math.ceil(FROZEN_SHARE * 100), False),
+                                                         (math.ceil(FROZEN_SHARE * 100) - 1, True)])
+def test_without_gradients_the_optimizer_state_bounds_what_trains(optimizer_state, frozen):
+    """One state a parameter (zidongliu-decomfl's zeroth-order Adam-like estimator keeps one) trains the whole
+    model: it is not taken for a frozen base."""
+    assert (frozen_share(100, 0, optimizer_state) is not None) is frozen
+
+
 def test_a_frozen_base_is_said_to_have_no_gradients_to_shard():
     demand = _training(90 * GiB, oomed=True, world_size=4, frozen_share=0.9)
     title = next(r["title"] for r in rank_remedies(demand) if r["id"] == "zero2")
