@@ -130,15 +130,8 @@ def workloads() -> dict[str, Workload]:
     return out
 
 
-#: the simulator's truth of ZeRO runs labels the parameters optimizer state (ShardedAdam keeps views of them, which
-#: runner.py's search of the optimizer's attributes marks), the sharded Adam state and, from stage 2, the gradient
-#: shards temporaries: those categories are not scored there (the totals are)
-def mislabelled(stage: int) -> dict[str, None]:
-    return {} if not stage else {PARAMETER: None, OPTIMIZER: None, **({GRADIENT: None} if stage >= 2 else {})}
-
-
 def rows(measured: dict[str, Any], ws: dict[str, Workload], estimator: Estimator) -> list[Row]:
-    return [fidelity.compare(ws[name], {**m["truth"], **mislabelled(ws[name].zero)}, m["analysis"], m["peak"],
+    return [fidelity.compare(ws[name], m["truth"], m["analysis"], m["peak"],
                              m["modelled"], estimator)
             for name, m in measured.items() if name in ws]
 
