@@ -23,19 +23,20 @@ from analyzer.report.plots import figure_svg, memory_figure
 from analyzer.core.units import human_bytes
 from analyzer.report.view import ReportView, build_view, reserved, words
 
-_ENV = jinja2.Environment(
+#: the reports' Jinja templates, with their filters (shared by the run log's page)
+TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("analyzer.report", "templates"),
     autoescape=True,  # every string from an input file is escaped
     undefined=jinja2.StrictUndefined,
 )
-_ENV.filters["bytes"] = human_bytes
-_ENV.filters["reserved"] = reserved
-_ENV.filters["pct"] = lambda share: f"{share:.1%}" if share < 0.1 else f"{share:.0%}"
-_ENV.filters["label"] = words
-_ENV.filters["onoff"] = lambda flag: {True: "on", False: "off"}.get(flag, "not recorded")
+TEMPLATES.filters["bytes"] = human_bytes
+TEMPLATES.filters["reserved"] = reserved
+TEMPLATES.filters["pct"] = lambda share: f"{share:.1%}" if share < 0.1 else f"{share:.0%}"
+TEMPLATES.filters["label"] = words
+TEMPLATES.filters["onoff"] = lambda flag: {True: "on", False: "off"}.get(flag, "not recorded")
 
 _HERE = Path(__file__).parent
-_CSS = (_HERE / "templates" / "report.css").read_text(encoding="utf-8")
+REPORT_CSS = (_HERE / "templates" / "report.css").read_text(encoding="utf-8")
 _CHART_CSS = (_HERE / "vendor" / "uPlot.min.css").read_text(encoding="utf-8")
 # print.js opens every <details> while printing; uPlot draws the charts; report.js is the explorer
 _SCRIPT = "\n".join([(_HERE / "templates" / "print.js").read_text(encoding="utf-8"),
@@ -65,8 +66,8 @@ def _render(view: ReportView, data: dict[str, Any], explore: dict[int, dict[str,
             allocator: dict[int, Any], icicles: dict[int, Any]) -> str:
     charts = {d.device: figure_svg(memory_figure([d.chart]), f"chart{i}")
               for i, d in enumerate(view.devices) if d.chart is not None}
-    return _ENV.get_template("report.html.j2").render(
-        v=view, devices=view.devices, charts=charts, css=_CSS, chart_css=_CHART_CSS, script=_SCRIPT,
+    return TEMPLATES.get_template("report.html.j2").render(
+        v=view, devices=view.devices, charts=charts, css=REPORT_CSS, chart_css=_CHART_CSS, script=_SCRIPT,
         script_hash=_SCRIPT_HASH, print_live=PRINT_LIVE, data=embed_json(data), explore=explore,
         allocator=allocator, icicles=icicles, colors=_COLORS,
     )

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from analyzer.core.printable import printable
 from analyzer.core.units import binary_unit, human_bytes
-from analyzer.report.html import _CSS, _ENV
+from analyzer.report.html import REPORT_CSS, TEMPLATES
 from analyzer.report.plots import PEAK_COLOR, figure_svg
 from analyzer.report.run_log import Run, RunLog
 from analyzer.report.run_pairs import DevicePair, Pair
@@ -153,5 +153,5 @@ def peaks_svg(runs: list[Run]) -> str:
 
 
 def render_log_html(log: RunLog, pairs: list[Pair]) -> str:
-    return _ENV.get_template("run_log.html.j2").render(rows=_run_rows(log), pairs=_pair_rows(pairs),
-                                                       skipped=shown(log.skipped), chart=peaks_svg(log.runs), css=_CSS)
+    return TEMPLATES.get_template("run_log.html.j2").render(rows=_run_rows(log), pairs=_pair_rows(pairs),
+                                                       skipped=shown(log.skipped), chart=peaks_svg(log.runs), css=REPORT_CSS)
