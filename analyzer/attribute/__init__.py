@@ -42,6 +42,7 @@ from analyzer.attribute.steps import number_steps
 from analyzer.attribute.timing import frameless_phases
 from analyzer.core.trace import MemoryTrace
 from analyzer.ingest.memory_timeline import AS_OUR_CATEGORY, LABEL_SOURCE
+from analyzer.ingest.sniff import MEMORY_TIMELINE, MEMORY_TIMELINE_RAW
 from analyzer.core.vocabulary import UNATTRIBUTED, Category, Phase, Role
 
 CONFIDENCE = {"tag": 1.0, "recording": 1.0, "annotation": 0.95, "frames": 0.9, "ops": 0.9, "timing": 0.7, "lifetime": 0.8,
@@ -171,19 +172,21 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     module[has_mark], module_source[has_mark] = marked_module[has_mark], "tag:tensor"
     if ops is not None:
         _fill(module, module_source, ops.module, ops.module_signal)
-    _recorded_categories(a, category, category_source)
+    _recorded_categories(a, category, category_source, trace.source_kind in (MEMORY_TIMELINE, MEMORY_TIMELINE_RAW))
     label_source, confidence = _label_sources(source, category_source, module_source)
     return {"module": module, "phase": phase, "category": category, "step": step, "label_source": label_source,
             "confidence": confidence}
 
 
-def _recorded_categories(a: pd.DataFrame, category: np.ndarray, source: np.ndarray) -> None:
+def _recorded_categories(a: pd.DataFrame, category: np.ndarray, source: np.ndarray, memory_timeline: bool) -> None:
     """The recording's own labels, kept over ours: torch's memory profiler categorised every tensor of an
-    export_memory_timeline file (its reader keeps them, with its LABEL_SOURCE)."""
+    export_memory_timeline file (its reader keeps them, with its LABEL_SOURCE), its unknown ones included."""
     given = a["category"].astype(str).to_numpy()
     rows = (a["label_source"].astype(str).to_numpy() == LABEL_SOURCE) & (given != UNATTRIBUTED)
     category[rows] = [AS_OUR_CATEGORY.get(c, c) for c in given[rows]]
     source[rows] = "recording:torch-memory-profiler"
+    if memory_timeline:   # what torch could not tell, nor can we: no rule of ours knows more than its data flow
+        category[~rows], source[~rows] = None, None
 
 
 def _phases_of_recorded_categories(a: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
