@@ -107,6 +107,7 @@ def attribute(trace: MemoryTrace, source_roots: Sequence[str | Path] = ()) -> Me
     source files are looked up (longest suffix of their paths) to read module class names."""
     a = trace.allocations.copy(deep=False)
     sources = SourceIndex(source_roots)
+    sources.check(frame for frames in trace.stacks["frames"] for frame in frames)
     facts = [stack_facts(f, sources) for f in trace.stacks["frames"]]
     parts = [_attribute_device(trace, d, facts) for d in sorted(a["device"].unique())]
     if not parts:
@@ -169,9 +170,10 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     module, module_source = assign_modules(a, ann, times, stacks, [f.call_path for f in facts], category,
                                            metadata_labels(metadata, "module"), step=step, phase=phase,
                                            compiled=np.asarray([f.compiled for f in facts] + [False], dtype=bool)[stacks])
+    if ops is not None:   # the trace's own nn.Module spans name the class and instance, whatever the source here says
+        spoke = ~pd.isna(ops.module)
+        module[spoke], module_source[spoke] = ops.module[spoke], ops.module_signal[spoke]
     module[has_mark], module_source[has_mark] = marked_module[has_mark], "tag:tensor"
-    if ops is not None:
-        _fill(module, module_source, ops.module, ops.module_signal)
     _recorded_categories(a, category, category_source, trace.source_kind in (MEMORY_TIMELINE, MEMORY_TIMELINE_RAW))
     label_source, confidence = _label_sources(source, category_source, module_source)
     return {"module": module, "phase": phase, "category": category, "step": step, "label_source": label_source,

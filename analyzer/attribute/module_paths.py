@@ -8,8 +8,10 @@ constructors (`__init__`) it was made in, the same classes as its forward path.
 A level's class is read from the source file, parsed (never imported) where it is readable here: the recorded
 file itself, else the longest suffix of its path found under a `--source-root` folder (a checkout of the code
 the recording ran) or the analysing environment's own site-packages and sys.path (its transformers, peft,
-torch ...). A local file of another version is caught by checking that the line falls in a function of the
-recorded name; then, and where no file is found, the level keeps its `file:line forward` text.
+torch ...). A local file of another version is caught by checking that every line the recording names in it
+falls in a function of the recorded name (`SourceIndex.check`): one line that does not, and the file is not read
+(another version's lines may fall in another class's `forward`). Then, and where no file is found, the level
+keeps its `file:line forward` text.
 
 Not module levels: torch's own `forward`s that are not modules (autograd Functions, compiled-graph wrappers),
 a `forward` run by `Function.apply` or written as a static method, and a `super().forward()` call (the same
@@ -211,6 +213,24 @@ class SourceIndex:
         self.roots = tuple(str(Path(r).expanduser()) for r in roots)
         self.environment = environment_roots() if environment else ()
         self._located: dict[str, str | None] = {}
+        self._other_version: set[str] = set()
+
+    def check(self, frames: Iterable[Frame]) -> None:
+        """Leave unread every file whose local copy is not the one recorded: a frame of it names a function
+        (not a comprehension or lambda) that does not enclose its line there. Only files holding a module's
+        `forward` or constructor frame are checked, since only their classes are read."""
+        by_file: dict[str, set[tuple[int, str]]] = {}
+        for filename, line, function in frames:
+            by_file.setdefault(filename, set()).add((line, function))
+        for filename, named in by_file.items():
+            if not any(f in (_FORWARD, _INIT) for _, f in named) or self.locate(filename) is None:
+                continue
+            source = self.source(filename)
+            for line, function in named:
+                method = source.method_at(line)
+                if not function.startswith("<") and (method is None or method.name != function):
+                    self._other_version.add(filename)
+                    break
 
     def locate(self, filename: str) -> str | None:
         if filename not in self._located:
@@ -239,7 +259,7 @@ class SourceIndex:
         return best[1] if best else None
 
     def source(self, filename: str) -> _Source:
-        local = self.locate(filename)
+        local = None if filename in self._other_version else self.locate(filename)
         return read_source(local) if local else _EMPTY
 
 

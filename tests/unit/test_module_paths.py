@@ -445,3 +445,16 @@ def test_a_compiled_graph_stays_unattributed_when_the_recording_has_two_roots(mo
     eager = through((model, L["block.add"], "forward"), (model, L["model.loop"], "forward"))
     got = recording([(1, None, eager, MiB), (2, None, mlp_alone, MiB), (3, 4, COMPILED, 2 * MiB)])
     assert list(got["module"].astype(str)) == ["Model › Block", "MLP", "unattributed"]
+
+
+def test_a_file_of_another_version_is_not_read_at_all(model):
+    """One frame of the file whose line is not in a function of its recorded name: the local copy is another
+    version, and its other lines (which may fall in another class's forward) are not read either; a recording
+    whose every frame agrees with the file reads its classes."""
+    agreeing = through((model, L["mlp.fc"], "forward"), (model, L["block.mlp"], "forward"))
+    sources = SourceIndex(environment=False)
+    sources.check(agreeing)
+    assert labels_of(agreeing, sources) == ["Block", "MLP"]
+    other = SourceIndex(environment=False)
+    other.check([*agreeing, (model, L["model.helper"], "forward")])
+    assert labels_of(agreeing, other) == [f"{model}:{L['block.mlp']} forward", f"{model}:{L['mlp.fc']} forward"]
