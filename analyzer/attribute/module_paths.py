@@ -10,8 +10,10 @@ file itself, else the longest suffix of its path found under a `--source-root` f
 the recording ran) or the analysing environment's own site-packages and sys.path (its transformers, peft,
 torch ...). A local file of another version is caught by checking that every line the recording names in it
 falls in a function of the recorded name (`SourceIndex.check`): one line that does not, and the file is not read
-(another version's lines may fall in another class's `forward`). Then, and where no file is found, the level
-keeps its `file:line forward` text.
+(another version's lines may fall in another class's `forward`). A copy found only in the analysing environment
+(not the recorded file, nor under a `--source-root`) must also be checked on at least MIN_LINES_CHECKED recorded
+lines: a file of forwards (torch's activations) passes one line's check in any version. Then, and where no file
+is found, the level keeps its `file:line forward` text.
 
 Not module levels: torch's own `forward`s that are not modules (autograd Functions, compiled-graph wrappers),
 a `forward` run by `Function.apply` or written as a static method, and a `super().forward()` call (the same
@@ -37,6 +39,8 @@ from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR
 SEPARATOR = MODULE_PATH_SEPARATOR
 #: no real source file is larger; bigger ones are not read
 MAX_SOURCE_BYTES = 4 << 20
+#: recorded lines that must agree with an environment's copy of a file before its classes are read
+MIN_LINES_CHECKED = 2
 
 _FORWARD, _INIT = "forward", "__init__"
 _TORCH = re.compile(r"(^|[\\/])torch[\\/]")
@@ -223,14 +227,15 @@ class SourceIndex:
         for filename, line, function in frames:
             by_file.setdefault(filename, set()).add((line, function))
         for filename, named in by_file.items():
-            if not any(f in (_FORWARD, _INIT) for _, f in named) or self.locate(filename) is None:
+            local = self.locate(filename)
+            if not any(f in (_FORWARD, _INIT) for _, f in named) or local is None:
                 continue
             source = self.source(filename)
-            for line, function in named:
-                method = source.method_at(line)
-                if not function.startswith("<") and (method is None or method.name != function):
-                    self._other_version.add(filename)
-                    break
+            checked = [(line, function) for line, function in named if not function.startswith("<")]
+            agree = all((m := source.method_at(line)) is not None and m.name == function for line, function in checked)
+            unchecked = local != filename and not any(local.startswith(r) for r in self.roots)
+            if not agree or (unchecked and len(checked) < MIN_LINES_CHECKED):
+                self._other_version.add(filename)
 
     def locate(self, filename: str) -> str | None:
         if filename not in self._located:

@@ -458,3 +458,24 @@ def test_a_file_of_another_version_is_not_read_at_all(model):
     other = SourceIndex(environment=False)
     other.check([*agreeing, (model, L["model.helper"], "forward")])
     assert labels_of(agreeing, other) == [f"{model}:{L['block.mlp']} forward", f"{model}:{L['mlp.fc']} forward"]
+
+
+def test_an_environment_copy_is_read_only_when_two_recorded_lines_agree(tmp_path):
+    """A copy found only in the analysing environment passes a one-line check in any version of a file of
+    forwards (torch's activations): it is read once MIN_LINES_CHECKED recorded lines agree with it."""
+    from analyzer.attribute.module_paths import MIN_LINES_CHECKED
+
+    (tmp_path / "site" / "pkg").mkdir(parents=True)
+    (tmp_path / "site" / "pkg" / "model.py").write_text(MODEL)
+    recorded = "/remote/env/site-packages/pkg/model.py"
+    one = through((recorded, L["mlp.fc"], "forward"))
+    two = through((recorded, L["mlp.fc"], "forward"), (recorded, L["block.mlp"], "forward"))
+    assert MIN_LINES_CHECKED == 2
+    for frames, expected in [(one, [f"{recorded}:{L['mlp.fc']} forward"]), (two, ["Block", "MLP"])]:
+        sources = SourceIndex(environment=False)
+        sources.environment = (str(tmp_path / "site"),)
+        sources.check(frames)
+        assert labels_of(frames, sources) == expected
+    rooted = SourceIndex([tmp_path / "site"], environment=False)   # a --source-root the user named: one line does
+    rooted.check(one)
+    assert labels_of(one, rooted) == ["MLP"]
