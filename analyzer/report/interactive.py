@@ -5,8 +5,8 @@ The encoding (a `devices` list and shared `text` table; every label is an index 
 
 - `chart`: the timeline thinned for drawing (each bucket's lowest and highest row, the peak, every OOM and every
   step's peak kept exactly): `seq`, `t` (µs since the first event, `null` when the input has no times),
-  `allocated`, `reserved` and one series of allocated bytes per category in `stack` (bottom first), each as
-  differences from the point before; and per point the `phase`, `step` and `module` in force;
+  `allocated`, `reserved` (null where the input records no reserved bytes) and one series of allocated bytes
+  per category in `stack` (bottom first), each as differences from the point before; and per point the `phase`, `step` and `module` in force;
 - `alloc`: one entry per allocation, ordered by the event that made it: `a` that event's seq as a difference from
   the previous entry's (the first from -1; -1 itself means "made before the recording"), `l` its lifetime in
   events (0: alive at the end), `b` allocated bytes, `c`/`m`/`p` category, module, phase and `s` its stack (-1:
@@ -214,7 +214,7 @@ def _chart(analysis: Analysis, d: DeviceAnalysis, text: _Interned, max_points: i
     return {
         "seq": _delta(seq),
         "t": None if times.isna().all() or origin is None else _delta(times.to_numpy(dtype=np.float64) - origin),
-        "reserved": _delta(points["reserved_bytes"]),
+        "reserved": _delta(points["reserved_bytes"]) if d.reserved_recorded else None,   # none: not recorded
         "allocated": _delta(points["allocated_bytes"]),
         "categories": [{"name": text(c), "color": category_color(c)} for c in categories],
         "stack": [_delta(points[f"{c}_bytes"]) for c in categories],

@@ -36,7 +36,8 @@ LABELLED_BAND = 0.06   # bands wider than this share of the x range carry their 
 
 def _draw(ax: Axes, chart: Chart) -> None:
     points = chart.points
-    top = max(float(points["reserved_bytes"].max()), float(points["allocated_bytes"].max()), 1.0)
+    reserved = points["reserved_bytes"] if "reserved_bytes" in points else None   # absent where not recorded
+    top = max(float(points["allocated_bytes"].max()), 1.0, *([] if reserved is None else [float(reserved.max())]))
     scale, unit = binary_unit(top)
     x = points["seq"].to_numpy()
     x_end = float(x[-1]) + 1
@@ -50,7 +51,8 @@ def _draw(ax: Axes, chart: Chart) -> None:
         upper = lower + points[column].to_numpy() / scale
         ax.fill_between(x, lower, upper, step="post", color=color, linewidth=0, alpha=0.85, label=words(name))
         lower = upper
-    ax.step(x, points["reserved_bytes"] / scale, where="post", color=RESERVED_COLOR, linewidth=1.0, label="reserved")
+    if reserved is not None:
+        ax.step(x, reserved / scale, where="post", color=RESERVED_COLOR, linewidth=1.0, label="reserved")
     ax.axvline(chart.peak_seq, color=PEAK_COLOR, linestyle="--", linewidth=0.8)
     ax.annotate(f"peak {chart.peak_bytes / scale:.2f} {unit}", (chart.peak_seq, chart.peak_bytes / scale),
                 color=PEAK_COLOR, xytext=(-4, 6), textcoords="offset points", ha="right", fontsize=8, bbox=_LABEL_BOX)

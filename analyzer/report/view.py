@@ -85,7 +85,7 @@ class Band:
 @dataclass
 class Chart:
     title: str
-    points: pd.DataFrame                 # seq, allocated_bytes, reserved_bytes and one column per category
+    points: pd.DataFrame                 # seq, allocated_bytes, reserved_bytes (where recorded), one column a category
     categories: list[tuple[str, str, str]]  # (name, column, color), bottom of the stack first
     bands: list[Band]
     peak_seq: int
@@ -433,7 +433,8 @@ def _chart(analysis: Analysis, d: DeviceAnalysis, max_points: int) -> Chart:
     columns = [c for c in timeline.columns if c.endswith("_bytes") and c not in
                ("allocated_bytes", "requested_bytes", "reserved_bytes") and timeline[c].any()]
     categories = sorted((c[: -len("_bytes")] for c in columns), key=category_rank)
-    points = downsample(timeline, max_points)[["seq", "allocated_bytes", "reserved_bytes", *columns]]
+    reserved = ["reserved_bytes"] if d.reserved_recorded else []   # no line for the allocator model's estimate
+    points = downsample(timeline, max_points)[["seq", "allocated_bytes", *reserved, *columns]]
     return Chart(
         title=f"{trace.device_label(d.device)}: memory over time",
         points=points.reset_index(drop=True),

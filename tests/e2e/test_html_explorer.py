@@ -151,6 +151,16 @@ def test_a_profiler_trace_says_segments_are_not_recorded(browser: Chromium, tmp_
         assert int(_state(browser, d.device)["liveBytes"]) == d.peak.allocated_bytes
 
 
+def test_a_memory_timeline_draws_no_reserved_line(browser: Chromium, tmp_path: Path) -> None:
+    """It records no reserved bytes: the chart has no reserved series and the readout says so."""
+    a = analysis(FIXTURES / "kineto" / "train.memory_timeline.raw.json.gz")
+    _open(browser, a, tmp_path / "report.html")
+    box = _chart_box(browser)
+    _mouse(browser, "mouseMoved", box["x"] + box["w"] * 0.5, box["y"] + box["h"] / 2)
+    readout = browser.evaluate("document.querySelector('#explore-0 .readout').textContent")
+    assert "allocated" in readout and "reserved not recorded" in readout
+
+
 def test_hostile_strings_stay_text_in_the_explorer(browser: Chromium, tmp_path: Path) -> None:
     frames = [{"filename": f"/home/u/{IMG}.py", "line": 12, "name": SCRIPT},
               {"filename": "/home/u/train.py", "line": 30, "name": "main"}]

@@ -156,3 +156,19 @@ def test_devices_worst_first() -> None:
     full = replace(d, device=2, oom=None, capacity_bytes=d.peak_allocated_bytes, peak_allocated_bytes=d.peak_allocated_bytes)
     host = replace(d, device=-1)
     assert [x.device for x in worst_first([host, calm, full, d])] == [0, 2, 1, -1]
+
+
+def test_a_reserved_line_is_drawn_only_where_the_input_records_it() -> None:
+    """A memory timeline records no reserved bytes: no reserved series in the page's data, none in the static
+    chart's points, no legend entry; a snapshot has all three."""
+    from analyzer.report.html import render_html
+
+    for path, recorded in [(FIXTURES / "kineto" / "train.memory_timeline.raw.json.gz", False),
+                           (SIM / "healthy.pickle", True)]:
+        a = analysis(path)
+        chart = page_data(a)["devices"][0]["chart"]
+        assert (chart["reserved"] is not None) is recorded
+        view = build_view(a)
+        assert ("reserved_bytes" in view.devices[0].chart.points) is recorded
+        page = render_html(a)
+        assert ('<span class="swatch line"></span>reserved' in page) is recorded

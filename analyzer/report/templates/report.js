@@ -37,7 +37,7 @@
     const end = born.map((a, i) => (al.l[i] === 0 ? Infinity : a + al.l[i]));
     const ch = dev.chart;
     const chart = ch && {
-      seq: undelta(ch.seq), t: ch.t && undelta(ch.t).map((us) => us / 1e6), reserved: undelta(ch.reserved),
+      seq: undelta(ch.seq), t: ch.t && undelta(ch.t).map((us) => us / 1e6), reserved: ch.reserved && undelta(ch.reserved),
       allocated: undelta(ch.allocated), stack: ch.stack.map(undelta),
     };
     return { born, end, bytes: al.b, cat: al.c, mod: al.m, phase: al.p, stack: al.s, chart };
@@ -119,8 +119,8 @@
         const color = ch.categories[k].color;
         series.push({ label: this.names[k], stroke: color, fill: color, width: 0, paths: stepped, points: { show: false } });
       }
-      series.push({ label: "reserved", stroke: "#1b1f24", width: 1.25, paths: stepped, points: { show: false } });
-      const data = [this.xs(), ...order.map((k) => this.cumulative[k]), c.reserved];
+      if (c.reserved) series.push({ label: "reserved", stroke: "#1b1f24", width: 1.25, paths: stepped, points: { show: false } });
+      const data = [this.xs(), ...order.map((k) => this.cumulative[k]), ...(c.reserved ? [c.reserved] : [])];
       const opts = {
         ...this.size(), legend: { show: false },
         cursor: { drag: { x: true, y: false }, points: { show: false } },
@@ -190,7 +190,8 @@
       if (ch.step[i] != null) parts.push(`step ${ch.step[i]}`);
       if (ch.module[i] >= 0) parts.push(TEXT[ch.module[i]]);
       const values = el("span", { class: "values" },
-        el("strong", { class: "allocated", text: `allocated ${bytes(c.allocated[i])}` }), `, reserved ${bytes(c.reserved[i])}`);
+        el("strong", { class: "allocated", text: `allocated ${bytes(c.allocated[i])}` }),
+        c.reserved ? `, reserved ${bytes(c.reserved[i])}` : ", reserved not recorded");
       for (let k = c.stack.length - 1; k >= 0; k--) {
         if (c.stack[k][i]) values.append(`; ${this.names[k]} ${bytes(c.stack[k][i])}`);
       }
