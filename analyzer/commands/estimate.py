@@ -30,10 +30,9 @@ from analyzer.errors import AnalyzerError
 
 OVERHEAD = 0.10   # CUDA context, workspaces and fragmentation: keep this share of the device free
 NODE_GPUS = 8     # tensor parallelism stays inside a node
-# optimizer bytes per parameter beside the 16-bit weights and gradients: fp32 master + two fp32 moments (Adam),
-# + two int8 moments (8-bit Adam), + a factored second moment (Adafactor, about none), none on the GPU (offload);
-# fp32 training has no master copy (its 4 bytes less)
-OPTIMIZER_BYTES = {"adam": 12, "optimizer_8bit": 6, "adafactor": 4, "optimizer_offload": 0}
+# the optimizer lever's levels as theory.OPTIMIZERS names them (the bytes each keeps per parameter are there)
+OPTIMIZER_KINDS = {"adam": "adam", "optimizer_8bit": "adam_8bit", "adafactor": "adafactor",
+                   "optimizer_offload": "offloaded"}
 REGIMES = {"mixed": "mixed-precision Adam", "fp32": "fp32 Adam"}
 
 
@@ -134,14 +133,11 @@ def per_gpu_bytes(params: float, gpus: int, shape: Shape | None, job: Layout) ->
     they are freed before the first layer is recomputed: the larger of the two counts."""
     dp = max(gpus // (job.tp * job.pp), 1)
     psi = params / (job.tp * job.pp)
-    weight, gradient, master, _ = PRECISIONS[job.precision]
     if job.offload:
         assert shape is not None  # offload is offered with a shape only
-        states = 2 * weight * psi * job.pp / shape.layers
+        states = 2 * PRECISIONS[job.precision][0] * psi * job.pp / shape.layers
     else:
-        optimizer = max(OPTIMIZER_BYTES[job.optimizer] - (PRECISIONS["mixed"][2] - master), 0)
-        states = (weight * psi / (dp if job.zero >= 3 else 1) + gradient * psi / (dp if job.zero >= 2 else 1)
-                  + optimizer * psi / (dp if job.zero >= 1 else 1))
+        states = model_states(psi, job.precision, OPTIMIZER_KINDS[job.optimizer], job.zero, dp).total
     if shape is None:
         return states
     layers = shape.layers // job.pp
@@ -201,7 +197,7 @@ def plan(params: float, gpus: int, zero: int, usable: float, shape: Shape | None
         k = config["micro_batch"].value if "micro_batch" in config and config["micro_batch"].value else 1
         ckpt = {"activation_checkpointing": "full", "selective_checkpointing": "selective"}.get(
             config["checkpointing"].id if "checkpointing" in config else "", "full" if checkpointing else "none")
-        optimizer = config["optimizer"].id if config["optimizer"].id in OPTIMIZER_BYTES else "adam"
+        optimizer = config["optimizer"].id if config["optimizer"].id in OPTIMIZER_KINDS else "adam"
         level = config.get("zero")
         return Layout(micro_batch=(shape.micro_batch // k) if shape else 1, accumulation=k, checkpointing=ckpt,
                       optimizer=optimizer, zero=level.value if level is not None and level.value else zero,
@@ -249,11 +245,11 @@ def options(params: float, gpus: int, zero: int, acts: float, usable: float, sha
                             states, acts, usable))
     at = f"ZeRO-3 on {gpus} GPUs" if sharded else "one GPU"
     total = model_states(params, precision).total
-    weights = model_states(params, precision, "none", trainable=0.0).parameters
-    # weights, gradients, the fp32 master (mixed precision) and int8 moments
+    # weights, gradients, the fp32 master (mixed precision) and int8 moments; then the weights and gradients alone
     rows.append(_option(f"8-bit optimizer states, {at}", model_states(params, precision, "adam_8bit").total / gpus,
                         acts, usable))
-    rows.append(_option(f"optimizer state offloaded to CPU, {at}", 2 * weights / gpus, acts, usable))
+    rows.append(_option(f"optimizer state offloaded to CPU, {at}", model_states(params, precision, "offloaded").total
+                        / gpus, acts, usable))
     rows.append(_option("parameter-efficient fine-tuning (LoRA: frozen 16-bit weights, ~1% trainable)",
                         (2 * params + 16 * 0.01 * params) / gpus, acts, usable))
     room = usable - acts

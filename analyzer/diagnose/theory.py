@@ -28,10 +28,11 @@ AGREEMENT_TOLERANCE = 0.1   # measured model states agree with 16Ψ when within 
 #: bytes per parameter of the weights, of their gradients, of an fp32 master copy, and of one optimizer state
 PRECISIONS: dict[str, tuple[int, int, int, int]] = {"mixed": (2, 2, 4, 4), "fp32": (4, 4, 0, 4), "bf16": (2, 2, 0, 2)}
 #: states per parameter, the bytes of one where the optimizer fixes them (8-bit Adam's quantized moments), and
-#: whether it updates an fp32 master copy under mixed precision (no optimizer: nothing to update)
+#: whether it updates an fp32 master copy under mixed precision on the GPU (no optimizer, or one offloaded to
+#: the CPU: nothing there); Adafactor's factored second moment is about none
 OPTIMIZERS: dict[str, tuple[int, int | None, bool]] = {
-    "adam": (2, None, True), "adam_8bit": (2, 1, True), "sgd_momentum": (1, None, True), "sgd": (0, None, True),
-    "none": (0, None, False)}
+    "adam": (2, None, True), "adam_8bit": (2, 1, True), "adafactor": (0, None, True), "sgd_momentum": (1, None, True),
+    "sgd": (0, None, True), "none": (0, None, False), "offloaded": (0, None, False)}
 LOGITS_BYTES = 4            # the loss's log-probabilities are fp32, under autocast too (Korthikanti §4)
 
 
