@@ -21,7 +21,7 @@ from analyzer.core.units import gib, rate_bytes
 from analyzer.core.vocabulary import Category, Phase
 from analyzer.diagnose.triage import triage
 from analyzer.diagnose.remedies import (LAYOUT_ONLY, SMALLEST_GPU, Demand, checkpointable_bytes, count_layers,
-                                        describe, fits_any_gpu, fits_as_is, rank_remedies)
+                                        describe, fits_any_gpu, fits_as_is, rank_remedies, zero_shards)
 from analyzer.diagnose.theory import explain_model_states
 from analyzer.diagnose.workload import Workload, recognise
 from analyzer.result import Diagnosis
@@ -49,7 +49,7 @@ def diagnose(ctx: DeviceContext) -> Diagnosis:
     remedies = [] if host else [r for r in rank_remedies(demand) if ctx.device >= 0 or r["id"] not in LAYOUT_ONLY]
     fits = _fits(demand)
     found = None if host or ctx.device < 0 else plan.for_recording(
-        demand, remedies, counterfactual.Replayer(ctx.trace, ctx.device, ctx.capacity_bytes, plan.shards(demand)))
+        demand, remedies, counterfactual.Replayer(ctx.trace, ctx.device, ctx.capacity_bytes, zero_shards(demand)))
     plan.agree(remedies, found)
     return Diagnosis(findings=findings, remedies=remedies, theory=theory, fragmentation=picture, triage=triaged, plan=found,
                      demand_bytes=demand.total, verdict=verdict(ctx, findings, remedies, demand, triaged, fits, found),

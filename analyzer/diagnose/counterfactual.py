@@ -20,7 +20,7 @@ import pandas as pd
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import Category, Phase
 from analyzer.diagnose.context import DeviceContext
-from analyzer.diagnose.remedies import Demand, gpus_for
+from analyzer.diagnose.remedies import Demand, zero_shards
 from analyzer.diagnose.transforms import (Stream, accumulation, bf16, checkpointing, micro_batch, optimizer_state,
                                           zero, zero3)
 from analyzer.simulate.allocator import AllocatorSettings, CachingAllocator, SimulatedOutOfMemory
@@ -31,11 +31,6 @@ _RELEASES = ("segment_free", "segment_unmap")
 # what a failed request would have been, by the phase it failed in (the rest: other)
 _FAILED = {Phase.FORWARD.value: Category.ACTIVATION.value, Phase.BACKWARD.value: Category.TEMPORARY.value,
            Phase.OPTIMIZER.value: Category.OPTIMIZER_STATE.value}
-
-# what each ZeRO remedy shards, for its GPU count
-_SHARDED = {"zero1": (Category.OPTIMIZER_STATE.value,),
-            "zero2": (Category.OPTIMIZER_STATE.value, Category.GRADIENT.value),
-            "zero3": (Category.OPTIMIZER_STATE.value, Category.GRADIENT.value, Category.PARAMETER.value)}
 
 
 @dataclass(frozen=True)
@@ -266,6 +261,6 @@ def replayed(ctx: DeviceContext, demand: Demand, offered: list[str]) -> dict[str
     replayed over the GPU count its title names."""
     if ctx.device < 0:
         return {}
-    shards = {remedy: gpus_for(demand, demand.bytes(*categories))[0] for remedy, categories in _SHARDED.items()}
+    shards = zero_shards(demand)
     return {remedy: p.to_dict() for remedy, p in predict(ctx.trace, ctx.device, offered, ctx.capacity_bytes,
                                                           shards).items()}

@@ -21,8 +21,8 @@ from typing import Any
 
 from analyzer.core.vocabulary import Category
 from analyzer.diagnose.counterfactual import Prediction, Replayer
-from analyzer.diagnose.remedies import (FIT_HEADROOM, Demand, fits_as_is, gpus_for, pipeline_stages, tp_gpus,
-                                        untrained_weights)
+from analyzer.diagnose.remedies import (FIT_HEADROOM, ZERO_SHARDED, Demand, fits_as_is, gpus_for, pipeline_stages,
+                                        tp_gpus, untrained_weights, zero_shards)
 
 ALTERNATIVES = 3   # fitting configurations shown after the plan
 
@@ -184,25 +184,18 @@ _LEVERS = (("checkpoint_save", ("state_dict_offload", "sharded_save")), ("first_
            ("layout", ("expandable_segments", "max_split_size")))
 _LAYOUT = {"expandable_segments", "max_split_size"}
 _BATCH_REMEDIES = ("micro_batch", "gradient_accumulation")
-_ZERO_SHARDS = {"zero1": (Category.OPTIMIZER_STATE,), "zero2": (Category.OPTIMIZER_STATE, Category.GRADIENT),
-                "zero3": (Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE)}
 
 
 def recording_cost(remedy: str, layout_first: bool) -> float:
     return LAYOUT_FIRST_COST[remedy] if layout_first and remedy in LAYOUT_FIRST_COST else RECORDING_COST[remedy]
 
 
-def shards(d: Demand) -> dict[str, int]:
-    """The GPUs each ZeRO stage shards over, as its remedy's title names them (remedies.gpus_for)."""
-    return {remedy: gpus_for(d, d.bytes(*categories))[0] for remedy, categories in _ZERO_SHARDS.items()}
-
-
 def listed_value(d: Demand, remedy: str) -> int | None:
     """The level the remedy list's entry is at: 2 micro-batches, the GPUs or stages its title names."""
     if remedy in _BATCH_REMEDIES:
         return 2
-    if remedy in _ZERO_SHARDS:
-        return shards(d)[remedy]
+    if remedy in ZERO_SHARDED:
+        return zero_shards(d)[remedy]
     if remedy == "tensor_parallel":
         return tp_gpus(d)
     if remedy == "pipeline_parallel":
@@ -241,8 +234,8 @@ def recording_levers(d: Demand, remedies: list[dict[str, Any]]) -> list[Lever]:
 
 def _degrees(config: Config) -> int:
     """GPUs a configuration's parallelism takes: ZeRO's, tensor and pipeline degrees multiplied."""
-    return math.prod(level.value for level in config.values() if level.id in ("zero1", "zero2", "zero3",
-                                                                            "tensor_parallel", "pipeline_parallel"))
+    return math.prod(level.value for level in config.values()
+                     if level.id in ZERO_SHARDED or level.id in ("tensor_parallel", "pipeline_parallel"))
 
 
 def formula_peak(d: Demand, config: Config) -> int:
@@ -278,8 +271,8 @@ def formula_peak(d: Demand, config: Config) -> int:
             shrink("optimizer_state", {"optimizer_8bit": 1 - 0.75 * (8 / 12 if d.mixed_precision else 1.0),
                                        "adafactor": 1 - 0.9 * (8 / 12 if d.mixed_precision else 1.0),
                                        "optimizer_offload": 0.0}[level.id])
-        elif level.id in _ZERO_SHARDS:
-            for category in _ZERO_SHARDS[level.id]:
+        elif level.id in ZERO_SHARDED:
+            for category in ZERO_SHARDED[level.id]:
                 shrink(category, 1 / k)
         elif level.id == "tensor_parallel":
             for category in ("optimizer_state", "gradient", "parameter", "activation"):

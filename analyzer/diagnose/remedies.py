@@ -55,6 +55,10 @@ _LAYER = re.compile(r"^(?:.*\.)?(?:layers|layer|h|blocks|block|encoder\.layer|de
 _CALL = re.compile(r"^(.*?)\[(\d+)\]")     # a call path's first numbered call: `model.py:382 forward[3]`
 _BATCH = (Category.ACTIVATION, Category.INPUT, Category.TEMPORARY)
 _STATES = (Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE)
+#: what each ZeRO stage shards over its GPUs: its estimate, its plan lever and its replay all take it from here
+ZERO_SHARDED: dict[str, tuple[Category, ...]] = {"zero1": (Category.OPTIMIZER_STATE,),
+                                                 "zero2": (Category.OPTIMIZER_STATE, Category.GRADIENT),
+                                                 "zero3": _STATES}
 
 
 @dataclass
@@ -168,6 +172,11 @@ def gpus_for(d: Demand, sharded: int) -> tuple[int, str]:
             if d.total - sharded * (1 - 1 / n) <= FIT_HEADROOM * d.capacity:
                 return n, "the fewest that fit; pass --gpus for your count"
     return ASSUMED_GPUS, "assumed; pass --gpus for your count"
+
+
+def zero_shards(d: Demand) -> dict[str, int]:
+    """The GPUs each ZeRO stage shards over, as its remedy's title names them."""
+    return {remedy: gpus_for(d, d.bytes(*categories))[0] for remedy, categories in ZERO_SHARDED.items()}
 
 
 def _over(d: Demand, sharded: int) -> str:
@@ -343,17 +352,18 @@ REMEDIES: list[Remedy] = [
     Remedy("zero1", lambda d: f"ZeRO-1: shard optimizer state {_over(d, d.bytes(Category.OPTIMIZER_STATE))}",
            "communication; needs data parallelism",
            "torch.distributed.optim.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW)",
-           _zero(Category.OPTIMIZER_STATE),
-           lambda d: _shards_possible(d) and _relevant(Category.OPTIMIZER_STATE)(d), acts_on=(Category.OPTIMIZER_STATE,)),
+           _zero(*ZERO_SHARDED["zero1"]),
+           lambda d: _shards_possible(d) and _relevant(*ZERO_SHARDED["zero1"])(d), acts_on=ZERO_SHARDED["zero1"]),
     Remedy("zero2", _zero2_title, "more communication",
            "# DeepSpeed: \"zero_optimization\": {\"stage\": 2}  |  FSDP: ShardingStrategy.SHARD_GRAD_OP",
-           _zero(Category.OPTIMIZER_STATE, Category.GRADIENT),
-           lambda d: _shards_possible(d) and _relevant(Category.OPTIMIZER_STATE, Category.GRADIENT)(d),
-           acts_on=(Category.OPTIMIZER_STATE, Category.GRADIENT)),
+           _zero(*ZERO_SHARDED["zero2"]),
+           lambda d: _shards_possible(d) and _relevant(*ZERO_SHARDED["zero2"])(d), acts_on=ZERO_SHARDED["zero2"]),
     Remedy("zero3", lambda d: f"ZeRO-3 / FSDP: shard parameters too, {_over(d, d.bytes(*_STATES))}",
            "most communication; parameters gathered per layer",
            "from torch.distributed.fsdp import fully_shard\nfor block in model.layers: fully_shard(block)\nfully_shard(model)",
-           _zero(*_STATES), lambda d: _trains(d) and _shards_possible(d) and _relevant(*_STATES)(d), acts_on=_STATES),
+           _zero(*ZERO_SHARDED["zero3"]),
+           lambda d: _trains(d) and _shards_possible(d) and _relevant(*ZERO_SHARDED["zero3"])(d),
+           acts_on=ZERO_SHARDED["zero3"]),
     Remedy("tensor_parallel", lambda d: f"Tensor parallelism over {tp_gpus(d)} GPUs (inside a node)",
            "needs model code changes; fast links",
            "from torch.distributed.tensor.parallel import parallelize_module  # ColwiseParallel / RowwiseParallel",
