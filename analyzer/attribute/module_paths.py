@@ -233,7 +233,7 @@ class SourceIndex:
             source = self.source(filename)
             checked = [(line, function) for line, function in named if not function.startswith("<")]
             agree = all((m := source.method_at(line)) is not None and m.name == function for line, function in checked)
-            unchecked = local != filename and not any(local.startswith(r) for r in self.roots)
+            unchecked = local != filename and not any(local.startswith(os.path.join(r, "")) for r in self.roots)
             if not agree or (unchecked and len(checked) < MIN_LINES_CHECKED):
                 self._other_version.add(filename)
 

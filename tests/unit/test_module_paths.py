@@ -479,3 +479,15 @@ def test_an_environment_copy_is_read_only_when_two_recorded_lines_agree(tmp_path
     rooted = SourceIndex([tmp_path / "site"], environment=False)   # a --source-root the user named: one line does
     rooted.check(one)
     assert labels_of(one, rooted) == ["MLP"]
+
+
+def test_a_folder_beside_a_source_root_is_not_under_it(tmp_path):
+    """`--source-root /x/site` does not vouch for a copy found in `/x/site-packages` (a name that begins alike)."""
+    (tmp_path / "site-packages" / "pkg").mkdir(parents=True)
+    (tmp_path / "site-packages" / "pkg" / "model.py").write_text(MODEL)
+    recorded = "/remote/env/site-packages/pkg/model.py"
+    one = through((recorded, L["mlp.fc"], "forward"))
+    sources = SourceIndex([tmp_path / "site"], environment=False)
+    sources.environment = (str(tmp_path / "site-packages"),)
+    sources.check(one)
+    assert labels_of(one, sources) == [f"{recorded}:{L['mlp.fc']} forward"]
