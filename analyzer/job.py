@@ -73,6 +73,7 @@ class JobAnalysis:
                            "failed_ranks": [{"label": r.label, "path": r.path, "error": r.error} for r in failed]}
         return document
 
+
 def analyze_rank(file: RankFile, options: RankOptions) -> RankResult:
     """One rank, on a worker: read, analyse, keep what the report needs."""
     from analyzer.ingest import load

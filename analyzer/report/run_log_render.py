@@ -154,4 +154,5 @@ def peaks_svg(runs: list[Run]) -> str:
 
 def render_log_html(log: RunLog, pairs: list[Pair]) -> str:
     return TEMPLATES.get_template("run_log.html.j2").render(rows=_run_rows(log), pairs=_pair_rows(pairs),
-                                                       skipped=shown(log.skipped), chart=peaks_svg(log.runs), css=REPORT_CSS)
+                                                            skipped=shown(log.skipped), chart=peaks_svg(log.runs),
+                                                            css=REPORT_CSS)
