@@ -16,7 +16,7 @@ import pandas as pd
 from analyzer.core.module_tree import ModuleNode, module_in_sentence
 from analyzer.core.timeline import Peak, allocated_by
 from analyzer.core.trace import MemoryTrace
-from analyzer.core.vocabulary import UNATTRIBUTED, category_plural, phase_noun
+from analyzer.core.vocabulary import UNATTRIBUTED, category_plural, names_module, phase_noun
 
 SCHEMA = "analyzer/1"
 TOP_ALLOCATIONS = 10
@@ -66,7 +66,7 @@ class DeviceMeasures:
             top = self.by_category[0]
             parts.append(f"{top['share']:.0%} {top['name'].replace('_', ' ')}")
         where = phase_noun(self.peak_phase) if self.peak_phase not in (None, UNATTRIBUTED) else None
-        module = module_in_sentence(self.peak_module) if self.peak_module not in (None, UNATTRIBUTED) else None
+        module = module_in_sentence(self.peak_module) if names_module(self.peak_module) else None
         if where and module:
             parts.append(f"{where} of {module}")
         elif where or module:

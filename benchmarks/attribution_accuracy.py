@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,7 +28,7 @@ from analyzer.attribute import attribute
 from analyzer.evaluate.accuracy import peak_agreement
 from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace
-from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, UNATTRIBUTED
+from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, NO_MODULE, UNATTRIBUTED, names_module
 from analyzer.evaluate.module_classes import (has_python_frames, module_class_agreement, simulator_classes,
                                               unattributed_module_share)
 
@@ -36,6 +37,7 @@ SIM = ROOT / "fixtures" / "traces" / "sim"
 REAL = ROOT.parent / "shared" / "real"
 RESULTS = Path(__file__).resolve().parent / "results" / "attribution_accuracy.md"
 FIELDS = ("category", "phase", "module")
+_CLASS_LEVEL = re.compile(r"^[A-Za-z_]\w*(\[\d+\])?$")   # a call path level that is a class, not a frame
 
 
 def markdown(header: list[str], rows: Iterable[list[str]]) -> str:
@@ -65,12 +67,19 @@ def _class_read_share(trace: MemoryTrace) -> float:
     for device in active_devices(trace):
         live = find_peak(trace, device).live
         modules = live["module"].astype(str)
-        known = modules != UNATTRIBUTED
+        known = modules.map(names_module).astype(bool)
         named += int(live.loc[known, "allocated_bytes"].sum())
-        classed = modules.map(lambda m: " forward" not in m.split(MODULE_PATH_SEPARATOR)[-1]
-                              and " __init__" not in m.split(MODULE_PATH_SEPARATOR)[-1]).astype(bool)
+        classed = modules.map(lambda m: bool(_CLASS_LEVEL.match(m.split(MODULE_PATH_SEPARATOR)[-1]))).astype(bool)
         read += int(live.loc[known & classed, "allocated_bytes"].sum())
     return read / named if named else 0.0
+
+
+def _no_module_share(trace: MemoryTrace) -> float:
+    """Of the bytes at the devices' peaks, the share the frames show was made outside every module."""
+    lives = [find_peak(trace, device).live for device in active_devices(trace)]
+    total = sum(int(live["allocated_bytes"].sum()) for live in lives)
+    outside = sum(int(live.loc[live["module"].astype(str) == NO_MODULE, "allocated_bytes"].sum()) for live in lives)
+    return outside / total if total else 0.0
 
 
 def module_table() -> str:
@@ -85,9 +94,11 @@ def module_table() -> str:
         if share is None:
             continue
         shares.append(share)
-        rows.append([str(path.relative_to(REAL)), f"{share:.1%}", f"{_class_read_share(trace):.1%}"])
-    rows.append([f"**median of {len(shares)}**", f"**{statistics.median(shares):.1%}**" if shares else "-", ""])
-    return markdown(["snapshot with Python frames", "module unattributed", "class read (of those with a module)"], rows)
+        rows.append([str(path.relative_to(REAL)), f"{share:.1%}", f"{_no_module_share(trace):.1%}",
+                     f"{_class_read_share(trace):.1%}"])
+    rows.append([f"**median of {len(shares)}**", f"**{statistics.median(shares):.1%}**" if shares else "-", "", ""])
+    return markdown(["snapshot with Python frames", "module unattributed", "made outside every module",
+                     "class read (of those with a module)"], rows)
 
 
 def attributed_share(live: pd.DataFrame, field: str) -> str:

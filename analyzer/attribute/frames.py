@@ -8,7 +8,7 @@ from functools import lru_cache
 from typing import Any
 
 from analyzer.attribute.module_paths import CallPath, SourceIndex, call_path, path_label
-from analyzer.core.stacks import Frame, is_python_frame
+from analyzer.core.stacks import Frame, format_frame, is_python_frame, is_user_frame
 from analyzer.core.vocabulary import Phase
 
 _T = r"(^|[\\/])torch[\\/]"  # a torch path component (Kineto's paths are relative: torch/nn/...)
@@ -174,6 +174,8 @@ class StackFacts:
     replicates: bool = False   # made by nn.DataParallel's replicate: a copy of the module's parameters
     init_site: str | None = None  # 'file:line' of the user object's __init__ that made it, not a torch.nn module's
     compiled: bool = False     # it runs torch.compile's output (a compiled graph or its runtime wrappers)
+    outside_modules: bool = False  # its Python frames reach the program's top and none runs a module (ran_no_module)
+    moved_by: str | None = None    # the model a `Module.to`/`.cuda()` moved, by the line that called it (moved_model)
 
 
 _NN_CONSTRUCTION = ("torch/nn/", "torch\\nn\\")
@@ -190,7 +192,49 @@ def stack_facts(frames: tuple[Frame, ...], sources: SourceIndex | None = None) -
     return StackFacts(has_python, phase, signal, module, path,
                       has_native=any(not f[0].endswith(".py") and "::" in f[2] for f in frames),
                       replicates=any(f[0].endswith(_REPLICATE) for f in frames), init_site=_init_site(frames),
-                      compiled=any(getattr(_rule_of(f[0], f[2]), "kind", None) == "compiled" for f in frames))
+                      compiled=any(getattr(_rule_of(f[0], f[2]), "kind", None) == "compiled" for f in frames),
+                      outside_modules=ran_no_module(frames), moved_by=moved_model(frames))
+
+
+_MODULE_PY = re.compile(_T + r"nn[\\/]modules[\\/]module\.py$")
+# Module's methods that copy every parameter to a device or dtype (`_apply` does it for all of them)
+_MOVES = frozenset(("_apply", "convert", "to", "cuda", "xpu", "cpu", "half", "float", "double", "bfloat16", "type",
+                    "to_empty"))
+
+
+def moved_model(frames: tuple[Frame, ...]) -> str | None:
+    """`client.py:176 reset_model (Module.to)`: the model whose parameters a `Module.to` (`.cuda()`, `.half()` ...)
+    copied, named by the line of user code that called it (a library's wrapper of the same name, such as
+    transformers' `PreTrainedModel.to`, is skipped); None when no module's `_apply` made the tensor."""
+    applied = [i for i, f in enumerate(frames) if f[2] == "_apply" and _MODULE_PY.search(f[0])]
+    if not applied:
+        return None
+    outer = applied[-1] + 1
+    method = "to"
+    while outer < len(frames) and frames[outer][2] in _MOVES:
+        method = frames[outer][2] if _MODULE_PY.search(frames[outer][0]) else method
+        outer += 1
+    site = next((f for f in frames[outer:] if is_user_frame(f)), None)
+    return f"{format_frame(site)} (Module.{method})" if site else None
+
+
+# frames that run a module, or code a module's work runs in: torch's module machinery (`_call_impl`, hooks,
+# `Module.to`), its wrappers (DDP, FSDP), autograd (a backward is the modules' backward), activation
+# checkpointing, torch.compile and its generated code, FX graph modules
+_MODULE_MACHINERY = re.compile(_T + r"(nn[\\/](modules[\\/]module\.py$|parallel[\\/])|distributed[\\/]|autograd[\\/]|"
+                               r"utils[\\/]checkpoint\.py$|_dynamo[\\/]|_inductor[\\/]|_functorch[\\/]|"
+                               r"_higher_order_ops[\\/]|fx[\\/])|(^|[\\/])torchinductor_[^\\/]*[\\/]")
+_MODULE_METHODS = frozenset(("forward", "__init__", "backward"))
+
+
+def ran_no_module(frames: tuple[Frame, ...]) -> bool:
+    """Whether the stack shows that no module was running: it has Python frames up to the program's top level
+    (a `<module>` frame: a script, a notebook cell, `python -m`), and none of them is a `forward`, a constructor,
+    a `backward` or torch's module machinery. A stack that stops short of the top (a thread's, autograd's) or
+    runs a module somewhere proves nothing."""
+    python = [f for f in frames if is_python_frame(f)]
+    return (any(f[2] == "<module>" for f in python)
+            and not any(f[2] in _MODULE_METHODS or _MODULE_MACHINERY.search(f[0]) for f in python))
 
 
 def _init_site(frames: tuple[Frame, ...]) -> str | None:

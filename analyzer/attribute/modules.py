@@ -17,10 +17,19 @@
    state or of a step's gradients find their parameter within `ORDER_WINDOW` of the last one matched); else
    the call path the parameters of its size share but for the order numbers (`size-match:parameter-class`:
    some decoder layer's MLP);
+   A parameter that a `Module.to` (`.cuda()`, `.half()` ...) made is the model's that line moved
+   (`frames:module.to`, `client.py:176 reset_model (Module.to)`): which of its modules, the copy does not say;
    A compiled graph's allocation that no frame outside it names (Dynamo runs the graph in place of the
    compiled module's `forward` frame, so no level is left) takes the recording's root module where every call
    path starts with the same class: `torch.compile(model)` compiles that model (`structure:compiled-root`);
-4. mirror: an allocation of the backward pass (not a parameter's gradient) that no frame labels (autograd's
+4. no module: an activation, temporary, input or other tensor (never a model state, whose module is its
+   parameter's, not the code's that made it) whose Python frames reach the program's top level without
+   running any module (`analyzer.attribute.frames.ran_no_module`: a loss or a batch made by the training loop,
+   an optimizer's temporaries, a script's own tensors) is made outside every module: `(no module)`
+   (`frames:no-module`), said apart from `unattributed`, which is not knowing. Not in a backward pass, which
+   runs the modules' backward whatever the frames show (only the mirror below gives a backward tensor of a
+   loss computed outside the modules that label);
+5. mirror: an allocation of the backward pass (not a parameter's gradient) that no frame labels (autograd's
    thread records no Python frames) is taken for the gradient of a forward tensor when one of its size is among
    the next `MIRROR_RELEASES` forward tensors released after it (autograd releases the tensors a node saved
    once the node has made its gradients): it takes that tensor's module (`size-match:forward-release`).
@@ -37,10 +46,14 @@ import pandas as pd
 
 from analyzer.attribute.annotations import annotation_labels
 from analyzer.attribute.module_paths import SEPARATOR, CallPath, path_label
-from analyzer.core.vocabulary import Category, Phase
+from analyzer.core.vocabulary import NO_MODULE, Category, Phase
 
 CALL_PATH, ORDERED = "frames:call-path", "frames:call-path+order"
 COMPILED_ROOT = "structure:compiled-root"
+OUTSIDE = "frames:no-module"
+MOVED = "frames:module.to"
+#: the categories a stack outside every module says the module of (a model state's is its parameter's)
+MADE_BY_CODE = (Category.INPUT, Category.ACTIVATION, Category.TEMPORARY, Category.OTHER)
 MIRROR_RELEASES = 8    # forward tensors released after a backward allocation that may be the one it mirrors
 ORDER_WINDOW = 16      # parameters searched on from the last one matched
 ORDER_STATES = 4       # optimizer states per parameter at most (Adam keeps two, some optimizers more)
@@ -50,9 +63,11 @@ ORDER_SHARE = 0.9      # of the tensors that must find their parameter for the o
 def assign_modules(a: pd.DataFrame, annotations: pd.DataFrame, times: np.ndarray, stacks: np.ndarray,
                    paths: Sequence[CallPath], category: np.ndarray, from_metadata: tuple[np.ndarray, np.ndarray],
                    step: np.ndarray | None = None, phase: np.ndarray | None = None,
-                   compiled: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   compiled: np.ndarray | None = None, outside: np.ndarray | None = None,
+                   moved: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(module, label source) of every row of `a`; `stacks` is each row's stack id (-1: none) into `paths`;
-    `compiled` marks the rows whose stack runs a compiled graph."""
+    `compiled` marks the rows whose stack runs a compiled graph, `outside` those whose stack ran no module,
+    `moved` names the model a `Module.to` of the row's stack moved (None: none)."""
     module, source = from_metadata
     module, source = module.copy(), source.copy()
     tagged, tag_source = annotation_labels(annotations, times, "tag", "module")
@@ -67,9 +82,17 @@ def assign_modules(a: pd.DataFrame, annotations: pd.DataFrame, times: np.ndarray
     if compiled is not None and root is not None:
         graph = compiled & pd.isna(module)
         module[graph], source[graph] = root, COMPILED_ROOT
+    if moved is not None:
+        by_move = ~pd.isna(moved) & pd.isna(module) & (category == Category.PARAMETER)
+        module[by_move], source[by_move] = moved[by_move], MOVED
     _match_parameters(a, module, source, category, exact=True)
     _match_parameter_order(a, times, steps, module, source, category, phase)
     _match_parameters(a, module, source, category, exact=False)
+    if outside is not None:   # a backward is some module's even where the frames (a hand-made file's) miss it
+        by_code = outside & pd.isna(module) & np.isin(category, MADE_BY_CODE)
+        if phase is not None:
+            by_code &= phase != Phase.BACKWARD
+        module[by_code], source[by_code] = NO_MODULE, OUTSIDE
     if phase is not None:
         _mirror_forward(a, times, steps, phase, module, source, category)
     return module, source
@@ -262,7 +285,7 @@ def _mirror_forward(a: pd.DataFrame, times: np.ndarray, steps: np.ndarray, phase
     sizes = a["requested_bytes"].to_numpy(dtype=np.int64)
     t_free = a["t_free_us"].to_numpy(dtype=np.float64, na_value=np.inf)
     timed = np.isfinite(times)
-    forward = timed & (phase == Phase.FORWARD) & np.isin(source, [CALL_PATH, ORDERED, COMPILED_ROOT]) & np.isfinite(t_free)
+    forward = timed & (phase == Phase.FORWARD) & np.isin(source, [CALL_PATH, ORDERED, COMPILED_ROOT, OUTSIDE]) & np.isfinite(t_free)
     # a parameter's gradient has its parameter's size, not an activation's: signal 3's, never mirrored
     backward = timed & (phase == Phase.BACKWARD) & pd.isna(module) & (category != Category.GRADIENT)
     for s in np.intersect1d(steps[forward], steps[backward]):

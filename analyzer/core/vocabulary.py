@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from enum import Enum
+from typing import TypeGuard
 
 
 class Word(str, Enum):
@@ -92,9 +93,18 @@ class Role(Word):
 UNATTRIBUTED = "unattributed"
 #: the root module's name in results (its FQN is the empty string)
 ROOT_MODULE = "(root module)"
+#: the module of what the frames show was made while no module ran: the script's own code (a loss, a batch, an
+#: optimizer's temporaries), not a module's forward, backward or construction
+NO_MODULE = "(no module)"
 #: between the levels of a module call path, outermost first (`GPT › Block[3] › MLP`): U+203A with spaces, a
 #: character no FQN, class name or file path holds
 MODULE_PATH_SEPARATOR = " \u203a "
+
+
+def names_module(label: str | None) -> TypeGuard[str]:
+    """Whether a module label names a module: not unattributed, nor made outside every module."""
+    return bool(label) and label not in (UNATTRIBUTED, NO_MODULE)
+
 
 PHASES: tuple[str, ...] = tuple(p.value for p in Phase)
 CATEGORIES: tuple[str, ...] = tuple(c.value for c in Category)

@@ -8,7 +8,7 @@ from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
 from analyzer.diagnose.evidence import top_allocations
 from analyzer.core.module_tree import module_in_sentence
-from analyzer.core.vocabulary import UNATTRIBUTED, Category, Phase
+from analyzer.core.vocabulary import Category, Phase, names_module
 
 
 def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
@@ -18,7 +18,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     top = d.by_category[0]
     live = d.peak.live
     activations = live[live["category"] == Category.ACTIVATION]
-    modules = [m for m in split(activations, "module", 5) if m["name"] != UNATTRIBUTED]
+    modules = [m for m in split(activations, "module", 5) if names_module(m["name"])]
     steps = [s["step"] for s in d.steps if s.get("phase") in (Phase.FORWARD, Phase.BACKWARD)]
     where = ", ".join(f"{module_in_sentence(m['name'])} {gib(m['bytes'])}" for m in modules[:3])
     return [{

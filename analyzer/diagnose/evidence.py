@@ -7,7 +7,7 @@ import pandas as pd
 
 from analyzer.core.module_tree import module_in_sentence
 from analyzer.core.trace import MemoryTrace
-from analyzer.core.vocabulary import UNATTRIBUTED, phase_in_sentence
+from analyzer.core.vocabulary import UNATTRIBUTED, names_module, phase_in_sentence
 
 
 def top_allocations(trace: MemoryTrace, rows: pd.DataFrame, n: int = 5) -> list[dict[str, Any]]:
@@ -28,6 +28,6 @@ def oom_where(phase: str | None, module: str | None, step: int | None) -> str:
         parts.append(f"in {phase_in_sentence(phase)}")
     if step is not None:
         parts.append(f"of step {step}" if parts else f"in step {step}")
-    if module and module != UNATTRIBUTED:
+    if names_module(module):
         parts.append(module if module.startswith("(") else f"({module_in_sentence(module)})")
     return " ".join(parts)

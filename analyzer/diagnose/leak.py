@@ -21,7 +21,7 @@ from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import top_allocations
 from analyzer.core.units import rate_bytes
 from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, MODEL_STATES, as_json, measured
-from analyzer.core.vocabulary import UNATTRIBUTED
+from analyzer.core.vocabulary import names_module
 
 MIN_SHARE_OF_PEAK = 0.001   # a rate below this share of the largest step peak is noise, not a leak
 LEVEL_AGREEMENT = 0.5       # the step-start levels must grow by at least this share of the kept rate
@@ -91,7 +91,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
 
 def place(stack: dict[str, Any]) -> str:
     """'train.py:88 forward (layers.3.mlp)': where a leaking group was allocated."""
-    known = stack["module"] not in ("", UNATTRIBUTED, stack["top_user_frame"])
+    known = names_module(stack["module"]) and stack["module"] != stack["top_user_frame"]
     return stack["top_user_frame"] + (f" ({stack['module']})" if known else "")
 
 

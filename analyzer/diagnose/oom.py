@@ -16,7 +16,7 @@ from typing import Any
 from analyzer.core.breakdown import labels_at
 from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import UNATTRIBUTED
+from analyzer.core.vocabulary import names_module
 from analyzer.diagnose.evidence import oom_where, top_allocations
 from analyzer.diagnose.fragmentation import RECOVERY_THRESHOLD, fragmentation_at
 
@@ -79,4 +79,4 @@ def _module_at(ctx: DeviceContext, seq: int) -> str | None:
     if before.empty:
         return None
     module = str(before.loc[before["seq_alloc"].idxmax(), "module"])
-    return None if module == UNATTRIBUTED else module
+    return module if names_module(module) else None

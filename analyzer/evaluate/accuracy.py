@@ -20,13 +20,13 @@ from analyzer.ingest.memory_timeline import AS_OUR_CATEGORY, CATEGORIES, CREATE
 from analyzer.ingest.sniff import open_input
 from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace
-from analyzer.core.vocabulary import ROOT_MODULE, UNATTRIBUTED, Role
+from analyzer.core.vocabulary import NO_MODULE, ROOT_MODULE, UNATTRIBUTED, Role, names_module
 from analyzer.result import Analysis
 
 # parameters and buffers are both model state made at load time: the recording cannot tell them apart;
 # the truth's empty module is the root module (or no module at all, which we call unattributed)
 _SAME: dict[str, str] = {Role.BUFFER: Role.BUFFER.category.value, "": ROOT_MODULE}
-_EITHER = {("", UNATTRIBUTED)}
+_EITHER = {("", UNATTRIBUTED), ("", NO_MODULE)}
 _ONE_RECORDING = "a set of ranks: agreement is scored for one recording"
 
 
@@ -127,7 +127,7 @@ def label_class(label: str | None, fqn_classes: dict[str, str]) -> str | None:
     """The innermost module class a module label names: the last element of a call path
     (`LlamaForCausalLM › LlamaModel › LlamaDecoderLayer › LlamaMLP`), the class of `LlamaMLP.forward`, or, for
     an FQN (`model.layers.0.mlp`), the class the truth gives that module. None: the label names no class."""
-    if not label or label == UNATTRIBUTED:
+    if not names_module(label):
         return None
     if label in fqn_classes:
         return fqn_classes[label]
@@ -157,7 +157,7 @@ def _module_class_share(rows: pd.DataFrame, labels: dict) -> float:
         truth = labels.get(key) if key is not None else None
         wanted = truth.get("module_class", "") if truth else None
         if not wanted:
-            match.append(label in (UNATTRIBUTED, ROOT_MODULE, ""))
+            match.append(label in (UNATTRIBUTED, NO_MODULE, ROOT_MODULE, ""))
         else:
             match.append(label_class(label, fqn_classes) == wanted)
     picked = np.asarray(match, dtype=bool)

@@ -22,7 +22,7 @@ import numpy as np
 
 from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace
-from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, ROOT_MODULE, UNATTRIBUTED
+from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, ROOT_MODULE, UNATTRIBUTED, names_module
 from analyzer.errors import UnsupportedFormat
 from analyzer.evaluate.accuracy import without_tags
 from analyzer.ingest import load
@@ -34,7 +34,7 @@ _FQN = re.compile(r"^[A-Za-z_][\w\-]*(\.[\w\-]+)*$")
 def label_class(label: str, class_of: Callable[[str], str | None]) -> str | None:
     """The module class a label names: a call path's innermost level (None when that level's class was not
     read), an FQN's class, the root module's; None for unattributed."""
-    if label == UNATTRIBUTED:
+    if not names_module(label):
         return None
     if label == ROOT_MODULE:
         return class_of("")

@@ -491,3 +491,65 @@ def test_a_folder_beside_a_source_root_is_not_under_it(tmp_path):
     sources.environment = (str(tmp_path / "site-packages"),)
     sources.check(one)
     assert labels_of(one, sources) == [f"{recorded}:{L['mlp.fc']} forward"]
+
+
+# ---- what the frames say when no module's call path does (issue 16) --------------------------------------------------
+TOP = ("/home/lin/train.py", 60, "<module>")
+MODULE_PY = "/env/site-packages/torch/nn/modules/module.py"
+
+
+@pytest.mark.parametrize("stack, outside", [
+    ([("/home/lin/train.py", 31, "loss_fn"), ("/home/lin/train.py", 50, "main"), TOP], True),
+    ([("??", 0, "at::native::empty_cuda"), ("Objects/call.c", 0, "_PyObject_Call"), ("/home/lin/train.py", 50, "main"), TOP],
+     True),                                                                 # stacks="all": C++ frames between
+    ([("/env/site-packages/torch/optim/adam.py", 400, "_single_tensor_adam"), ("/home/lin/train.py", 55, "main"), TOP],
+     True),                                                                 # an optimizer's temporaries
+    ([("/home/lin/model.py", 12, "forward"), (MODULE_PY, 1750, "_call_impl"), TOP], False),
+    ([("/home/lin/hooks.py", 5, "pre_hook"), (MODULE_PY, 1790, "_call_impl"), TOP], False),   # a module's hook
+    ([("/home/lin/train.py", 31, "loss_fn"), ("/home/lin/train.py", 50, "main")], False),     # not up to the top
+    ([("/env/site-packages/torch/_tensor.py", 600, "backward"), ("/home/lin/train.py", 52, "main"), TOP], False),
+    ([("/home/lin/data.py", 9, "__init__"), TOP], False),                    # a constructor: maybe a module's
+    ([("/tmp/torchinductor_lin/ab/cab.py", 88, "call"), TOP], False),        # a compiled graph runs a module
+    ([("??", 0, "at::native::empty_cuda")], False),                          # no Python frames: nothing shown
+])
+def test_a_stack_shows_no_module_ran_only_when_it_reaches_the_top_without_one(stack, outside):
+    from analyzer.attribute.frames import ran_no_module
+    assert ran_no_module(tuple(stack)) is outside
+
+
+@pytest.mark.parametrize("stack, moved", [
+    ([(MODULE_PY, 1357, "convert"), (MODULE_PY, 957, "_apply"), (MODULE_PY, 930, "_apply"), (MODULE_PY, 1371, "to"),
+      ("/env/site-packages/transformers/modeling_utils.py", 4343, "to"), ("/home/lin/client.py", 176, "reset_model"), TOP],
+     "/home/lin/client.py:176 reset_model (Module.to)"),                    # transformers' `to` wrapper skipped
+    ([(MODULE_PY, 1050, "<lambda>"), (MODULE_PY, 927, "_apply"), (MODULE_PY, 1050, "cuda"),
+      ("/home/lin/entrance.py", 67, "compress_model"), TOP], "/home/lin/entrance.py:67 compress_model (Module.cuda)"),
+    ([("/home/lin/train.py", 40, "main"), TOP], None),                       # a tensor's own .to(): no _apply
+    ([(MODULE_PY, 957, "_apply"), (MODULE_PY, 1371, "to")], None),           # no user code called it
+])
+def test_a_parameter_copied_by_module_to_is_named_by_the_line_that_moved_its_model(stack, moved):
+    from analyzer.attribute.frames import moved_model
+    assert moved_model(tuple(stack)) == moved
+
+
+def test_no_module_and_moved_model_end_to_end(model):
+    """A model's parameters moved by `.to()`, its forward, the loss the script computes on the output, and a
+    backward: the loss is made outside every module and the parameters are the moved model's; what runs under
+    `loss.backward()` or shows no frame stays unattributed (the borrowing by optimizer state is tested on
+    zidongliu's real snapshot)."""
+    moving = [(MODULE_PY, 1357, "convert"), (MODULE_PY, 957, "_apply"), (MODULE_PY, 1371, "to"),
+              ("/home/lin/train.py", 12, "main"), TOP]
+    forward = through((model, L["mlp.fc"], "forward"))
+    loss = [("/home/lin/train.py", 31, "loss_fn"), ("/home/lin/train.py", 50, "main"), TOP]
+    autograd = [("/env/site-packages/torch/autograd/graph.py", 800, "_engine_run_backward"),
+                ("/env/site-packages/torch/_tensor.py", 600, "backward"), ("/home/lin/train.py", 51, "main"), TOP]
+    got = recording([(1, None, moving, 3 * MiB), (2, None, moving, 5 * MiB),      # parameters
+                     (4, 9, forward + [TOP], 2 * MiB), (5, 7, loss, 7 * MiB),       # forward, the loss's temporary
+                     (8, None, autograd, 6 * MiB), (10, None, [], 3 * MiB)])        # backward, main thread and not
+    moved = "/home/lin/train.py:12 main (Module.to)"
+    assert list(got["category"].astype(str))[:2] == ["parameter", "parameter"]
+    assert list(got["module"].astype(str))[:2] == [moved, moved]
+    assert got["label_source"][0].endswith("module=frames:module.to")
+    assert got["module"][3] == "(no module)" and got["category"][3] in ("temporary", "activation")
+    assert got["label_source"][3].endswith("module=frames:no-module")
+    assert got["module"][4] == "unattributed"                                   # under loss.backward(): a backward
+    assert got["module"][5] == "unattributed"                                   # no frames, no forward tensor its size
