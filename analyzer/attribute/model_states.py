@@ -23,7 +23,11 @@ know), and says so in its label source (`structure:…`, confidence below the st
    (`zeros_like` per parameter).
 3. A long-lived tensor made in an optimizer step that replaces a parameter freed in the same step (same
    size) is the parameter (`p.data = new`), not optimizer state.
-4. What `nn.DataParallel` copies to each GPU for every forward (`replicate`) is the module's parameters
+4. The dual of 3: a tensor the lifetime rules call a parameter (made while loading and kept) that is made
+   within REPLACE_EVENTS allocator events before an optimizer state of its size is freed, and outlives it, is
+   that state's new value (`state = f(state)` out of place: DeComFL's estimator updates its K this way between
+   two model loads), optimizer state.
+5. What `nn.DataParallel` copies to each GPU for every forward (`replicate`) is the module's parameters
    there, not activations, though it lives only for the step (a frames signal, not a structural one).
 """
 from __future__ import annotations
@@ -37,6 +41,7 @@ from analyzer.core.vocabulary import Category, Phase
 
 PARAMETER, GRADIENT, OPTIMIZER_STATE = Category.PARAMETER.value, Category.GRADIENT.value, Category.OPTIMIZER_STATE.value
 BACKWARD_SHARE = 0.1  # a backward makes about as many allocations as its forward: a tenth of them is one
+REPLACE_EVENTS = 8  # allocator events from a state's new value to the old one's free, at most (`x = f(x)`)
 PAIRED_STATE_SHARE = 0.75  # tensors / optimizer-state tensors of the state's sizes: 1 for params + grads, 0.5 params
 
 
@@ -53,6 +58,7 @@ def infer_model_states(a: pd.DataFrame, phase: np.ndarray, category: np.ndarray,
     category[replicates], source[replicates] = PARAMETER, "frames:data-parallel-replica"
     _construction_state(sizes, t_alloc, phase, category, source, init_site)
     _replaced_parameters(sizes, t_alloc, t_free, phase, category, source)
+    _replaced_states(a, sizes, category, source)
     if blocks_before_recording:
         _persistent_before_recording(a, sizes, phase, category, source)
 
@@ -145,6 +151,25 @@ def _replaced_parameters(sizes: np.ndarray, t_alloc: np.ndarray, t_free: np.ndar
             new = unpaired[(s, int(sizes[row]))].pop()
             category[new] = PARAMETER
             source[new] = "structure:replaces-parameter-in-step"
+
+
+def _replaced_states(a: pd.DataFrame, sizes: np.ndarray, category: np.ndarray, source: np.ndarray) -> None:
+    """Rule 4: each optimizer state freed in the recording is replaced by the latest kept tensor of its size made
+    just before its free that the lifetime rules took for a parameter."""
+    seq_alloc = a["seq_alloc"].to_numpy(dtype=np.float64, na_value=np.nan)
+    seq_free = a["seq_free"].to_numpy(dtype=np.float64, na_value=np.inf)
+    by_lifetime = np.asarray([str(s).startswith("lifetime:") for s in source], dtype=bool)
+    new = np.flatnonzero((category == PARAMETER) & by_lifetime & np.isfinite(seq_alloc))
+    old = np.flatnonzero((category == OPTIMIZER_STATE) & np.isfinite(seq_free))
+    if not len(new) or not len(old):
+        return
+    new = new[np.argsort(seq_alloc[new], kind="stable")]
+    for r in old[np.argsort(seq_free[old], kind="stable")]:
+        near = new[(sizes[new] == sizes[r]) & (seq_alloc[new] < seq_free[r]) & (seq_alloc[new] > seq_alloc[r])
+                   & (seq_free[r] - seq_alloc[new] <= REPLACE_EVENTS) & (seq_free[new] > seq_free[r])
+                   & (category[new] == PARAMETER)]
+        if len(near):
+            _label(near[-1:], OPTIMIZER_STATE, "structure:replaces-optimizer-state", category, source)
 
 
 def _step_gap(times: np.ndarray) -> float:

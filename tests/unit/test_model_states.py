@@ -196,3 +196,43 @@ def test_without_any_history_nothing_is_called_a_parameter() -> None:
     before_recording(rec, copies=1)  # an end state only: torch.cuda.memory_snapshot() without history
     a = labels(rec)
     assert by_category(a) == {"unattributed": sum(SIZES)}
+
+
+def _estimator_update(replace_at_once: bool) -> pd.DataFrame:
+    """A model, an estimator's K per parameter made by its `__init__`, a forward, then K updated out of place
+    while the model is reloaded (`K = (1 - h) * K + h * g * g`): each new K made, then the old one freed, at once
+    or only after everything else."""
+    rec = Recording()
+    with rec.phase("load"):
+        for size in SIZES:
+            rec.alloc(size, LINEAR_INIT, name="__init__")
+        states = [rec.alloc(size, "/src/estimator.py:30", name="__init__") for size in SIZES]
+    saved = forward(rec)
+    for addr in saved:
+        rec.free(addr)
+    with rec.phase("load"):
+        for size, old in zip(SIZES, states):
+            rec.alloc(size, "/src/estimator.py:60", name="update_K")
+            if replace_at_once:
+                rec.free(old)
+        if not replace_at_once:
+            for _ in range(5):   # 10 allocator events: the old K outlives the window
+                rec.alloc(MiB, "/src/estimator.py:70", name="update_K")
+            for old in states:
+                rec.free(old)
+    return labels(rec)
+
+
+def test_a_kept_tensor_made_as_an_optimizer_state_of_its_size_is_freed_is_its_new_value() -> None:
+    a = _estimator_update(replace_at_once=True)
+    kept = a[a["t_alloc_us"].notna() & a["t_free_us"].isna() & (a["requested_bytes"] != 8 * MiB)]
+    assert by_category(kept) == {"parameter": sum(SIZES), "optimizer_state": sum(SIZES)}
+    replaced = kept[kept["category"].astype(str) == "optimizer_state"]
+    assert set(replaced["label_source"].astype(str).str.split(";").str[1]) == {
+        "category=structure:replaces-optimizer-state"}
+
+
+def test_a_tensor_made_long_before_the_state_is_freed_is_not_its_new_value() -> None:
+    a = _estimator_update(replace_at_once=False)
+    kept = a[a["t_alloc_us"].notna() & a["t_free_us"].isna() & ~a["requested_bytes"].isin([8 * MiB, MiB])]
+    assert by_category(kept) == {"parameter": 2 * sum(SIZES)}
