@@ -151,15 +151,33 @@ def _train_step(tracer: Tracer, loop: TrainingLoop, model: torch.nn.Module, opti
 
 def trace_training(loop: TrainingLoop, steps: int = 3, fake: bool = False, stacks: str = "python") -> TracedRun:
     """Run the loop for `steps` iterations on the CPU and return every allocation, free and annotation;
-    `stacks` is what `_record_memory_history(stacks=...)` would record ("python" or "all")."""
+    `stacks` is what `_record_memory_history(stacks=...)` would record ("python" or "all"). It runs from the top
+    level of a script (`python train.py`), which every stack a real recording keeps reaches."""
     tracer = Tracer(fake=fake, stacks=stacks)
-    with tracer:
+    exec(_SCRIPT, {"tracer": tracer, "train": _Training(loop, steps)})   # a constant script, not input
+    tracer.run.steps = steps
+    return tracer.run
+
+
+#: the training script's top level: the recorded stacks' outermost frame, `train.py:2 <module>`
+_SCRIPT = compile("with tracer:\n    model, optimizer = train(tracer)\n", "train.py", "exec")
+
+
+@dataclass
+class _Training:
+    loop: TrainingLoop
+    steps: int
+
+    def __call__(self, tracer: Tracer) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """Load, then train `steps` steps (and save where the loop does), as the script's main code; the model
+        and optimizer are returned to the script, which keeps them past the recording as a real one does."""
+        loop = self.loop
         with tracer.in_phase(Phase.LOAD):
             model = loop.model_fn()
         tracer.watch_model(model)
         optimizer = loop.optimizer_fn(model.parameters())
         mark_optimizer_state(tracer, optimizer)      # states an optimizer makes eagerly, in its constructor
-        for step in range(1, steps + 1):
+        for step in range(1, self.steps + 1):
             tracer.step = step
             with torch.autograd.profiler.record_function(f"{PROFILER_STEP_PREFIX}{step}"):
                 _train_step(tracer, loop, model, optimizer, step)
@@ -167,8 +185,7 @@ def trace_training(loop: TrainingLoop, steps: int = 3, fake: bool = False, stack
             with tracer.in_phase(Phase.CHECKPOINT_SAVE):
                 gathered = loop.save_fn(model, optimizer)
             del gathered
-    tracer.run.steps = steps
-    return tracer.run
+        return model, optimizer
 
 
 def simulate_to_files(run: TracedRun, out: Path, gpu_memory: int | None, settings: AllocatorSettings,

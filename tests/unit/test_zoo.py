@@ -198,3 +198,20 @@ def test_zoo_meets_the_bars(case, style):
     scores = zoo_scores(_path(case, style), tags=False)
     for measure, bar in BARS.items():
         assert scores[measure] >= bar, (case, style, measure, scores[measure])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_what_is_said_to_be_made_outside_every_module_is(case):
+    """Every stack reaches the training script's top level (`train.py <module>`), as a real recording's does, so
+    `(no module)` is said of the batch, the loss outside the model and the optimizer's temporaries; the truth
+    (by identity: no module's forward or backward was running) agrees for every byte of it, and it is said."""
+    from analyzer.attribute import attribute
+    from analyzer.core.vocabulary import NO_MODULE
+    from analyzer.evaluate.accuracy import without_tags
+
+    labels = _truth(case)["allocations"]
+    rows = attribute(without_tags(analyzer.load(_path(case, "")))).allocations
+    outside = rows[rows["module"].astype(str) == NO_MODULE]
+    assert len(outside), case
+    wrong = [int(s) for s in outside["seq_alloc"].dropna() if labels[str(int(s))].get("module_class")]
+    assert not wrong, (case, wrong[:5])
