@@ -176,6 +176,7 @@ class StackFacts:
     compiled: bool = False     # it runs torch.compile's output (a compiled graph or its runtime wrappers)
     outside_modules: bool = False  # its Python frames reach the program's top and none runs a module (ran_no_module)
     moved_by: str | None = None    # the model a `Module.to`/`.cuda()` moved, by the line that called it (moved_model)
+    built_by: str | None = None    # the model a constructor built, by the line that called it (built_model)
 
 
 _NN_CONSTRUCTION = ("torch/nn/", "torch\\nn\\")
@@ -193,9 +194,12 @@ def stack_facts(frames: tuple[Frame, ...], sources: SourceIndex | None = None) -
                       has_native=any(not f[0].endswith(".py") and "::" in f[2] for f in frames),
                       replicates=any(f[0].endswith(_REPLICATE) for f in frames), init_site=_init_site(frames),
                       compiled=any(getattr(_rule_of(f[0], f[2]), "kind", None) == "compiled" for f in frames),
-                      outside_modules=ran_no_module(frames), moved_by=moved_model(frames))
+                      outside_modules=ran_no_module(frames), moved_by=moved_model(frames),
+                      built_by=built_model(frames))
 
 
+# what builds a model: constructors, and the loaders and weight initialisers named so (the model-construction rule)
+_CONSTRUCTION = re.compile(r"^(__init__$|from_pretrained$|(?=\w+$).*?(init_weight|init_all_weights|load_model|load_weights))")
 _MODULE_PY = re.compile(_T + r"nn[\\/]modules[\\/]module\.py$")
 # Module's methods that copy every parameter to a device or dtype (`_apply` does it for all of them)
 _MOVES = frozenset(("_apply", "convert", "to", "cuda", "xpu", "cpu", "half", "float", "double", "bfloat16", "type",
@@ -214,8 +218,23 @@ def moved_model(frames: tuple[Frame, ...]) -> str | None:
     while outer < len(frames) and frames[outer][2] in _MOVES:
         method = frames[outer][2] if _MODULE_PY.search(frames[outer][0]) else method
         outer += 1
+    return _called_at(frames, outer, f"Module.{method}")
+
+
+def built_model(frames: tuple[Frame, ...]) -> str | None:
+    """`flex_opt.py:1231 run_flexgen (__init__)`: the model whose construction made a tensor, named by the line of
+    user code that called its outermost constructor (or `from_pretrained`, `init_weights` ...) in the user's
+    code; None when no such frame made it. Where the classes are readable, the constructors' call path says
+    more (analyzer.attribute.module_paths); this names the model where they are not (another version's files,
+    a library's hand-written layers such as FlexGen's)."""
+    built = [i for i, f in enumerate(frames) if is_user_frame(f) and _CONSTRUCTION.search(f[2])]
+    return _called_at(frames, built[-1] + 1, frames[built[-1]][2]) if built else None
+
+
+def _called_at(frames: tuple[Frame, ...], outer: int, how: str) -> str | None:
+    """'file:line function (how)' of the first user frame from `outer` outward, or None."""
     site = next((f for f in frames[outer:] if is_user_frame(f)), None)
-    return f"{format_frame(site)} (Module.{method})" if site else None
+    return f"{format_frame(site)} ({how})" if site else None
 
 
 # frames that run a module, or code a module's work runs in: torch's module machinery (`_call_impl`, hooks,

@@ -8,7 +8,9 @@
    confidence: the order, not the recording, tells them apart). A new call of a level begins where its
    frame's line goes back (or its parent's moves on); allocations with no recorded time are not numbered;
 3. parameters: a gradient or optimizer state takes the module of the parameters of its size where they all
-   have one (`size-match:parameter`); else that of the parameter whose place in the order of the parameters it
+   have one (`size-match:parameter`), or, where no parameter has its size, of the inputs kept to the end that
+   have it (an optimised input, `Adam([x_prime])`: its moments and gradient are as much outside every module as
+   it is); else that of the parameter whose place in the order of the parameters it
    has (`size-match:parameter-order`): an optimizer creates its state parameter by parameter in the order of
    `model.parameters()`, the order they were made in (as many tensors per parameter as the state has over
    the parameters, `ORDER_STATES` at most, each parameter's together or one pass over the parameters per
@@ -19,6 +21,8 @@
    some decoder layer's MLP);
    A parameter that a `Module.to` (`.cuda()`, `.half()` ...) made is the model's that line moved
    (`frames:module.to`, `client.py:176 reset_model (Module.to)`): which of its modules, the copy does not say;
+   one made by a constructor whose class no level names (a file of another version, FlexGen's hand-written
+   layers) is the model's that line built (`frames:model-construction`, `flex_opt.py:1231 run_flexgen (__init__)`);
    A compiled graph's allocation that no frame outside it names (Dynamo runs the graph in place of the
    compiled module's `forward` frame, so no level is left) takes the recording's root module where every call
    path starts with the same class: `torch.compile(model)` compiles that model (`structure:compiled-root`);
@@ -51,7 +55,7 @@ from analyzer.core.vocabulary import NO_MODULE, Category, Phase
 CALL_PATH, ORDERED = "frames:call-path", "frames:call-path+order"
 COMPILED_ROOT = "structure:compiled-root"
 OUTSIDE = "frames:no-module"
-MOVED = "frames:module.to"
+MOVED, BUILT = "frames:module.to", "frames:model-construction"
 #: the categories a stack outside every module says the module of (a model state's is its parameter's)
 MADE_BY_CODE = (Category.INPUT, Category.ACTIVATION, Category.TEMPORARY, Category.OTHER)
 MIRROR_RELEASES = 8    # forward tensors released after a backward allocation that may be the one it mirrors
@@ -64,10 +68,10 @@ def assign_modules(a: pd.DataFrame, annotations: pd.DataFrame, times: np.ndarray
                    paths: Sequence[CallPath], category: np.ndarray, from_metadata: tuple[np.ndarray, np.ndarray],
                    step: np.ndarray | None = None, phase: np.ndarray | None = None,
                    compiled: np.ndarray | None = None, outside: np.ndarray | None = None,
-                   moved: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   moved: np.ndarray | None = None, built: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(module, label source) of every row of `a`; `stacks` is each row's stack id (-1: none) into `paths`;
     `compiled` marks the rows whose stack runs a compiled graph, `outside` those whose stack ran no module,
-    `moved` names the model a `Module.to` of the row's stack moved (None: none)."""
+    `moved` and `built` name the model a `Module.to` of the row's stack moved, a constructor built (None: none)."""
     module, source = from_metadata
     module, source = module.copy(), source.copy()
     tagged, tag_source = annotation_labels(annotations, times, "tag", "module")
@@ -82,17 +86,18 @@ def assign_modules(a: pd.DataFrame, annotations: pd.DataFrame, times: np.ndarray
     if compiled is not None and root is not None:
         graph = compiled & pd.isna(module)
         module[graph], source[graph] = root, COMPILED_ROOT
-    if moved is not None:
-        by_move = ~pd.isna(moved) & pd.isna(module) & (category == Category.PARAMETER)
-        module[by_move], source[by_move] = moved[by_move], MOVED
-    _match_parameters(a, module, source, category, exact=True)
-    _match_parameter_order(a, times, steps, module, source, category, phase)
-    _match_parameters(a, module, source, category, exact=False)
+    for site, signal in ((moved, MOVED), (built, BUILT)):
+        if site is not None:
+            named = ~pd.isna(site) & pd.isna(module) & (category == Category.PARAMETER)
+            module[named], source[named] = site[named], signal
     if outside is not None:   # a backward is some module's even where the frames (a hand-made file's) miss it
         by_code = outside & pd.isna(module) & np.isin(category, MADE_BY_CODE)
         if phase is not None:
             by_code &= phase != Phase.BACKWARD
         module[by_code], source[by_code] = NO_MODULE, OUTSIDE
+    _match_parameters(a, module, source, category, exact=True)
+    _match_parameter_order(a, times, steps, module, source, category, phase)
+    _match_parameters(a, module, source, category, exact=False)
     if phase is not None:
         _mirror_forward(a, times, steps, phase, module, source, category)
     return module, source
@@ -196,6 +201,9 @@ def _match_parameters(a: pd.DataFrame, module: np.ndarray, source: np.ndarray, c
     else the call path the parameters of that size share but for the order numbers."""
     sizes = a["requested_bytes"].to_numpy()
     is_param = (category == Category.PARAMETER) & ~pd.isna(module)
+    if exact:   # an optimised tensor that is no parameter (`Adam([x])` on an input): where no parameter has its size
+        kept = (category == Category.INPUT) & ~pd.isna(module) & a["t_free_us"].isna().to_numpy()
+        is_param |= kept & ~np.isin(sizes, sizes[category == Category.PARAMETER])
     if not is_param.any():
         return
     params = pd.DataFrame({"size": sizes[is_param], "module": module[is_param].astype(str)})

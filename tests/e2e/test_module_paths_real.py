@@ -1,13 +1,14 @@
 """Modules on the real snapshots that have Python frames (issue 16): the share of the peak's bytes whose module
 is unattributed, per file and as the median over those files, and the form of the labels.
 
-Measured (benchmarks/attribution_accuracy.py prints the table): the median went from 78% to 66% with call paths
-and to 51.5% (20 files) once two more things the frames show were said: a tensor made while no module ran (the
-script's own code: a loss, a batch, an optimised input, its temporaries) is `(no module)`, and a parameter a
-`Module.to` copied is the model that line moved. The issue's bar, 20%, is out of reach without guessing: in 11 of
-the 20 files most of the peak was allocated before the recording began (blocks with no frames, model state
-whose parameters have nothing to name their module), by FlexGen's hand-written layers (no module's `forward` or
-constructor makes their weights), or is a synthetic fixture (Mosaic's `foo.py bar` frames, of no category).
+Measured (benchmarks/attribution_accuracy.py prints the table): the median went from 78% to 66% with call
+paths, then to 20.9% (20 files) once more of what the frames show was said: a tensor made while no module ran
+(the script's own code: a loss, a batch, an optimised input, its temporaries, and the moments and gradient of
+that input) is `(no module)`, and a parameter that a `Module.to` copied or a constructor made is the model that
+line moved or built. The issue's bar, 20%, is not met, and not by guessing: in 9 of the 20 files most of the
+peak was allocated before the recording began (blocks with no frames, model state whose parameters nothing
+names) or is of no category at all (Mosaic's synthetic `foo.py bar` frames, a notebook's two top-level tensors,
+a benchmarked function's frameless backward).
 """
 from __future__ import annotations
 
@@ -24,18 +25,20 @@ from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, NO_MODULE, UNATTRIBU
 from analyzer.evaluate.module_classes import has_python_frames, unattributed_module_share
 from support.paths import REAL, real_snapshots
 
-MEDIAN_REACHED = 0.52      # 0.515 today (0.781 before call paths, 0.661 before `(no module)` and `Module.to`)
-# files whose peak was made inside modules' code, or by code the frames show ran no module: the bound each
-# reaches (today's share in the comment)
+MEDIAN_REACHED = 0.21      # 0.209 today (0.781 before call paths, 0.661 before what follows)
+# files whose peak was made inside modules' code, or by code the frames show: the bound each reaches (today's
+# share in the comment, and before `(no module)` and the moved or built model)
 WITHIN_MODULES = {
-    "constructor-sun-code_location/memory_snapshot.pickle": 0.01,       # 0.0%  (2.3% before Module.to)
+    "constructor-sun-code_location/memory_snapshot.pickle": 0.01,       # 0.0%  (2.3%: Module.to)
     "magma27-cs336-a2/memory_snapshot.pickle": 0.08,                    # 7.5%  (14.6%: log_softmax of the loss)
-    "mercuryb1-sqattn/cuda_memory_snapshot.pickle": 0.05,               # 4.9%  (15.7% before Module.to)
+    "mercuryb1-sqattn/cuda_memory_snapshot.pickle": 0.05,               # 4.9%  (15.7%: Module.cuda)
     "shreyansh26-mlsys-experiments/profile_grad.pkl": 0.01,             # 0.0%  (9.0%: the script's input)
-    "wedsonlin-cs336-a2/medium_1024_training_memory_snapshot.pickle": 0.22,   # 21.5% (27.1% before: backward)
+    "wedsonlin-cs336-a2/medium_1024_training_memory_snapshot.pickle": 0.22,   # 21.5%
     "hugepanda-octree-nca/inference2_peso_oct.pickle": 0.01,            # 0.0%  (60.2%: the script's temporaries)
-    "jaspersolt-eor_nn/snapshot.pickle": 0.38,                          # 37.8% (52.3%: the optimised input)
-    "zidongliu-decomfl/memory.pickle": 0.09,                            # 8.7%  (99.4%: Module.to, its states)
+    "jaspersolt-eor_nn/snapshot.pickle": 0.17,                          # 16.0% (52.3%: the optimised input)
+    "zidongliu-decomfl/memory.pickle": 0.01,                            # 0.0%  (99.4%: Module.to, its states)
+    "yiyi-llm-inference/1.3b_snapshot.pickle": 0.01,                    # 0.2%  (99.8%: FlexGen's constructor)
+    "yiyi-llm-inference/oom_snapshot.pickle": 0.01,                     # 0.0%  (100%: FlexGen's constructor)
 }
 
 pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason="../shared/real is absent")
@@ -67,12 +70,12 @@ def test_files_made_inside_modules(name):
 
 def test_labels_are_call_paths_of_classes_or_frames():
     """No `Class.forward` labels any more; every level of a call path is a class (numbered where it repeats) or a
-    frame's `file:line forward|__init__` text; the rest are `(no module)` and a moved model's `file:line function
-    (Module.to)`."""
+    frame's `file:line forward|__init__` text; the rest are `(no module)` and a moved or built model's `file:line
+    function (Module.to)` or `(__init__)`."""
     import re
 
     level = re.compile(r"^([A-Za-z_]\w*|.+\.py:\d+ (forward|__init__))(\[\d+\])?$|^[\w\-]+(\.[\w\-]+)*$|^\(root module\)$"
-                       r"|^\(no module\)$|^.+\.py:\d+ [\w<>]+ \(Module\.\w+\)$")
+                       r"|^\(no module\)$|^.+\.py:\d+ [\w<>]+ \((Module\.\w+|\w+)\)$")
     for path in real_snapshots():
         trace = analyzer.load(path)
         if not isinstance(trace, analyzer.MemoryTrace):
@@ -122,3 +125,24 @@ def test_a_scripts_own_tensors_are_made_outside_every_module():
     assert modules[NO_MODULE] > 0.55
     assert any(name.endswith("conv.py:554 forward") for name in modules.index)
     assert modules.get(UNATTRIBUTED, 0.0) < 0.01
+
+
+def test_flexgens_weights_are_the_model_its_line_built():
+    """FlexGen's layers are not modules and only `init_weight` makes their weights, under OptLM's constructor: the
+    weights are the model `run_flexgen` built (99.7% of the peak), said to be read from the construction."""
+    live = _peak("yiyi-llm-inference/1.3b_snapshot.pickle")
+    built = live[live["module"].astype(str).str.endswith("flex_opt.py:1501 run_flexgen (__init__)")]
+    assert built["allocated_bytes"].sum() / live["allocated_bytes"].sum() > 0.99
+    assert set(built["category"].astype(str)) == {Category.PARAMETER.value}
+    assert built["label_source"].astype(str).str.endswith("module=frames:model-construction").all()
+
+
+def test_an_optimised_inputs_moments_are_made_outside_every_module():
+    """jaspersolt optimises an input (`Adam([x_prime])`, made at the script's level): its two moments and its
+    gradient have a size no parameter has, and take its `(no module)`; the tensor from before the recording and
+    its gradient, whose code no frame shows, stay unattributed."""
+    live = _peak("jaspersolt-eor_nn/snapshot.pickle")
+    states = live[live["category"].astype(str) == Category.OPTIMIZER_STATE.value]
+    assert len(states) == 2 and set(states["module"].astype(str)) == {NO_MODULE}
+    gradients = live[live["category"].astype(str) == Category.GRADIENT.value]
+    assert sorted(gradients["module"].astype(str)) == [NO_MODULE, UNATTRIBUTED]

@@ -553,3 +553,50 @@ def test_no_module_and_moved_model_end_to_end(model):
     assert got["label_source"][3].endswith("module=frames:no-module")
     assert got["module"][4] == "unattributed"                                   # under loss.backward(): a backward
     assert got["module"][5] == "unattributed"                                   # no frames, no forward tensor its size
+
+
+@pytest.mark.parametrize("stack, built", [
+    ([("/src/flexgen/pytorch_backend.py", 190, "allocate"), ("/src/flexgen/flex_opt.py", 125, "init_weight_list"),
+      ("/src/flexgen/flex_opt.py", 171, "init_weight"), ("/src/flexgen/flex_opt.py", 813, "init_all_weights"),
+      ("/src/flexgen/flex_opt.py", 650, "__init__"), ("/src/flexgen/flex_opt.py", 1231, "run_flexgen"), TOP],
+     "/src/flexgen/flex_opt.py:1231 run_flexgen (__init__)"),               # the outermost constructor's caller
+    ([("/env/site-packages/transformers/modeling_utils.py", 4000, "_load_pretrained_model"),
+      ("/env/site-packages/transformers/modeling_utils.py", 3900, "from_pretrained"), ("/home/lin/train.py", 9, "main"),
+      TOP], "/home/lin/train.py:9 main (from_pretrained)"),
+    ([("/env/site-packages/torch/nn/modules/linear.py", 99, "__init__"), TOP], None),   # torch's: a call-path level
+    ([("/home/lin/train.py", 40, "main"), TOP], None),                       # nothing built it
+])
+def test_a_parameter_a_constructor_made_is_named_by_the_line_that_built_its_model(stack, built):
+    from analyzer.attribute.frames import built_model
+    assert built_model(tuple(stack)) == built
+
+
+def test_model_sites_end_to_end(model):
+    """A parameter made by an unreadable constructor is the model its line built; one `.to()` copied is the moved
+    model's, named by the line that called `.to()` (here inside a trainer's constructor)."""
+    built = [("/home/lin/net.py", 14, "__init__"), ("/home/lin/train.py", 8, "main"), TOP]
+    moving = [(MODULE_PY, 1357, "convert"), (MODULE_PY, 957, "_apply"), (MODULE_PY, 1371, "to"),
+              ("/home/lin/trainer.py", 30, "__init__"), ("/home/lin/train.py", 9, "main"), TOP]
+    forward = through((model, L["mlp.fc"], "forward")) + [TOP]
+    got = recording([(1, None, built, 3 * MiB), (2, None, moving, 5 * MiB), (4, 5, forward, 2 * MiB)])
+    assert list(got["category"].astype(str)[:2]) == ["parameter", "parameter"]
+    assert got["module"][0] == "/home/lin/train.py:8 main (__init__)"
+    assert got["label_source"][0].endswith("module=frames:model-construction")
+    assert got["module"][1] == "/home/lin/trainer.py:30 __init__ (Module.to)"     # the line that called .to()
+
+
+@pytest.mark.parametrize("parameter_of_its_size, owner", [(False, "(no module)"), (True, "Model › MLP")])
+def test_an_optimised_input_owns_the_state_of_its_size_only_where_no_parameter_has_it(parameter_of_its_size, owner):
+    """`Adam([x_prime])` on an input made outside every module: its moments (6 MiB, no parameter of that size)
+    are as much outside every module as it is; where a parameter has the size, the parameter owns them."""
+    from analyzer.attribute.modules import _match_parameters
+    from analyzer.core.vocabulary import Category
+
+    sizes = [4 * MiB, 6 * MiB if parameter_of_its_size else 5 * MiB, 6 * MiB, 6 * MiB, 6 * MiB]
+    a = pd.DataFrame({"requested_bytes": sizes, "t_free_us": pd.array([None] * 5, dtype="Int64")})
+    category = np.asarray([Category.PARAMETER, Category.PARAMETER, Category.INPUT, Category.OPTIMIZER_STATE,
+                           Category.OPTIMIZER_STATE], dtype=object)
+    module = np.asarray(["Model › MLP", "Model › MLP", "(no module)", None, None], dtype=object)
+    source = np.full(5, None, dtype=object)
+    _match_parameters(a, module, source, category, exact=True)
+    assert list(module[3:]) == [owner, owner] and list(source[3:]) == ["size-match:parameter"] * 2
