@@ -54,6 +54,9 @@ def _rule(phase: str, signal: str, file: str | None = None, function: str | None
 # /tmp/torchinductor_USER/xx/cxxxx.py `call`, and its runtime wrappers: CompiledFxGraph.__call__, AOTAutograd's
 # runtime_wrappers and CompiledFunction.forward/backward, cudagraph trees, inductor's runtime/) is forward or
 # backward work, told apart by the frames outside it.
+# what builds a model: constructors, and the loaders and weight initialisers named so
+_CONSTRUCTION_FUNCTION = (r"^(__init__$|(?=\w+$).*?(init_weight|init_all_weights|load_model|load_weights|load_checkpoint|"
+                          r"from_pretrained))")
 _PHASE_RULES: list[_Rule] = [
     _rule(_COMPILE, "frames:compile-autotune",
           file=r"(^|[\\/])triton[\\/]testing\.py$|" + _T + r"_inductor[\\/](select_algorithm|autotune_process|"
@@ -103,9 +106,7 @@ _PHASE_RULES: list[_Rule] = [
           function=r"^(_call_impl|_wrapped_call_impl)$"),
     _rule(Phase.CHECKPOINT_SAVE.value, "frames:user-function-name", kind="weak",
           function=r"(?i)^(?=\w+$).*?(save|state_dict|consolidate)"),
-    _rule(Phase.LOAD.value, "frames:model-construction", kind="weak",
-          function=r"^(__init__$|(?=\w+$).*?(init_weight|init_all_weights|load_model|load_weights|load_checkpoint|"
-                   r"from_pretrained))"),
+    _rule(Phase.LOAD.value, "frames:model-construction", kind="weak", function=_CONSTRUCTION_FUNCTION),
 ]
 _FUNCTION_BACKWARD = _rule(_BACKWARD, _AUTOGRAD, in_compiled=_COMPILED_BACKWARD, overrules_forward=True)
 _PYTHON_RULES = [r for r in _PHASE_RULES if not r.native]
@@ -198,8 +199,7 @@ def stack_facts(frames: tuple[Frame, ...], sources: SourceIndex | None = None) -
                       built_by=built_model(frames))
 
 
-# what builds a model: constructors, and the loaders and weight initialisers named so (the model-construction rule)
-_CONSTRUCTION = re.compile(r"^(__init__$|from_pretrained$|(?=\w+$).*?(init_weight|init_all_weights|load_model|load_weights))")
+_CONSTRUCTION = re.compile(_CONSTRUCTION_FUNCTION)
 _MODULE_PY = re.compile(_T + r"nn[\\/]modules[\\/]module\.py$")
 # Module's methods that copy every parameter to a device or dtype (`_apply` does it for all of them)
 _MOVES = frozenset(("_apply", "convert", "to", "cuda", "xpu", "cpu", "half", "float", "double", "bfloat16", "type",
