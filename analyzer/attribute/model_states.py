@@ -155,21 +155,27 @@ def _replaced_parameters(sizes: np.ndarray, t_alloc: np.ndarray, t_free: np.ndar
 
 def _replaced_states(a: pd.DataFrame, sizes: np.ndarray, category: np.ndarray, source: np.ndarray) -> None:
     """Rule 4: each optimizer state freed in the recording is replaced by the latest kept tensor of its size made
-    just before its free that the lifetime rules took for a parameter."""
+    just before its free (after the state itself) that the lifetime rules took for a parameter."""
     seq_alloc = a["seq_alloc"].to_numpy(dtype=np.float64, na_value=np.nan)
     seq_free = a["seq_free"].to_numpy(dtype=np.float64, na_value=np.inf)
-    by_lifetime = np.asarray([str(s).startswith("lifetime:") for s in source], dtype=bool)
+    by_lifetime = pd.Series(source, dtype=object).astype(str).str.startswith("lifetime:").to_numpy()
     new = np.flatnonzero((category == PARAMETER) & by_lifetime & np.isfinite(seq_alloc))
     old = np.flatnonzero((category == OPTIMIZER_STATE) & np.isfinite(seq_free))
     if not len(new) or not len(old):
         return
-    new = new[np.argsort(seq_alloc[new], kind="stable")]
+    candidates = {int(size): rows[np.argsort(seq_alloc[rows], kind="stable")]
+                  for size, rows in pd.Series(new).groupby(sizes[new]).agg(np.asarray).items()}
     for r in old[np.argsort(seq_free[old], kind="stable")]:
-        near = new[(sizes[new] == sizes[r]) & (seq_alloc[new] < seq_free[r]) & (seq_alloc[new] > seq_alloc[r])
-                   & (seq_free[r] - seq_alloc[new] <= REPLACE_EVENTS) & (seq_free[new] > seq_free[r])
-                   & (category[new] == PARAMETER)]
-        if len(near):
-            _label(near[-1:], OPTIMIZER_STATE, "structure:replaces-optimizer-state", category, source)
+        rows = candidates.get(int(sizes[r]))
+        if rows is None:
+            continue
+        latest = int(np.searchsorted(seq_alloc[rows], seq_free[r], side="left")) - 1   # made before the free
+        if latest < 0:
+            continue
+        n = rows[latest]
+        if (seq_alloc[n] > seq_alloc[r] and seq_free[r] - seq_alloc[n] <= REPLACE_EVENTS and seq_free[n] > seq_free[r]
+                and category[n] == PARAMETER):
+            _label(np.asarray([n]), OPTIMIZER_STATE, "structure:replaces-optimizer-state", category, source)
 
 
 def _step_gap(times: np.ndarray) -> float:
