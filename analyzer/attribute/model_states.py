@@ -158,8 +158,8 @@ def _replaced_states(a: pd.DataFrame, sizes: np.ndarray, category: np.ndarray, s
     just before its free (after the state itself) that the lifetime rules took for a parameter."""
     seq_alloc = a["seq_alloc"].to_numpy(dtype=np.float64, na_value=np.nan)
     seq_free = a["seq_free"].to_numpy(dtype=np.float64, na_value=np.inf)
-    by_lifetime = pd.Series(source, dtype=object).astype(str).str.startswith("lifetime:").to_numpy()
-    new = np.flatnonzero((category == PARAMETER) & by_lifetime & np.isfinite(seq_alloc))
+    new = np.flatnonzero((category == PARAMETER) & np.isfinite(seq_alloc))
+    new = new[[str(source[i]).startswith("lifetime:") for i in new]]
     old = np.flatnonzero((category == OPTIMIZER_STATE) & np.isfinite(seq_free))
     if not len(new) or not len(old):
         return
