@@ -29,8 +29,8 @@ from analyzer.evaluate.accuracy import peak_agreement
 from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, NO_MODULE, UNATTRIBUTED, names_module
-from analyzer.evaluate.module_classes import (has_python_frames, module_class_agreement, simulator_classes,
-                                              unattributed_module_share)
+from analyzer.evaluate.module_classes import (has_python_frames, module_class_agreement, module_share,
+                                              simulator_classes, unattributed_module_share)
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = ROOT / "fixtures" / "traces" / "sim"
@@ -74,14 +74,6 @@ def _class_read_share(trace: MemoryTrace) -> float:
     return read / named if named else 0.0
 
 
-def _no_module_share(trace: MemoryTrace) -> float:
-    """Of the bytes at the devices' peaks, the share the frames show was made outside every module."""
-    lives = [find_peak(trace, device).live for device in active_devices(trace)]
-    total = sum(int(live["allocated_bytes"].sum()) for live in lives)
-    outside = sum(int(live.loc[live["module"].astype(str) == NO_MODULE, "allocated_bytes"].sum()) for live in lives)
-    return outside / total if total else 0.0
-
-
 def module_table() -> str:
     """Real snapshots with Python frames: the peak's unattributed-module share, and the median."""
     rows, shares = [], []
@@ -94,7 +86,7 @@ def module_table() -> str:
         if share is None:
             continue
         shares.append(share)
-        rows.append([str(path.relative_to(REAL)), f"{share:.1%}", f"{_no_module_share(trace):.1%}",
+        rows.append([str(path.relative_to(REAL)), f"{share:.1%}", f"{module_share(trace, NO_MODULE) or 0.0:.1%}",
                      f"{_class_read_share(trace):.1%}"])
     rows.append([f"**median of {len(shares)}**", f"**{statistics.median(shares):.1%}**" if shares else "-", "", ""])
     return markdown(["snapshot with Python frames", "module unattributed", "made outside every module",

@@ -12,6 +12,7 @@ from analyzer.core.stacks import Frame, format_frame, is_python_frame, is_user_f
 from analyzer.core.vocabulary import Phase
 
 _T = r"(^|[\\/])torch[\\/]"  # a torch path component (Kineto's paths are relative: torch/nn/...)
+_MODULE_FILE = _T + r"nn[\\/]modules[\\/]module\.py$"   # nn.Module itself: `_call_impl`, hooks, `to`, `_apply`
 _BACKWARD, _FORWARD, _COMPILE = Phase.BACKWARD.value, Phase.FORWARD.value, Phase.COMPILE.value
 _COMPILED_GRAPH = "frames:compiled-graph"
 _COMPILED_BACKWARD = "frames:compiled-backward"
@@ -97,12 +98,12 @@ _PHASE_RULES: list[_Rule] = [
           function=r"^(state_dict|_save_to_state_dict|full_state_dict|get_state_dict|consolidate_state_dict)$"),
     _rule(Phase.LOAD.value, "frames:load_state_dict", file=_T + r"serialization\.py$", function=r"^_?load"),
     _rule(Phase.LOAD.value, "frames:load_state_dict", function=r"(load_state_dict|_load_from_state_dict)$"),
-    _rule(Phase.LOAD.value, "frames:module.to", file=_T + r"nn[\\/]modules[\\/]module\.py$",
+    _rule(Phase.LOAD.value, "frames:module.to", file=_MODULE_FILE,
           function=r"^(_apply|to|cuda|convert)$"),
     _rule(Phase.LOAD.value, "frames:module-init", file=_T + r"nn[\\/]modules[\\/]\w+\.py$",
           function=r"^(__init__|reset_parameters)$"),
     _rule(Phase.LOAD.value, "frames:module-init", file=_T + r"nn[\\/]init\.py$", function=r"^\w+$"),
-    _rule(_FORWARD, "frames:module.forward", kind="weak", file=_T + r"nn[\\/]modules[\\/]module\.py$",
+    _rule(_FORWARD, "frames:module.forward", kind="weak", file=_MODULE_FILE,
           function=r"^(_call_impl|_wrapped_call_impl)$"),
     _rule(Phase.CHECKPOINT_SAVE.value, "frames:user-function-name", kind="weak",
           function=r"(?i)^(?=\w+$).*?(save|state_dict|consolidate)"),
@@ -200,7 +201,7 @@ def stack_facts(frames: tuple[Frame, ...], sources: SourceIndex | None = None) -
 
 
 _CONSTRUCTION = re.compile(_CONSTRUCTION_FUNCTION)
-_MODULE_PY = re.compile(_T + r"nn[\\/]modules[\\/]module\.py$")
+_MODULE_PY = re.compile(_MODULE_FILE)
 # Module's methods that copy every parameter to a device or dtype (`_apply` does it for all of them)
 _MOVES = frozenset(("_apply", "convert", "to", "cuda", "xpu", "cpu", "half", "float", "double", "bfloat16", "type",
                     "to_empty"))
@@ -240,7 +241,7 @@ def _called_at(frames: tuple[Frame, ...], outer: int, how: str) -> str | None:
 # frames that run a module, or code a module's work runs in: torch's module machinery (`_call_impl`, hooks,
 # `Module.to`), its wrappers (DDP, FSDP), autograd (a backward is the modules' backward), activation
 # checkpointing, torch.compile and its generated code, FX graph modules
-_MODULE_MACHINERY = re.compile(_T + r"(nn[\\/](modules[\\/]module\.py$|parallel[\\/])|distributed[\\/]|autograd[\\/]|"
+_MODULE_MACHINERY = re.compile(_MODULE_FILE + "|" + _T + r"(nn[\\/]parallel[\\/]|distributed[\\/]|autograd[\\/]|"
                                r"utils[\\/]checkpoint\.py$|_dynamo[\\/]|_inductor[\\/]|_functorch[\\/]|"
                                r"_higher_order_ops[\\/]|fx[\\/])|(^|[\\/])torchinductor_[^\\/]*[\\/]")
 _MODULE_METHODS = frozenset(("forward", "__init__", "backward"))

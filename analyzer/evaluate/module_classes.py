@@ -9,6 +9,7 @@ comparison would score a right answer as wrong.
 And, for recordings with no truth, how much of the peak has no module at all:
 
     unattributed_module_share(trace)             # of the bytes at every active device's peak, summed
+    module_share(trace, label)                   # the same for any module label (`(no module)`)
     has_python_frames(trace)                     # whether its stacks hold any Python frame
 """
 from __future__ import annotations
@@ -94,11 +95,16 @@ def has_python_frames(trace: MemoryTrace) -> bool:
 def unattributed_module_share(trace: MemoryTrace) -> float | None:
     """Bytes whose module is unattributed over all bytes, at each active device's peak (summed over devices) of
     an attributed trace; None when no device holds memory at its peak."""
+    return module_share(trace, UNATTRIBUTED)
+
+
+def module_share(trace: MemoryTrace, label: str) -> float | None:
+    """Bytes whose module is `label` over all bytes, as unattributed_module_share counts them."""
     from analyzer.pipeline import active_devices
 
-    unknown = total = 0
+    matched = total = 0
     for device in active_devices(trace):
         live = find_peak(trace, device).live
         total += int(live["allocated_bytes"].sum())
-        unknown += int(live.loc[live["module"].astype(str) == UNATTRIBUTED, "allocated_bytes"].sum())
-    return unknown / total if total else None
+        matched += int(live.loc[live["module"].astype(str) == label, "allocated_bytes"].sum())
+    return matched / total if total else None
