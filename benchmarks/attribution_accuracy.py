@@ -7,8 +7,9 @@
   module other than `unattributed`, with what the file gave to work with (history, stacks, annotations);
 - modules without tags are call paths of class names (`GPT › Block[3] › MLP`), not FQNs: the simulated
   fixtures are also scored by module class (needs torch), and the real snapshots with Python frames get the
-  unattributed-module share of their peak (all devices' peaks together), its median, and the share of the
-  peak whose module's innermost level has its class read (not a `file:line forward` frame).
+  unattributed-module share of their peak (all devices' peaks together), its median, the share labelled by a
+  whole model and no module in it, and the share of the peak whose module's innermost level has its class read
+  (not a `file:line forward` frame).
 
     python benchmarks/attribution_accuracy.py [--out benchmarks/results/attribution_accuracy.md]
 """
@@ -30,7 +31,7 @@ from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, NO_MODULE, UNATTRIBUTED, names_module
 from analyzer.evaluate.module_classes import (has_python_frames, module_class_agreement, module_share,
-                                              simulator_classes, unattributed_module_share)
+                                              simulator_classes, unattributed_module_share, whole_model_share)
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = ROOT / "fixtures" / "traces" / "sim"
@@ -76,7 +77,7 @@ def _class_read_share(trace: MemoryTrace) -> float:
 
 def module_table() -> str:
     """Real snapshots with Python frames: the peak's unattributed-module share, and the median."""
-    rows, shares = [], []
+    rows, shares, coarse = [], [], []
     for path in sorted(p for p in REAL.rglob("*") if p.suffix in (".pickle", ".pkl")):
         loaded = analyzer.load(path)
         if not isinstance(loaded, MemoryTrace) or not has_python_frames(loaded):
@@ -85,12 +86,15 @@ def module_table() -> str:
         share = unattributed_module_share(trace)
         if share is None:
             continue
+        whole = whole_model_share(trace) or 0.0
         shares.append(share)
+        coarse.append(share + whole)
         rows.append([str(path.relative_to(REAL)), f"{share:.1%}", f"{module_share(trace, NO_MODULE) or 0.0:.1%}",
-                     f"{_class_read_share(trace):.1%}"])
-    rows.append([f"**median of {len(shares)}**", f"**{statistics.median(shares):.1%}**" if shares else "-", "", ""])
+                     f"{whole:.1%}", f"{_class_read_share(trace):.1%}"])
+    rows.append([f"**median of {len(shares)}**", f"**{statistics.median(shares):.1%}**" if shares else "-", "",
+                 f"(with unattributed: **{statistics.median(coarse):.1%}**)" if coarse else "", ""])
     return markdown(["snapshot with Python frames", "module unattributed", "made outside every module",
-                     "class read (of those with a module)"], rows)
+                     "the whole model only", "class read (of those with a module)"], rows)
 
 
 def attributed_share(live: pd.DataFrame, field: str) -> str:

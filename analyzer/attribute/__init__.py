@@ -172,7 +172,8 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
                                            compiled=np.asarray([f.compiled for f in facts] + [False], dtype=bool)[stacks],
                                            outside=np.asarray([f.outside_modules for f in facts] + [False], dtype=bool)[stacks],
                                            moved=np.asarray([f.moved_by for f in facts] + [None], dtype=object)[stacks],
-                                           built=np.asarray([f.built_by for f in facts] + [None], dtype=object)[stacks])
+                                           built=np.asarray([f.built_by for f in facts] + [None], dtype=object)[stacks],
+                                           framed=has_python if trace.source_kind == "snapshot" else None)
     if ops is not None:   # the trace's own nn.Module spans name the class and instance, whatever the source here says
         spoke = ~pd.isna(ops.module)
         module[spoke], module_source[spoke] = ops.module[spoke], ops.module_signal[spoke]

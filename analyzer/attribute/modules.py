@@ -26,6 +26,12 @@
    A compiled graph's allocation that no frame outside it names (Dynamo runs the graph in place of the
    compiled module's `forward` frame, so no level is left) takes the recording's root module where every call
    path starts with the same class: `torch.compile(model)` compiles that model (`structure:compiled-root`);
+   a snapshot's parameter with no Python frames (made before the recording began, or by a thread that records none) takes
+   the recording's one model where every call path of its device starts with the same root and no parameter
+   was moved or built by a line the frames name (`structure:sole-model`): the model the recording ran, by its
+   class where it is read (`BasicsTransformerLM`), else by its file (`…/cs336_basics/model.py (model)`); which
+   of its modules, nothing says. Two roots (a teacher beside a student, a layer called outside the model) and
+   the parameter stays unattributed;
 4. no module: an activation, temporary, input or other tensor (never a model state, whose module is its
    parameter's, not the code's that made it) whose Python frames reach the program's top level without
    running any module (`analyzer.attribute.frames.ran_no_module`: a loss or a batch made by the training loop,
@@ -49,11 +55,11 @@ import numpy as np
 import pandas as pd
 
 from analyzer.attribute.annotations import annotation_labels
-from analyzer.attribute.module_paths import SEPARATOR, CallPath, path_label
+from analyzer.attribute.module_paths import SEPARATOR, CallPath, Level, path_label
 from analyzer.core.vocabulary import NO_MODULE, Category, Phase
 
 CALL_PATH, ORDERED = "frames:call-path", "frames:call-path+order"
-COMPILED_ROOT = "structure:compiled-root"
+COMPILED_ROOT, SOLE_MODEL = "structure:compiled-root", "structure:sole-model"
 OUTSIDE = "frames:no-module"
 MOVED, BUILT = "frames:module.to", "frames:model-construction"
 #: the categories a stack outside every module says the module of (a model state's is its parameter's)
@@ -68,10 +74,13 @@ def assign_modules(a: pd.DataFrame, annotations: pd.DataFrame, times: np.ndarray
                    paths: Sequence[CallPath], category: np.ndarray, from_metadata: tuple[np.ndarray, np.ndarray],
                    step: np.ndarray | None = None, phase: np.ndarray | None = None,
                    compiled: np.ndarray | None = None, outside: np.ndarray | None = None,
-                   moved: np.ndarray | None = None, built: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   moved: np.ndarray | None = None, built: np.ndarray | None = None,
+                   framed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(module, label source) of every row of `a`; `stacks` is each row's stack id (-1: none) into `paths`;
     `compiled` marks the rows whose stack runs a compiled graph, `outside` those whose stack ran no module,
-    `moved` and `built` name the model a `Module.to` of the row's stack moved, a constructor built (None: none)."""
+    `moved` and `built` name the model a `Module.to` of the row's stack moved, a constructor built (None: none),
+    `framed` marks the rows whose stack has Python frames (None where the rows from before the recording are not
+    tensors but amounts a reader reconstructed, a profiler trace's: no one model is given to them)."""
     module, source = from_metadata
     module, source = module.copy(), source.copy()
     tagged, tag_source = annotation_labels(annotations, times, "tag", "module")
@@ -82,14 +91,19 @@ def assign_modules(a: pd.DataFrame, annotations: pd.DataFrame, times: np.ndarray
     from_frames = pd.isna(module) & ~pd.isna(labels)
     module[from_frames] = labels[from_frames]
     source[from_frames] = np.where(numbered[from_frames], ORDERED, CALL_PATH)
-    root = _root_module(paths)
-    if compiled is not None and root is not None:
+    root = _root_level(paths, stacks)
+    if compiled is not None and root is not None and root.resolved:
         graph = compiled & pd.isna(module)
-        module[graph], source[graph] = root, COMPILED_ROOT
+        module[graph], source[graph] = root.label, COMPILED_ROOT
+    is_param = category == Category.PARAMETER
     for site, signal in ((moved, MOVED), (built, BUILT)):
         if site is not None:
-            named = ~pd.isna(site) & pd.isna(module) & (category == Category.PARAMETER)
+            named = ~pd.isna(site) & pd.isna(module) & is_param
             module[named], source[named] = site[named], signal
+    if framed is not None and root is not None and not np.isin(source[is_param], (MOVED, BUILT)).any():
+        unnamed = is_param & pd.isna(module) & ~framed
+        module[unnamed] = root.label if root.resolved else f"{root.identity} (model)"
+        source[unnamed] = SOLE_MODEL
     if outside is not None:   # a backward is some module's even where the frames (a hand-made file's) miss it
         by_code = outside & pd.isna(module) & np.isin(category, MADE_BY_CODE)
         if phase is not None:
@@ -103,13 +117,12 @@ def assign_modules(a: pd.DataFrame, annotations: pd.DataFrame, times: np.ndarray
     return module, source
 
 
-def _root_module(paths: Sequence[CallPath]) -> str | None:
-    """The class every call path of the recording starts with, if they all start with one read from source."""
-    roots = {(p[0].identity, p[0].label, p[0].resolved) for p in paths if p}
-    if len(roots) != 1:
-        return None
-    ((_, label, resolved),) = roots
-    return label if resolved else None
+def _root_level(paths: Sequence[CallPath], stacks: np.ndarray) -> Level | None:
+    """The outermost level every call path of the rows' stacks starts with (its line aside), if there is one:
+    the recording ran one model. A class not read here is known by its file only (Level.identity)."""
+    used = [paths[s] for s in np.unique(stacks[stacks >= 0]).tolist() if paths[s]]
+    roots = {(p[0].identity, p[0].resolved) for p in used}
+    return used[0][0] if len(roots) == 1 else None
 
 
 @dataclass

@@ -10,6 +10,7 @@ And, for recordings with no truth, how much of the peak has no module at all:
 
     unattributed_module_share(trace)             # of the bytes at every active device's peak, summed
     module_share(trace, label)                   # the same for any module label (`(no module)`)
+    whole_model_share(trace)                     # the same for the bytes only the recording's one model names
     has_python_frames(trace)                     # whether its stacks hold any Python frame
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace
@@ -100,11 +102,34 @@ def unattributed_module_share(trace: MemoryTrace) -> float | None:
 
 def module_share(trace: MemoryTrace, label: str) -> float | None:
     """Bytes whose module is `label` over all bytes, as unattributed_module_share counts them."""
+    return _peak_share(trace, lambda live: live["module"].astype(str) == label)
+
+
+#: the module signals that name a whole model, no module in it (analyzer.attribute.modules): the model a line
+#: moved or built, the recording's one model
+_WHOLE_MODEL = ("module=frames:module.to", "module=frames:model-construction", "module=structure:sole-model")
+_BORROWED = "module=size-match:"
+
+
+def whole_model_share(trace: MemoryTrace) -> float | None:
+    """Bytes labelled by a whole model and no module in it (parameters a line moved or built, or no frame names
+    in a recording of one model, and the gradients and optimizer states that took their label by size) over all
+    bytes, as unattributed_module_share counts them: a module, but the coarsest."""
+    def coarse(live: pd.DataFrame) -> pd.Series:
+        signal = live["label_source"].astype(str)
+        whole = signal.str.endswith(_WHOLE_MODEL)
+        models = set(live.loc[whole, "module"].astype(str))
+        return live["module"].astype(str).isin(models) & (whole | signal.str.contains(_BORROWED))
+    return _peak_share(trace, coarse)
+
+
+def _peak_share(trace: MemoryTrace, selects: Callable[[pd.DataFrame], pd.Series]) -> float | None:
+    """Bytes of the rows `selects` picks over all bytes, at each active device's peak (summed over devices)."""
     from analyzer.pipeline import active_devices
 
     matched = total = 0
     for device in active_devices(trace):
         live = find_peak(trace, device).live
         total += int(live["allocated_bytes"].sum())
-        matched += int(live.loc[live["module"].astype(str) == label, "allocated_bytes"].sum())
+        matched += int(live.loc[selects(live), "allocated_bytes"].sum())
     return matched / total if total else None

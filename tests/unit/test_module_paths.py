@@ -294,11 +294,12 @@ def frame_dicts(frames) -> list[dict]:
     return [{"filename": f, "line": ln, "name": n} for f, ln, n in frames]
 
 
-def recording(allocs: list[tuple[int, int | None, list, int]], annotations=()) -> pd.DataFrame:
-    """Attribute (start tick, end tick or None, frames, size) allocations; rows in the order given."""
+def recording(allocs: list[tuple[int | None, int | None, list, int]], annotations=()) -> pd.DataFrame:
+    """Attribute (start tick or None, end tick or None, frames, size) allocations; rows in the order given."""
     base, events = 0x7F0000000000, []
     for i, (start, end, _, _) in enumerate(allocs):
-        events.append((start, 0, "alloc", i))
+        if start is not None:   # None: a block allocated before the recording began (no event of it)
+            events.append((start, 0, "alloc", i))
         if end is not None:
             events += [(end, 1, "free_requested", i), (end, 2, "free_completed", i)]
     slot = 64 * MiB
@@ -583,6 +584,40 @@ def test_model_sites_end_to_end(model):
     assert got["module"][0] == "/home/lin/train.py:8 main (__init__)"
     assert got["label_source"][0].endswith("module=frames:model-construction")
     assert got["module"][1] == "/home/lin/trainer.py:30 __init__ (Module.to)"     # the line that called .to()
+
+
+@pytest.mark.parametrize("forward_file, model_label", [(None, "Model"), ("/home/lin/net.py", "/home/lin/net.py (model)")])
+def test_a_parameter_from_before_the_recording_is_the_one_model_the_recording_ran(model, forward_file, model_label):
+    """Blocks alive since before the recording, kept to its end, with no frames: parameters (structure). Every
+    call path of the forward starts with one root: they are that model's, by its class where it is read, else by
+    its file; which of its modules, nothing says."""
+    root = (forward_file, 8, "forward") if forward_file else (model, L["model.loop"], "forward")
+    block = (forward_file, 30, "forward") if forward_file else (model, L["block.add"], "forward")
+    forward = through(block, root) + [TOP]
+    got = recording([(None, None, [], 3 * MiB), (None, None, [], 5 * MiB), (1, 2, forward, 2 * MiB),
+                     (3, 4, through(root) + [TOP], 2 * MiB)])
+    assert list(got["category"].astype(str)[:2]) == ["parameter", "parameter"]
+    assert list(got["module"].astype(str)[:2]) == [model_label, model_label]
+    assert got["label_source"][0].endswith("module=structure:sole-model")   # a structural guess, said as one
+
+
+@pytest.mark.parametrize("case", ["two roots", "framed parameter", "a moved model"])
+def test_a_parameter_from_before_the_recording_stays_unattributed_without_one_model(model, case):
+    """Two roots (an MLP called outside the model: which one owns the block?), a parameter whose frames name no
+    model (the script made it), or another model the frames name (moved by a line): no sole model to give."""
+    forward = through((model, L["block.add"], "forward"), (model, L["model.loop"], "forward")) + [TOP]
+    allocs = [(None, None, [], 3 * MiB), (1, 2, forward, 2 * MiB)]
+    if case == "two roots":
+        allocs.append((3, 4, through((model, L["mlp.fc"], "forward")) + [TOP], 2 * MiB))
+    elif case == "framed parameter":
+        allocs[0] = (None, None, [("/home/lin/train.py", 40, "main"), TOP], 3 * MiB)
+    else:
+        moving = [(MODULE_PY, 1357, "convert"), (MODULE_PY, 957, "_apply"), (MODULE_PY, 1371, "to"),
+                  ("/home/lin/train.py", 12, "main"), TOP]
+        allocs.insert(1, (None, None, moving, 5 * MiB))
+    got = recording(allocs)
+    assert got["category"][0] == "parameter"
+    assert got["module"][0] == "unattributed"
 
 
 @pytest.mark.parametrize("parameter_of_its_size, owner", [(False, "(no module)"), (True, "Model › MLP")])
