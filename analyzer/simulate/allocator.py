@@ -87,24 +87,25 @@ class CachingAllocator:
         self.trace: list[dict[str, Any]] = []
         self.allocated_bytes = 0
         self.reserved_bytes = 0
+        self._rounding = {"roundup_power2_divisions": settings.roundup_power2_divisions}   # as round_size reads it
 
     # ---- public API --------------------------------------------------------------------------------
     def malloc(self, size: int, stream: int = 0, ctx: CallContext = NO_CONTEXT) -> Block:
         """Serve a request of `size` bytes, as DeviceCachingAllocator::malloc; raises SimulatedOutOfMemory."""
-        rounded = round_size(size, self.settings.roundup_power2_divisions)
+        rounded = round_size(size, self._rounding)
         pool = self.small if rounded <= SMALL_SIZE else self.large
-        alloc_size = segment_size(rounded)
         block = self._get_free_block(pool, rounded, stream)
         if block is None:
+            alloc_size = segment_size(rounded)
             block = self._alloc_block(pool, rounded, alloc_size, stream, ctx)
-        if block is None and self._release_available_cached_blocks(pool, rounded, stream, ctx):
-            block = self._alloc_block(pool, rounded, alloc_size, stream, ctx)
-        if block is None and self.release_cached_blocks(ctx):
-            block = self._alloc_block(pool, rounded, alloc_size, stream, ctx)
-        if block is None:
-            free = self.device.free
-            self._record("oom", None, rounded, stream, ctx, device_free=free)
-            raise SimulatedOutOfMemory(size, rounded, alloc_size, free, self.allocated_bytes, self.reserved_bytes)
+            if block is None and self._release_available_cached_blocks(pool, rounded, stream, ctx):
+                block = self._alloc_block(pool, rounded, alloc_size, stream, ctx)
+            if block is None and self.release_cached_blocks(ctx):
+                block = self._alloc_block(pool, rounded, alloc_size, stream, ctx)
+            if block is None:
+                free = self.device.free
+                self._record("oom", None, rounded, stream, ctx, device_free=free)
+                raise SimulatedOutOfMemory(size, rounded, alloc_size, free, self.allocated_bytes, self.reserved_bytes)
         return self._alloc_found_block(block, rounded, size, stream, ctx)
 
     def free(self, block: Block, ctx: CallContext | None = None) -> None:

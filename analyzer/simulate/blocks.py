@@ -84,9 +84,12 @@ class _SortedBlocks:
         return iter([self._blocks[k] for k in self._keys])
 
     def from_key(self, key: tuple) -> Iterator[Block]:
-        """Blocks at or after `key`, in order (lower_bound and onwards)."""
-        for k in self._keys[bisect_left(self._keys, key):]:
-            yield self._blocks[k]
+        """Blocks at or after `key`, in order (lower_bound and onwards), walked in place rather than copied: a
+        best fit reads one or two of thousands. The set must not change while the walk goes on."""
+        keys, i = self._keys, bisect_left(self._keys, key)
+        while i < len(keys):
+            yield self._blocks[keys[i]]
+            i += 1
 
     def before_key(self, key: tuple) -> Iterator[Block]:
         """Blocks strictly before `key`, last first (for the C++ loops that walk back from a lower bound)."""

@@ -38,6 +38,14 @@ def test_segment_sizes_follow_the_request_size():
     assert _actions(a, "segment_alloc") == [LARGE_BUFFER, 14 * MiB]
 
 
+@pytest.mark.parametrize("divisions, size", [({}, 1 * MiB + 200 * 1024 + 512), ({str(i): 4 for i in range(16)}, 1.25 * MiB)])
+def test_roundup_power2_divisions_round_a_request_up_to_its_division(divisions, size):
+    """PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:4 rounds 1.2 MiB up to the next quarter of its power of
+    two, 1.25 MiB; without it, to 512 bytes. The second request of the size is rounded as the first was."""
+    a = _allocator(roundup_power2_divisions=divisions)
+    assert [a.malloc(1 * MiB + 200 * 1024 + 1).size for _ in range(2)] == [size, size]
+
+
 def test_large_pool_keeps_remainders_only_above_1mib():
     a = _allocator()
     block = a.malloc(19 * MiB + 512)   # remainder 512 KiB - 512 B: not split, the whole segment is the block
