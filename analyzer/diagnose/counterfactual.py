@@ -2,7 +2,9 @@
 
 A remedy's formula says how much of the peak's breakdown it removes. Replaying says more: the recorded,
 attributed allocation stream is edited as the remedy would change it (`analyzer.diagnose.transforms`) and fed,
-in order, to the caching-allocator model (`analyzer.simulate.allocator`) on a device of the known capacity. The
+in order, to the caching-allocator model (`analyzer.simulate.allocator`) on a device of the known capacity, with
+the allocator options the recording ran with (`max_split_size_mb`, `roundup_power2_divisions`, expandable
+segments, as a snapshot's `allocator_settings` reports them). The
 replay gives the new peak of allocated *and* reserved bytes, wherever in the run it moves to, and whether an
 allocation would still fail, fragmentation included: the model splits, caches and releases blocks as torch does.
 
@@ -12,7 +14,7 @@ to edit: the remedies keep their formula there.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -96,7 +98,7 @@ class Replayer:
     def __init__(self, trace: MemoryTrace, device: int, capacity: int | None, shards: dict[str, int]):
         self.trace, self.device, self.shards = trace, device, shards
         self.usable = usable_capacity(trace, device, capacity)
-        self.recorded = bool(trace.allocator_settings.get("expandable_segments")) if trace.allocator_settings else False
+        self.settings = recorded_settings(trace)
         self.replays = 0
         self._stream: Stream | None | bool = False     # False: not read yet
         self._acts: dict[tuple[str, int | None], bool] = {}
@@ -116,14 +118,14 @@ class Replayer:
         key = (remedy, value)
         if key not in self._acts:
             changed = made[0](self.stream)
-            self._acts[key] = _acts_on(self.stream, changed, made[1] and not self.recorded)
+            self._acts[key] = _acts_on(self.stream, changed, made[1] and not self.settings.expandable_segments)
             self._last = (key, changed)
         return self._acts[key]
 
     def run(self, changes: list[tuple[str, int | None]]) -> Prediction:
         """The run with each change's transform applied to the result of the previous one."""
         assert self.stream is not None and all(self.can(*change) for change in changes)   # callers ask `can` first
-        stream, expandable = self.stream, self.recorded
+        stream, expandable = self.stream, self.settings.expandable_segments
         for i, (remedy, value) in enumerate(changes):
             made = transform_for(remedy, value, self.shards)
             assert made is not None
@@ -131,7 +133,19 @@ class Replayer:
             stream = cached[1] if cached is not None else made[0](stream)
             expandable = expandable or made[1]
         self.replays += 1
-        return replay(stream, self.usable, AllocatorSettings(expandable_segments=expandable))
+        return replay(stream, self.usable, replace(self.settings, expandable_segments=expandable))
+
+
+def recorded_settings(trace: MemoryTrace) -> AllocatorSettings:
+    """The allocator options of the recording, as torch reports them (`max_split_size` in bytes, -1 when unset;
+    `roundup_power2_divisions` by interval); a value of another type, or none, is the default."""
+    given = trace.allocator_settings or {}
+    split, divisions = given.get("max_split_size"), given.get("roundup_power2_divisions")
+    by_interval = divisions.items() if isinstance(divisions, dict) else ()
+    return AllocatorSettings(expandable_segments=given.get("expandable_segments") is True,
+                             max_split_size=split if type(split) is int and split > 0 else None,
+                             roundup_power2_divisions={str(k): v for k, v in by_interval
+                                                       if str(k).isdecimal() and type(v) is int and v >= 0})
 
 
 def _sharding(stage: int, shards: int) -> Transform:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from analyzer.attribute import attribute
 from analyzer.diagnose.counterfactual import Replayer, predict, recorded_stream, replay
@@ -230,3 +231,33 @@ def test_the_plan_and_the_remedy_list_replay_by_one_rule():
     already = _no_optimizer(expandable=True)
     assert not Replayer(already, 0, 256 * MiB, {}).can("expandable_segments", None)
     assert predict(already, 0, ["expandable_segments"], 256 * MiB, 4) == {}
+
+
+def _cached_then_smaller(**settings):
+    """A 100 MiB activation freed, then a 10 MiB one: the second can take the first's cached block."""
+    from dataclasses import replace
+
+    rec = Recording()
+    with rec.step(1), rec.phase("forward"):
+        rec.free(rec.alloc(100 * MiB))
+        rec.free(rec.alloc(10 * MiB))
+    trace = attribute(rec.trace())
+    return replace(trace, allocator_settings={**trace.allocator_settings, **settings})
+
+
+@pytest.mark.parametrize("settings, reserved", [({"max_split_size": -1}, 50 * MiB),
+                                                ({"max_split_size": 32 * MiB}, 70 * MiB),
+                                                ({"max_split_size": "32 MiB"}, 50 * MiB)])
+def test_a_replay_runs_with_the_recordings_allocator_settings(settings, reserved):
+    """Halved, the 5 MiB request is cut from the cached 50 MiB block, unless the recording ran with
+    max_split_size_mb:32: a request below it never takes a block above it, and a 20 MiB segment is made. torch
+    reports the setting in bytes, -1 when unset; a value of another type is no setting."""
+    run = Replayer(_cached_then_smaller(**settings), 0, None, {}).run([("micro_batch", 2)])
+    assert (run.peak_allocated_bytes, run.peak_reserved_bytes) == (50 * MiB, reserved)
+
+
+def test_recorded_settings_read_the_divisions_by_interval_and_drop_what_is_not_one():
+    from analyzer.diagnose.counterfactual import recorded_settings
+
+    trace = _cached_then_smaller(roundup_power2_divisions={"1": 4, "2": "x", "bad": 8}, expandable_segments="yes")
+    assert recorded_settings(trace) == AllocatorSettings(roundup_power2_divisions={"1": 4})
