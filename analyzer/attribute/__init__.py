@@ -45,6 +45,9 @@ from analyzer.ingest.memory_timeline import AS_OUR_CATEGORY, LABEL_SOURCE
 from analyzer.ingest.sniff import MEMORY_TIMELINE, MEMORY_TIMELINE_RAW
 from analyzer.core.vocabulary import UNATTRIBUTED, Category, Phase, Role
 
+#: the category signals of a library's workspace: what the frames show made it, whatever phase it was made in;
+#: a frameless block from before the recording, kept to the end, of a size the frames show a workspace has
+WORKSPACE, WORKSPACE_SIZE = "frames:blas-workspace", "structure:blas-workspace-size"
 CONFIDENCE = {"tag": 1.0, "recording": 1.0, "annotation": 0.95, "frames": 0.9, "ops": 0.9, "timing": 0.7, "lifetime": 0.8,
               "size-match": 0.6, "structure": 0.6}
 
@@ -164,6 +167,8 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
                        replicates=np.asarray([f.replicates for f in facts] + [False], dtype=bool)[stacks],
                        init_site=np.asarray([f.init_site for f in facts] + [None], dtype=object)[stacks],
                        blocks_before_recording=trace.source_kind == "snapshot")
+    _workspaces(a, stacks, np.asarray([f.workspace for f in facts] + [False], dtype=bool)[stacks], category,
+                category_source)
     has_mark = ~pd.isna(marked_role)
     category[has_mark] = np.where(marked_role[has_mark] == Role.BUFFER, Role.BUFFER.category.value, marked_role[has_mark])
     category_source[has_mark] = "tag:tensor"
@@ -182,6 +187,21 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     label_source, confidence = _label_sources(source, category_source, module_source)
     return {"module": module, "phase": phase, "category": category, "step": step, "label_source": label_source,
             "confidence": confidence}
+
+
+def _workspaces(a: pd.DataFrame, stacks: np.ndarray, made_by_blas: np.ndarray, category: np.ndarray,
+                source: np.ndarray) -> None:
+    """torch's BLAS handle pool keeps one workspace per thread and stream (8.125 MiB by default, 32 MiB on sm90),
+    made at the thread's first matmul: `other`, whatever the phase made it. The main thread's is often made
+    before the recording began, with no frames, beside the autograd thread's that the frames show: a block of
+    such a size, frameless, from before the recording and kept to the end, is one too (a structural guess)."""
+    category[made_by_blas], source[made_by_blas] = Category.OTHER.value, WORKSPACE
+    if not made_by_blas.any():
+        return
+    sizes = a["requested_bytes"].to_numpy()
+    kept = a["t_free_us"].isna().to_numpy() & a["seq_free"].isna().to_numpy()
+    twin = (stacks < 0) & kept & (a["origin"].astype(str).to_numpy() != "trace") & np.isin(sizes, sizes[made_by_blas])
+    category[twin], source[twin] = Category.OTHER.value, WORKSPACE_SIZE
 
 
 def _recorded_categories(a: pd.DataFrame, category: np.ndarray, source: np.ndarray, memory_timeline: bool) -> None:

@@ -179,10 +179,14 @@ class StackFacts:
     outside_modules: bool = False  # its Python frames reach the program's top and none runs a module (ran_no_module)
     moved_by: str | None = None    # the model a `Module.to`/`.cuda()` moved, by the line that called it (moved_model)
     built_by: str | None = None    # the model a constructor built, by the line that called it (built_model)
+    workspace: bool = False    # a C++ frame shows torch's cuBLAS / cuBLASLt handle pool making its workspace
 
 
 _NN_CONSTRUCTION = ("torch/nn/", "torch\\nn\\")
 _REPLICATE = ("torch/nn/parallel/replicate.py", "torch\\nn\\parallel\\replicate.py")
+# torch's BLAS handle pool (aten/src/ATen/cuda/CublasHandlePool.cpp) allocates one workspace per handle and stream
+# through the caching allocator at the first matmul (`getNewWorkspace`, `getCUDABlasLtWorkspace`) and keeps it
+_WORKSPACE = re.compile(r"\bat::cuda::\w*[Ww]orkspace\w*\(")
 
 
 def stack_facts(frames: tuple[Frame, ...], sources: SourceIndex | None = None) -> StackFacts:
@@ -197,7 +201,7 @@ def stack_facts(frames: tuple[Frame, ...], sources: SourceIndex | None = None) -
                       replicates=any(f[0].endswith(_REPLICATE) for f in frames), init_site=_init_site(frames),
                       compiled=any(getattr(_rule_of(f[0], f[2]), "kind", None) == "compiled" for f in frames),
                       outside_modules=ran_no_module(frames), moved_by=moved_model(frames),
-                      built_by=built_model(frames))
+                      built_by=built_model(frames), workspace=any(_WORKSPACE.search(f[2]) for f in frames))
 
 
 _CONSTRUCTION = re.compile(_CONSTRUCTION_FUNCTION)

@@ -10,12 +10,6 @@ from support.paths import REAL, real_snapshots
 
 #: checks the analysis does not meet yet, and why (each still runs: once it agrees it passes)
 KNOWN_GAPS = {
-    ("jaspersolt-eor_nn/snapshot.pickle", "parameter"): "an 8,519,680 B tensor alive from before the recording (no "
-                                                        "frames) is taken for a parameter; the truth's frozen CNN "
-                                                        "is 251,348 B and its closest committed source names no such "
-                                                        "tensor",
-    ("jaspersolt-eor_nn/snapshot.pickle", "gradient"): "that tensor's gradient, made in the first step's backward "
-                                                       "and kept, is live beside x_prime.grad",
     ("zidongliu-decomfl/memory.pickle", "optimizer_state"): "at the peak the estimator's new K of the embedding "
                                                             "(147 MiB) is made before the old one is freed: both "
                                                             "are live, the truth counts K once",

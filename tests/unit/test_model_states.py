@@ -3,6 +3,7 @@ case on each side of it."""
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from analyzer.attribute import attribute
 from support.snapshots import MiB, Recording
@@ -236,3 +237,35 @@ def test_a_tensor_made_long_before_the_state_is_freed_is_not_its_new_value() -> 
     a = _estimator_update(replace_at_once=False)
     kept = a[a["t_alloc_us"].notna() & a["t_free_us"].isna() & ~a["requested_bytes"].isin([8 * MiB, MiB])]
     assert by_category(kept) == {"parameter": 2 * sum(SIZES)}
+
+
+WORKSPACE = 8 * MiB + 128 * 1024   # torch's default cuBLAS workspace (32 MiB on sm90)
+BLAS = ("c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long)",
+        "at::cuda::getNewWorkspace()", "at::cuda::getCurrentCUDABlasHandle()",
+        "at::native::structured_bmm_out_cuda::impl(at::Tensor const&, at::Tensor const&, at::Tensor const&)")
+GEMM = ("at::native::structured_bmm_out_cuda::impl(at::Tensor const&, at::Tensor const&, at::Tensor const&)",)
+
+
+@pytest.mark.parametrize("native, made, twin", [(BLAS, "other", "other"), (GEMM, "gradient", "parameter")])
+def test_a_blas_workspace_is_other_and_so_is_its_frameless_twin_from_before_the_recording(native, made, twin):
+    """The main thread's cuBLAS workspace was made before the recording (a frameless block kept to the end, of
+    the workspace's size); the autograd thread makes its own at its first matmul, in backward, and keeps it: the
+    C++ frames show the handle pool making it. Where they show only the matmul, the kept backward tensor is a
+    gradient and the block from before is the parameter that has it (jaspersolt's 8,519,680 B)."""
+    rec = Recording()
+    rec.alloc(WORKSPACE, with_frames=False)
+    rec.forget_history()
+    with rec.phase("forward"):
+        rec.free(rec.alloc(8 * MiB, MODEL, name="forward"))
+    with rec.phase("backward"):
+        rec.alloc(WORKSPACE, with_frames=False, native=native)
+    with rec.phase("optimizer"):
+        rec.free(rec.alloc(1 * MiB, OPTIM, name="step"))
+    got = labels(rec)
+    workspace = got["requested_bytes"] == WORKSPACE
+    pre = pre_recording(got)
+    assert got.loc[workspace & ~pre, "category"].astype(str).tolist() == [made]
+    assert got.loc[workspace & pre, "category"].astype(str).tolist() == [twin]
+    if made == "other":
+        assert got.loc[workspace & ~pre, "label_source"].astype(str).str.contains("category=frames:blas-workspace;").all()
+        assert got.loc[workspace & pre, "label_source"].astype(str).str.contains("category=structure:blas-workspace-size;").all()
