@@ -26,12 +26,12 @@
    A compiled graph's allocation that no frame outside it names (Dynamo runs the graph in place of the
    compiled module's `forward` frame, so no level is left) takes the recording's root module where every call
    path starts with the same class: `torch.compile(model)` compiles that model (`structure:compiled-root`);
-   a snapshot's parameter with no Python frames (made before the recording began, or by a thread that records none) takes
-   the recording's one model where every call path of its device starts with the same root and no parameter
-   was moved or built by a line the frames name (`structure:sole-model`): the model the recording ran, by its
-   class where it is read (`BasicsTransformerLM`), else by its file (`…/cs336_basics/model.py (model)`); which
-   of its modules, nothing says. Two roots (a teacher beside a student, a layer called outside the model) and
-   the parameter stays unattributed;
+   a snapshot's parameter with no Python frames (made before the recording began, or by a thread that records
+   none) takes the recording's one model where every call path of its device starts with the same root and no
+   parameter was moved or built by a line the frames name (`structure:sole-model`): the model the recording
+   ran, by its class where it is read (`BasicsTransformerLM`), else by its file (`…/cs336_basics/model.py
+   (model)`); which of its modules, nothing says. Two roots (a teacher beside a student, a layer called outside
+   the model) and the parameter stays unattributed;
 4. no module: an activation, temporary, input or other tensor (never a model state, whose module is its
    parameter's, not the code's that made it) whose Python frames reach the program's top level without
    running any module (`analyzer.attribute.frames.ran_no_module`: a loss or a batch made by the training loop,

@@ -49,13 +49,20 @@ pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason="../shared/real is abs
 
 
 @cache
+def _attributed(path: Path) -> analyzer.MemoryTrace | None:
+    """The real recording attributed, once for all the tests here (None: a set of ranks)."""
+    trace = analyzer.load(path)
+    return attribute(trace) if isinstance(trace, analyzer.MemoryTrace) else None
+
+
+@cache
 def shares() -> dict[str, float]:
     out = {}
     for path in real_snapshots():
-        trace = analyzer.load(path)
-        if not isinstance(trace, analyzer.MemoryTrace) or not has_python_frames(trace):
+        trace = _attributed(path)
+        if trace is None or not has_python_frames(trace):
             continue
-        share = unattributed_module_share(attribute(trace))
+        share = unattributed_module_share(trace)
         if share is not None:
             out[str(path.relative_to(REAL))] = share
     return out
@@ -81,10 +88,10 @@ def test_labels_are_call_paths_of_classes_or_frames():
     level = re.compile(r"^([A-Za-z_]\w*|.+\.py:\d+ (forward|__init__))(\[\d+\])?$|^[\w\-]+(\.[\w\-]+)*$|^\(root module\)$"
                        r"|^\(no module\)$|^.+\.py:\d+ [\w<>]+ \((Module\.\w+|\w+)\)$|^.+\.py \(model\)$")
     for path in real_snapshots():
-        trace = analyzer.load(path)
-        if not isinstance(trace, analyzer.MemoryTrace):
+        trace = _attributed(path)
+        if trace is None:
             continue
-        for label in attribute(trace).allocations["module"].astype(str).unique():
+        for label in trace.allocations["module"].astype(str).unique():
             if label == UNATTRIBUTED:
                 continue
             assert not label.endswith(".forward"), (path, label)
@@ -93,7 +100,9 @@ def test_labels_are_call_paths_of_classes_or_frames():
 
 
 def _peak(name: str, device: int = 0):
-    return find_peak(attribute(analyzer.load(REAL / name)), device).live
+    trace = _attributed(REAL / name)
+    assert trace is not None
+    return find_peak(trace, device).live
 
 
 def test_moved_parameters_are_the_model_the_line_moved():
@@ -145,7 +154,8 @@ def test_a_model_built_before_the_recording_is_the_one_model_it_ran():
     """wedsonlin built and moved its model before `_record_memory_history`: its parameters have no frames. Every
     call path of the recording starts in cs336_basics/model.py, so they are that model's (21.5% of the peak, its
     whole model and no module in it), and its AdamW moments and the step's gradients take the label by size."""
-    trace = attribute(analyzer.load(REAL / "wedsonlin-cs336-a2/medium_1024_training_memory_snapshot.pickle"))
+    trace = _attributed(REAL / "wedsonlin-cs336-a2/medium_1024_training_memory_snapshot.pickle")
+    assert trace is not None
     live = find_peak(trace, 0).live
     model = "/home/lin/cs336/assignment2-systems/cs336-basics/cs336_basics/model.py (model)"
     states = live[live["category"].astype(str).isin(
@@ -159,7 +169,8 @@ def test_a_model_built_before_the_recording_is_the_one_model_it_ran():
 def test_a_recording_of_two_roots_names_no_model():
     """jaspersolt runs a CNN and a counterfactual model (two roots): the frozen CNN's parameters, made before
     the recording with no frames, are no one model's, and stay unattributed."""
-    trace = attribute(analyzer.load(REAL / "jaspersolt-eor_nn/snapshot.pickle"))
+    trace = _attributed(REAL / "jaspersolt-eor_nn/snapshot.pickle")
+    assert trace is not None
     live = find_peak(trace, 0).live
     params = live[live["category"].astype(str) == Category.PARAMETER.value]
     assert (params["module"].astype(str) == UNATTRIBUTED).any()

@@ -24,10 +24,14 @@ def _lines_run(data: bytes) -> int:
     """Lines of analyzer/ingest/kineto.py executed while reading `data`."""
     source = Path(kineto.__file__).resolve()
     count = 0
+    ours: dict[str, bool] = {}   # file name -> is the reader's: resolving a path per call would be most of the run
 
     def tracer(frame, event, arg):
         nonlocal count
-        if Path(frame.f_code.co_filename).resolve() != source:
+        name = frame.f_code.co_filename
+        if name not in ours:
+            ours[name] = Path(name).resolve() == source
+        if not ours[name]:
             return None
         if event == "line":
             count += 1
