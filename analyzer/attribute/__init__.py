@@ -158,6 +158,7 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     step = number_steps(ann, t_alloc, phase)
     marked_role, marked_module = _marked_tensors(a, tensor_marks(ann))
     category, category_source = categorise(a, phase, step, ann)
+    tensors_before = trace.source_kind == "snapshot"   # its rows from before the recording are blocks, not amounts
     t_free = a["t_free_us"].to_numpy(dtype=np.float64, na_value=np.inf)
     remade = recomputed_activations(source, t_alloc, t_free)
     category[remade], category_source[remade] = Category.ACTIVATION.value, "lifetime:recomputed-activation"
@@ -166,7 +167,7 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     infer_model_states(a, phase, category, category_source,
                        replicates=np.asarray([f.replicates for f in facts] + [False], dtype=bool)[stacks],
                        init_site=np.asarray([f.init_site for f in facts] + [None], dtype=object)[stacks],
-                       blocks_before_recording=trace.source_kind == "snapshot")
+                       blocks_before_recording=tensors_before)
     _workspaces(a, stacks, np.asarray([f.workspace for f in facts] + [False], dtype=bool)[stacks], category,
                 category_source)
     has_mark = ~pd.isna(marked_role)
@@ -178,7 +179,7 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
                                            outside=np.asarray([f.outside_modules for f in facts] + [False], dtype=bool)[stacks],
                                            moved=np.asarray([f.moved_by for f in facts] + [None], dtype=object)[stacks],
                                            built=np.asarray([f.built_by for f in facts] + [None], dtype=object)[stacks],
-                                           framed=has_python if trace.source_kind == "snapshot" else None)
+                                           framed=has_python if tensors_before else None)
     if ops is not None:   # the trace's own nn.Module spans name the class and instance, whatever the source here says
         spoke = ~pd.isna(ops.module)
         module[spoke], module_source[spoke] = ops.module[spoke], ops.module_signal[spoke]

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analyzer.attribute.modules import BUILT, MOVED, SOLE_MODEL
 from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, ROOT_MODULE, UNATTRIBUTED, names_module
@@ -105,9 +106,9 @@ def module_share(trace: MemoryTrace, label: str) -> float | None:
     return _peak_share(trace, lambda live: live["module"].astype(str) == label)
 
 
-#: the module signals that name a whole model, no module in it (analyzer.attribute.modules): the model a line
-#: moved or built, the recording's one model
-_WHOLE_MODEL = ("module=frames:module.to", "module=frames:model-construction", "module=structure:sole-model")
+#: the module signals that name a whole model, no module in it: the model a line moved or built, the recording's one
+#: model; and the prefix of those a gradient or optimizer state takes from its parameter
+_WHOLE_MODEL = tuple(f"module={signal}" for signal in (MOVED, BUILT, SOLE_MODEL))
 _BORROWED = "module=size-match:"
 
 
