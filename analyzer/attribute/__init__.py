@@ -104,8 +104,8 @@ def _label_sources(phase: np.ndarray, category: np.ndarray, module: np.ndarray) 
 
 
 def attribute(trace: MemoryTrace, source_roots: Sequence[str | Path] = ()) -> MemoryTrace:
-    """The trace with module, phase, category, step, label_source and confidence filled in for every
-    allocation (a new MemoryTrace: the one given is left as it was, and the new one's timeline is built from
+    """The trace with module, phase, category (and category_from_seq), step, label_source and confidence filled
+    in for every allocation (a new MemoryTrace: the one given is left as it was, and the new one's timeline is built from
     the labels on first use). `source_roots`: local checkouts of the code the recording ran, where the frames'
     source files are looked up (longest suffix of their paths) to read module class names."""
     a = trace.allocations.copy(deep=False)
@@ -121,6 +121,8 @@ def attribute(trace: MemoryTrace, source_roots: Sequence[str | Path] = ()) -> Me
         a[column] = _categorical(labels[column])
     a["step"] = pd.arrays.IntegerArray(labels["step"].astype(np.int64), labels["step"] < 0)
     a["confidence"] = labels["confidence"].astype(np.float64)
+    settles = labels["category_from_seq"]
+    a["category_from_seq"] = pd.arrays.IntegerArray(np.nan_to_num(settles, nan=0).astype(np.int64), np.isnan(settles))
     return replace(trace, allocations=a)
 
 
@@ -164,12 +166,13 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     category[remade], category_source[remade] = Category.ACTIVATION.value, "lifetime:recomputed-activation"
     if ops is not None:
         forward_categories(ops, phase, category, category_source, t_free)
-    infer_model_states(a, phase, category, category_source,
+    category_from = np.full(len(a), np.nan)
+    infer_model_states(a, phase, category, category_source, category_from,
                        replicates=np.asarray([f.replicates for f in facts] + [False], dtype=bool)[stacks],
                        init_site=np.asarray([f.init_site for f in facts] + [None], dtype=object)[stacks],
                        blocks_before_recording=tensors_before)
     _workspaces(a, stacks, np.asarray([f.workspace for f in facts] + [False], dtype=bool)[stacks], category,
-                category_source)
+                category_source, {d: i.workspace_before_bytes for d, i in trace.devices.items()})
     has_mark = ~pd.isna(marked_role)
     category[has_mark] = np.where(marked_role[has_mark] == Role.BUFFER, Role.BUFFER.category.value, marked_role[has_mark])
     category_source[has_mark] = "tag:tensor"
@@ -187,21 +190,26 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     _recorded_categories(a, category, category_source, trace.source_kind in (MEMORY_TIMELINE, MEMORY_TIMELINE_RAW))
     label_source, confidence = _label_sources(source, category_source, module_source)
     return {"module": module, "phase": phase, "category": category, "step": step, "label_source": label_source,
-            "confidence": confidence}
+            "confidence": confidence, "category_from_seq": category_from}
 
 
 def _workspaces(a: pd.DataFrame, stacks: np.ndarray, made_by_blas: np.ndarray, category: np.ndarray,
-                source: np.ndarray) -> None:
+                source: np.ndarray, set_apart: dict[int, int | None]) -> None:
     """torch's BLAS handle pool keeps one workspace per thread and stream (8.125 MiB by default, 32 MiB on sm90),
     made at the thread's first matmul: `other`, whatever the phase made it. The main thread's is often made
     before the recording began, with no frames, beside the autograd thread's that the frames show: a block of
-    such a size, frameless, from before the recording and kept to the end, is one too (a structural guess)."""
+    such a size, frameless, from before the recording and kept to the end, is one too (a structural guess). A
+    profiler trace's reader sets apart, from what lived before it, the workspace its cuBLAS kernels show
+    existed (`set_apart`: device -> bytes, `DeviceInfo.workspace_before_bytes`)."""
     category[made_by_blas], source[made_by_blas] = Category.OTHER.value, WORKSPACE
-    if not made_by_blas.any():
-        return
     sizes = a["requested_bytes"].to_numpy()
     kept = a["t_free_us"].isna().to_numpy() & a["seq_free"].isna().to_numpy()
-    twin = (stacks < 0) & kept & (a["origin"].astype(str).to_numpy() != "trace") & np.isin(sizes, sizes[made_by_blas])
+    before = kept & (stacks < 0) & (a["origin"].astype(str).to_numpy() != "trace")
+    twin = before & np.isin(sizes, sizes[made_by_blas])
+    devices = a["device"].to_numpy()
+    for device, size in set_apart.items():
+        if size:
+            twin |= before & (devices == device) & (sizes == size) & (a["origin"].astype(str).to_numpy() == "end_state")
     category[twin], source[twin] = Category.OTHER.value, WORKSPACE_SIZE
 
 

@@ -26,7 +26,8 @@ know), and says so in its label source (`structure:…`, confidence below the st
 4. The dual of 3: a tensor the lifetime rules call a parameter (made while loading and kept) that is made
    within REPLACE_EVENTS allocator events before an optimizer state of its size is freed, and outlives it, is
    that state's new value (`state = f(state)` out of place: DeComFL's estimator updates its K this way between
-   two model loads), optimizer state.
+   two model loads), optimizer state from the old one's free on; until then both are live and the new one is
+   the update's temporary (`category_from_seq`), so the state is never counted twice.
 5. What `nn.DataParallel` copies to each GPU for every forward (`replicate`) is the module's parameters
    there, not activations, though it lives only for the step (a frames signal, not a structural one).
 """
@@ -46,8 +47,10 @@ PAIRED_STATE_SHARE = 0.75  # tensors / optimizer-state tensors of the state's si
 
 
 def infer_model_states(a: pd.DataFrame, phase: np.ndarray, category: np.ndarray, source: np.ndarray,
-                       replicates: np.ndarray, init_site: np.ndarray, blocks_before_recording: bool) -> None:
-    """Fill or correct `category` and its `source` (arrays over the rows of `a`) in place; `phase` is read, and
+                       category_from: np.ndarray, replicates: np.ndarray, init_site: np.ndarray,
+                       blocks_before_recording: bool) -> None:
+    """Fill or correct `category` and its `source` (arrays over the rows of `a`) in place, and `category_from`
+    (the event from which a row's category holds; NaN: its whole life); `phase` is read, and
     what each row's stack says (`analyzer.attribute.frames.StackFacts`): made by DataParallel's replicate, made
     by the user `__init__` at `init_site`. `blocks_before_recording`: the rows not made in the recording are the
     tensors themselves (a snapshot's blocks), not amounts a reader reconstructed from running totals (a
@@ -58,7 +61,7 @@ def infer_model_states(a: pd.DataFrame, phase: np.ndarray, category: np.ndarray,
     category[replicates], source[replicates] = PARAMETER, "frames:data-parallel-replica"
     _construction_state(sizes, t_alloc, phase, category, source, init_site)
     _replaced_parameters(sizes, t_alloc, t_free, phase, category, source)
-    _replaced_states(a, sizes, category, source)
+    _replaced_states(a, sizes, category, source, category_from)
     if blocks_before_recording:
         _persistent_before_recording(a, sizes, phase, category, source)
 
@@ -153,9 +156,11 @@ def _replaced_parameters(sizes: np.ndarray, t_alloc: np.ndarray, t_free: np.ndar
             source[new] = "structure:replaces-parameter-in-step"
 
 
-def _replaced_states(a: pd.DataFrame, sizes: np.ndarray, category: np.ndarray, source: np.ndarray) -> None:
+def _replaced_states(a: pd.DataFrame, sizes: np.ndarray, category: np.ndarray, source: np.ndarray,
+                     category_from: np.ndarray) -> None:
     """Rule 4: each optimizer state freed in the recording is replaced by the latest kept tensor of its size made
-    just before its free (after the state itself) that the lifetime rules took for a parameter."""
+    just before its free (after the state itself) that the lifetime rules took for a parameter: state from that
+    free on."""
     seq_alloc = a["seq_alloc"].to_numpy(dtype=np.float64, na_value=np.nan)
     seq_free = a["seq_free"].to_numpy(dtype=np.float64, na_value=np.inf)
     new = np.flatnonzero((category == PARAMETER) & np.isfinite(seq_alloc))
@@ -176,6 +181,7 @@ def _replaced_states(a: pd.DataFrame, sizes: np.ndarray, category: np.ndarray, s
         if (seq_alloc[n] > seq_alloc[r] and seq_free[r] - seq_alloc[n] <= REPLACE_EVENTS and seq_free[n] > seq_free[r]
                 and category[n] == PARAMETER):
             _label(np.asarray([n]), OPTIMIZER_STATE, "structure:replaces-optimizer-state", category, source)
+            category_from[n] = seq_free[r]
 
 
 def _step_gap(times: np.ndarray) -> float:

@@ -18,6 +18,11 @@ LARGE_BUFFER = 20 << 20         # kLargeBuffer: requests below 10 MiB get a 20 M
 MIN_LARGE_ALLOC = 10 << 20      # kMinLargeAlloc
 ROUND_LARGE = 2 << 20           # kRoundLarge: larger segments are rounded to 2 MiB
 
+#: torch's cuBLAS workspace, one per handle and stream, made through this allocator at a thread's first matmul
+#: (aten/src/ATen/cuda/CublasHandlePool.cpp, CUBLAS_WORKSPACE_CONFIG unset: ":4096:2:16:8", 32 MiB on sm90)
+BLAS_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
+BLAS_WORKSPACE_BYTES_SM90 = 4096 * 8 * 1024
+
 _INTERVAL_START_LOG2 = 20       # roundup_power2_divisions intervals start at 1 MiB ...
 _INTERVAL_COUNT = 16            # ... and there are 16 of them (1 MiB .. 32 GiB and above)
 
@@ -67,3 +72,12 @@ def round_sizes(sizes: np.ndarray, settings: Mapping[str, Any] | None = None) ->
     if isinstance(table, Mapping) and any(int(v) > 1 for v in table.values()):
         return np.fromiter((round_size(int(s), settings) for s in sizes), dtype=np.int64, count=len(sizes))
     return np.maximum(MIN_BLOCK_SIZE, (sizes + MIN_BLOCK_SIZE - 1) // MIN_BLOCK_SIZE * MIN_BLOCK_SIZE).astype(np.int64)
+
+
+def blas_workspace_bytes(compute_capability: tuple[int, int]) -> int | None:
+    """The default size of torch's cuBLAS workspace on a CUDA device of this compute capability, where every torch
+    that sizes it by architecture agrees: 32 MiB on sm90, 8.125 MiB before it; None on later GPUs, which newer
+    versions give 32 MiB and older ones 8.125 MiB."""
+    if compute_capability == (9, 0):
+        return BLAS_WORKSPACE_BYTES_SM90
+    return BLAS_WORKSPACE_BYTES if compute_capability[0] < 9 else None

@@ -19,7 +19,7 @@ TOP_SITES = 10
 def split(live: pd.DataFrame, column: str, top: int | None = None) -> list[dict[str, Any]]:
     """[{name, bytes, share}] largest first; with `top`, the rest folded into one row."""
     total = int(live["allocated_bytes"].sum())
-    sums = live.groupby(column, observed=True)["allocated_bytes"].sum().sort_values(ascending=False)
+    sums = live.groupby(column, observed=True)["allocated_bytes"].sum().sort_values(ascending=False, kind="stable")
     rows: list[dict[str, Any]] = [{"name": str(name), "bytes": int(b)} for name, b in sums.items() if b]
     if top is not None and len(rows) > top:
         rest = rows[top - 1:]
@@ -38,7 +38,7 @@ def by_site(trace: MemoryTrace, live: pd.DataFrame, top: int = TOP_SITES) -> lis
     # object dtype first: mapping an all-NA Int64 column keeps Int64, which cannot be filled with ""
     where = live["stack_id"].astype(object).map(lambda s: None if pd.isna(s) else frames.iat[int(s)])
     grouped = live.assign(where=where.fillna("")).groupby("where")["allocated_bytes"].agg(["count", "sum"])
-    grouped = grouped.sort_values("sum", ascending=False).head(top)
+    grouped = grouped.sort_values("sum", ascending=False, kind="stable").head(top)
     total = int(live["allocated_bytes"].sum())
     return [{"top_user_frame": str(w) or None, "allocations": int(row["count"]), "bytes": int(row["sum"]),
              "share": int(row["sum"]) / total if total else 0.0} for w, row in grouped.iterrows()]

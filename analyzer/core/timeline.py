@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from analyzer.core.vocabulary import Category
+
 _NO_TIME = np.iinfo(np.int64).min  # an event without a time, while the times are a plain int64 array
 TIMELINE_COLUMNS = ["device", "t_us", "seq", "allocated_bytes", "requested_bytes", "reserved_bytes"]
 _GROW = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
@@ -53,6 +55,29 @@ def allocated_by(rows: pd.DataFrame, column: str, n_events: int) -> dict[str, np
     return out
 
 
+def allocated_by_category(rows: pd.DataFrame, n_events: int) -> dict[str, np.ndarray]:
+    """`allocated_by` the category in force after each event: a row whose category holds only from an event
+    on (`category_from_seq`) is a temporary until then."""
+    out = allocated_by(rows, "category", n_events)
+    settles = rows["category_from_seq"].to_numpy(dtype=np.float64, na_value=np.nan)
+    pending = np.flatnonzero(~np.isnan(settles))
+    if not len(pending):
+        return out
+    temporary = Category.TEMPORARY.value
+    out.setdefault(temporary, np.zeros(n_events + 1, dtype=np.int64))
+    sizes = rows["allocated_bytes"].to_numpy(dtype=np.int64)
+    born = rows["seq_alloc"].to_numpy(dtype=np.float64, na_value=-1.0)
+    labels = rows["category"].to_numpy(dtype=object)
+    for i in pending:   # series index k holds after event k - 1: a temporary after events born .. settles - 1
+        shift = np.zeros(n_events + 2, dtype=np.int64)
+        shift[int(born[i]) + 1] += sizes[i]
+        shift[min(int(settles[i]), n_events) + 1] -= sizes[i]
+        moved = np.cumsum(shift)[:-1]
+        out[temporary] += moved
+        out[str(labels[i])] -= moved
+    return out
+
+
 def device_timeline(trace, device: int) -> pd.DataFrame:
     """One row before the first event (seq -1) and one after every event of `device`."""
     events = trace.events[trace.events["device"] == device]
@@ -67,7 +92,7 @@ def device_timeline(trace, device: int) -> pd.DataFrame:
     def series(start: int, delta: np.ndarray) -> np.ndarray:
         return np.concatenate([[start], start + np.cumsum(delta)]).astype(np.int64)
 
-    by_category = {f"{c}_bytes": values for c, values in allocated_by(rows, "category", n).items()}
+    by_category = {f"{c}_bytes": values for c, values in allocated_by_category(rows, n).items()}
     return pd.DataFrame({
         "device": np.full(n + 1, device, dtype=np.int64),
         "t_us": pd.arrays.IntegerArray(times, times == _NO_TIME),
@@ -108,7 +133,15 @@ def live_at(trace, device: int, seq: int) -> pd.DataFrame:
     a = trace.allocations[trace.allocations["device"] == device]
     born = a["seq_alloc"].isna() | (a["seq_alloc"] <= seq)
     alive = a["seq_free"].isna() | (a["seq_free"] > seq)
-    return a[(born & alive).fillna(False).astype(bool)].sort_values("allocated_bytes", ascending=False, kind="stable")
+    live = a[(born & alive).fillna(False).astype(bool)].sort_values("allocated_bytes", ascending=False, kind="stable")
+    pending = (live["category_from_seq"] > seq).fillna(False).to_numpy(dtype=bool)
+    if pending.any():   # the category in force then (allocated_by_category)
+        live = live.copy()
+        temporary = Category.TEMPORARY.value
+        if temporary not in live["category"].cat.categories:
+            live["category"] = live["category"].cat.add_categories([temporary])
+        live.loc[pending, "category"] = temporary
+    return live
 
 
 def find_peak(trace, device: int) -> Peak:

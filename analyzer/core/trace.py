@@ -32,6 +32,9 @@ ALLOCATION_COLUMNS: dict[str, str] = {
     "module": "category",              # labels: filled by analyzer.attribute; "unattributed" until then
     "phase": "category",
     "category": "category",
+    "category_from_seq": "Int64",  # NA: `category` holds for the row's whole life; else the event from which it
+                                   # holds, the row a `temporary` before it (a state's new value, made before the
+                                   # old one is freed: both are live until then)
     "step": "Int64",
     "label_source": "category",        # which signal decided the labels
     "confidence": "float64",
@@ -137,7 +140,8 @@ def _column(values: Any, dtype: str) -> Any:
 
 
 #: columns a reader may leave out: they are filled with this value (formats that cannot carry them)
-OPTIONAL_COLUMNS: dict[tuple[str, str], Any] = {("allocations", "user_metadata"): ""}
+OPTIONAL_COLUMNS: dict[tuple[str, str], Any] = {("allocations", "user_metadata"): "",
+                                                 ("allocations", "category_from_seq"): pd.NA}
 
 
 def make_table(name: str, columns: dict[str, Any]) -> pd.DataFrame:
@@ -163,6 +167,11 @@ class DeviceInfo:
     name: str | None = None
     api: str | None = None              # what drives a GPU that is not CUDA, as the input says ("ROCm/HIP")
     reserved_recorded: bool = True      # False: reserved bytes are only estimated (the running peak of allocated)
+    before_recorded: bool = True        # False: what was alive before the first event is not known (a 2021
+                                        # profiler trace carries no running total), so model states made before
+                                        # it are not in the recording
+    workspace_before_bytes: int | None = None  # a profiler trace's cuBLAS workspace, alive before it began: its own
+                                               # `end_state` row, apart from the rest of what lived before
 
 
 @dataclass

@@ -13,7 +13,7 @@ from analyzer.core.vocabulary import UNATTRIBUTED, names_module, phase_in_senten
 def top_allocations(trace: MemoryTrace, rows: pd.DataFrame, n: int = 5) -> list[dict[str, Any]]:
     frames, ops = trace.stacks["top_user_frame"], trace.stacks["op"]
     out = []
-    for r in rows.sort_values("allocated_bytes", ascending=False).head(n).itertuples(index=False):
+    for r in rows.sort_values("allocated_bytes", ascending=False, kind="stable").head(n).itertuples(index=False):
         framed = not pd.isna(r.stack_id)
         out.append({"bytes": int(r.allocated_bytes), "module": str(r.module), "category": str(r.category),
                     "phase": str(r.phase), "top_user_frame": frames.iat[int(r.stack_id)] if framed else None,

@@ -99,7 +99,7 @@ def fragmentation_at(ctx: DeviceContext, seq: int, request: int | None = None) -
         "largest_free_block_bytes": None if expandable else int(segments["largest_free_bytes"].max() if len(segments) else 0),
         "segments": [{"addr": int(r.addr), "bytes": int(r.bytes), "used_bytes": int(r.used_bytes),
                       "free_bytes": int(r.free_bytes), "largest_free_bytes": int(r.largest_free_bytes)}
-                     for r in segments.sort_values("free_bytes", ascending=False).head(50).itertuples()],
+                     for r in segments.sort_values("free_bytes", ascending=False, kind="stable").head(50).itertuples()],
     })
     return picture
 

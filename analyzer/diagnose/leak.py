@@ -50,7 +50,7 @@ def leaking(kept: pd.DataFrame, steps: list[int]) -> pd.DataFrame:
     seen = (per_step > 0).sum(axis=1)
     groups = pd.DataFrame({"bytes_per_step": per_step.sum(axis=1) / len(steps), "steps_seen": seen})
     needed = max(MIN_MEASURED_STEPS, math.ceil(len(steps) / 2))
-    return groups[seen >= needed].sort_values("bytes_per_step", ascending=False).reset_index()
+    return groups[seen >= needed].sort_values("bytes_per_step", ascending=False, kind="stable").reset_index()
 
 
 def detect(ctx: DeviceContext) -> list[dict[str, Any]]:

@@ -130,6 +130,7 @@ class HistoryBuilder:
         self.ooms: dict[str, list] = {k: [] for k in ("device", "seq", "t_us", "requested_bytes", "device_free_bytes",
                                                       "stack_id")}
         self.warnings: list[str] = []
+        self.set_apart = False   # the last finished device's known part has a row of its own
 
     # -- one device --
     def start_device(self, device: int, pairing: type[ByAddress] | type[BySize] | type[Pile]) -> None:
@@ -184,14 +185,20 @@ class HistoryBuilder:
         for column, value in zip(self.ooms, (self.device, seq, t, nbytes, device_free, stack)):
             self.ooms[column].append(value)
 
-    def finish_device(self, allocated_before: int | None = None) -> int:
+    def finish_device(self, allocated_before: int | None = None, known_part: int | None = None) -> int:
         """Close the device: bytes alive before the first event that no row explains become one `end_state`
-        row (when the input states them); the reserved bytes before the first event become one segment.
-        Returns the allocated bytes before the first event."""
+        row (when the input states them), or two, where the reader knows a part of them (`known_part` bytes,
+        when they hold that much: `set_apart` says so); the reserved bytes before the first event become one
+        segment. Returns the allocated bytes before the first event."""
         columns = self.allocations.columns
         seeded = sum(b for b, s in zip(columns["bytes"][self._first_row:], columns["seq_alloc"][self._first_row:])
                      if s is None)
         unexplained = 0 if allocated_before is None else allocated_before - seeded
+        self.set_apart = bool(known_part) and unexplained > (known_part or 0)
+        if self.set_apart and known_part:
+            self.allocations.add(self.device, 0, known_part, None, None, None, UNATTRIBUTED)
+            unexplained -= known_part
+            seeded += known_part
         if unexplained > 0:
             self.allocations.add(self.device, 0, unexplained, None, None, None, UNATTRIBUTED)
         elif unexplained < 0:

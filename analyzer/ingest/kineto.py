@@ -85,6 +85,7 @@ from analyzer.ingest.history import ByAddress, BySize, HistoryBuilder
 from analyzer.ingest.json_depth import DepthLimitedStream
 from analyzer.ingest.json_stream import first_byte, ijson_backend, reading
 from analyzer.ingest.limits import check_devices
+from analyzer.core.allocator_rules import blas_workspace_bytes
 from analyzer.core.stacks import stack_op, top_user_frame
 from analyzer.core.trace import MISSING, DeviceInfo, MemoryTrace, MultiRankTrace, empty_table, make_table
 
@@ -115,6 +116,8 @@ _SPAN_CATS = {"user_annotation": _USER, "python_function": _PYTHON, "cpu_op": _C
 _CAT_NAMES = list(_SPAN_CATS)
 _BACKWARD = "autograd::engine::evaluate_function"
 _KERNEL_CATS = frozenset({"kernel", "Kernel"})
+#: a kernel cuBLAS launched (its GEMMs, CUTLASS or not, and Hopper's nvjet ones): the handle's workspace exists
+_BLAS_KERNEL = re.compile(r"gemm|cublas|nvjet", re.IGNORECASE)
 _FRAME = re.compile(r"^(.*)\((\d{1,9})\): (.*)$")  # a longer line number is no frame of a real file
 _MODULE_MARK = "nn.Module: "
 _HEAD_BYTES = 8 << 20
@@ -258,6 +261,7 @@ class _Kept:
         self.names: dict[str, int] = {}
         self.shapes: dict[str, int] = {"": 0}
         self.kernel_devices: Counter = Counter()
+        self.blas_devices: set[Any] = set()   # the devices a cuBLAS kernel ran on
         self.device_apis: dict[Any, str] = {}
 
     def collect(self, events: Iterable[dict], recorder: _Recorder) -> int:
@@ -276,7 +280,10 @@ class _Kept:
             if code is not None:
                 span(event, code, name)
             elif cat in _KERNEL_CATS:
-                kernels[(event.get("args") or {}).get("device")] += 1
+                device = (event.get("args") or {}).get("device")
+                kernels[device] += 1
+                if isinstance(name, str) and _BLAS_KERNEL.search(name):
+                    self.blas_devices.add(device)
         return floor
 
     def _memory(self, event: dict, oom: bool) -> None:
@@ -573,6 +580,8 @@ class _Assembler:
     def __init__(self, name: str, kept: _Kept, meta: dict[str, Any], warnings: list[str]) -> None:
         self.name, self.kept, self.meta, self.warnings = name, kept, meta, warnings
         self.reserved_estimated: set[int] = set()   # devices whose events carry no Total Reserved
+        self.before_unknown: set[int] = set()       # devices whose events carry no Total Allocated
+        self.workspaces_before: dict[int, int] = {}  # device -> its cuBLAS workspace, set apart from what lived before
         self.names = list(kept.names)
         base_ns = meta.get("baseTimeNanoseconds")
         self.base_ns = int(base_ns) if isinstance(base_ns, (int, float)) else None
@@ -650,8 +659,32 @@ class _Assembler:
                 builder.free(t_i, -bytes_i, address, stack, tid_i)
         totals = allocated[memory]
         known = bool(len(totals)) and bool((totals != MISSING).all())
-        start = builder.finish_device(int(totals[0] - nbytes[memory][0]) if known else None)
+        workspace = self._workspace_before(device, nbytes[memory])
+        start = builder.finish_device(int(totals[0] - nbytes[memory][0]) if known else None, workspace)
+        if workspace and builder.set_apart:
+            self.workspaces_before[device] = workspace
+        if not known:
+            self.before_unknown.add(device)
         self._check_totals(device, start, nbytes[memory], totals if known else None, by_address, has_reserved)
+
+    def _workspace_before(self, device: int, nbytes: np.ndarray) -> int | None:
+        """The cuBLAS workspace alive before the trace, inside its running total: cuBLAS ran on this CUDA device
+        while no allocation of the workspace's size was made, so the handle's workspace (made at its thread's
+        first matmul, kept for the process) predates the window. None where the trace does not show that, or the
+        default size for the device is not known (its compute capability, or a GPU torch versions size apart)."""
+        if device == HOST or device in self.kept.device_apis or device not in self.kept.blas_devices:
+            return None
+        capability = self._compute_capability(device)
+        size = blas_workspace_bytes(capability) if capability else None
+        return size if size and not (nbytes == size).any() else None
+
+    def _compute_capability(self, device: int) -> tuple[int, int] | None:
+        for p in self.meta.get("deviceProperties") or []:
+            if isinstance(p, dict) and p.get("id") == device:
+                major, minor = p.get("computeMajor"), p.get("computeMinor")
+                if isinstance(major, int) and isinstance(minor, int):
+                    return major, minor
+        return None
 
     def _check_totals(self, device: int, start: int, nbytes: np.ndarray, totals: np.ndarray | None,
                       by_address: bool, has_reserved: bool) -> None:
@@ -686,7 +719,9 @@ class _Assembler:
             memory = p.get("totalGlobalMem")
             devices[d] = DeviceInfo(d, trace_entries=int(counts.get(d, 0)), history_truncated=d in truncated,
                                     name=p.get("name"), capacity_bytes=int(memory) if isinstance(memory, int) else None,
-                                    api=self.kept.device_apis.get(d), reserved_recorded=d not in self.reserved_estimated)
+                                    api=self.kept.device_apis.get(d), reserved_recorded=d not in self.reserved_estimated,
+                                    before_recorded=d not in self.before_unknown,
+                                    workspace_before_bytes=self.workspaces_before.get(d))
         return devices
 
     def _main_device(self, devices: dict[int, DeviceInfo]) -> int:

@@ -331,3 +331,61 @@ def test_truncated_gzip_and_wrong_top_level(tmp_path, real_dir):
             read_kineto(write(tmp_path / "list.json", document))
     with pytest.raises(CorruptInput, match="object.json"):
         read_memory_timeline(write(tmp_path / "object.json", {"traceEvents": []}))
+
+
+# ---- the cuBLAS workspace alive before a trace ----------------------------------------------------------------
+MiB = 1 << 20
+WEIGHTS = 100 * MiB
+SM90_WORKSPACE, WORKSPACE = 32 * MiB, 8 * MiB + 128 * 1024   # torch's defaults (CublasHandlePool.cpp)
+CUBLAS_KERNEL = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64_execute_segment_k_off_kernel__5x_cublas"
+
+
+def _workspace_trace(tmp_path: Path, capability=(9, 0), kernel=CUBLAS_KERNEL, before=WEIGHTS + SM90_WORKSPACE,
+                     made=MiB, device_type=1) -> MemoryTrace:
+    """An inference window on one GPU: `before` bytes alive when it opens, one `made`-byte tensor, one kernel."""
+    events = [memory(10, made, before + made, 2 * before, addr=1), memory(30, -made, before, 2 * before, addr=1),
+              {"ph": "X", "cat": "kernel", "name": kernel, "ts": 20, "dur": 5, "pid": 0, "tid": 7,
+               "args": {"device": 0}}]
+    for e in events[:2]:
+        e["args"]["Device Type"] = device_type
+    document = {"traceEvents": events,
+                "deviceProperties": [{"id": 0, "name": "G", "totalGlobalMem": 80 << 30,
+                                      "computeMajor": capability[0], "computeMinor": capability[1]}]}
+    trace = load(write(tmp_path / "t.json", document))
+    assert isinstance(trace, MemoryTrace)
+    return trace
+
+
+def _before(trace: MemoryTrace) -> list[int]:
+    a = trace.allocations
+    return sorted(a.loc[a["origin"].astype(str) == "end_state", "requested_bytes"].tolist())
+
+
+@pytest.mark.parametrize("capability, size", [((9, 0), SM90_WORKSPACE), ((8, 0), WORKSPACE)])
+def test_the_cublas_workspace_that_predates_a_trace_is_set_apart_and_other(tmp_path, capability, size):
+    from analyzer.pipeline import analyze
+    trace = _workspace_trace(tmp_path, capability, before=WEIGHTS + size)
+    assert _before(trace) == sorted([size, WEIGHTS]) and trace.devices[0].workspace_before_bytes == size
+    analysis = analyze(trace)
+    a = analysis.trace.allocations
+    workspace = a[(a["origin"].astype(str) == "end_state") & (a["requested_bytes"] == size)]
+    assert workspace["category"].astype(str).tolist() == ["other"]
+    assert workspace["label_source"].astype(str).str.contains("category=structure:blas-workspace-size").all()
+    assert {r["name"]: r["bytes"] for r in analysis.devices[0].by_category}["other"] == size
+
+
+@pytest.mark.parametrize("why, kwargs", [
+    ("no cuBLAS kernel ran", {"kernel": "void at::native::vectorized_elementwise_kernel<4>"}),
+    ("the trace made a tensor of the workspace's size", {"made": SM90_WORKSPACE}),
+    ("a GPU whose default differs between torch versions", {"capability": (10, 0)}),
+    ("ROCm sizes its workspace otherwise", {"device_type": 6}),
+    ("less was alive before than a workspace", {"before": SM90_WORKSPACE - MiB}),
+])
+def test_nothing_is_set_apart_without_the_evidence(tmp_path, why, kwargs):
+    trace = _workspace_trace(tmp_path, **kwargs)
+    assert len(_before(trace)) == 1 and trace.devices[0].workspace_before_bytes is None, why
+
+
+def test_a_trace_without_a_running_total_says_what_lived_before_is_not_recorded(real_dir, tmp_path):
+    assert not load(real_dir / LEGACY[0]).devices[0].before_recorded
+    assert _workspace_trace(tmp_path).devices[0].before_recorded

@@ -6,6 +6,8 @@ import pandas as pd
 import pytest
 
 from analyzer.attribute import attribute
+from analyzer.core.timeline import live_at
+from analyzer.core.trace import MemoryTrace
 from support.snapshots import MiB, Recording
 
 OPTIM = "/venv/lib/python3.11/site-packages/torch/optim/adam.py:120"
@@ -200,6 +202,14 @@ def test_without_any_history_nothing_is_called_a_parameter() -> None:
 
 
 def _estimator_update(replace_at_once: bool) -> pd.DataFrame:
+    return labels(_estimator_recording(replace_at_once))
+
+
+def _estimator_trace(replace_at_once: bool) -> MemoryTrace:
+    return _estimator_recording(replace_at_once).trace()
+
+
+def _estimator_recording(replace_at_once: bool) -> Recording:
     """A model, an estimator's K per parameter made by its `__init__`, a forward, then K updated out of place
     while the model is reloaded (`K = (1 - h) * K + h * g * g`): each new K made, then the old one freed, at once
     or only after everything else."""
@@ -221,7 +231,7 @@ def _estimator_update(replace_at_once: bool) -> pd.DataFrame:
                 rec.alloc(MiB, "/src/estimator.py:70", name="update_K")
             for old in states:
                 rec.free(old)
-    return labels(rec)
+    return rec
 
 
 def test_a_kept_tensor_made_as_an_optimizer_state_of_its_size_is_freed_is_its_new_value() -> None:
@@ -231,6 +241,31 @@ def test_a_kept_tensor_made_as_an_optimizer_state_of_its_size_is_freed_is_its_ne
     replaced = kept[kept["category"].astype(str) == "optimizer_state"]
     assert set(replaced["label_source"].astype(str).str.split(";").str[1]) == {
         "category=structure:replaces-optimizer-state"}
+
+
+def test_a_new_value_is_the_updates_temporary_until_the_old_state_is_freed() -> None:
+    """Between a new K's allocation and the old K's free both are live: the state counts once, the new one as a
+    temporary, at that moment and in the category timeline; from the free on it is the state."""
+    rec_labels = _estimator_update(replace_at_once=True)
+    replaced = rec_labels[rec_labels["label_source"].astype(str).str.contains("replaces-optimizer-state")]
+    assert len(replaced) == len(SIZES)
+    assert (replaced["category_from_seq"] == replaced["seq_alloc"] + 1).all()   # the old K is freed next
+    assert rec_labels.drop(replaced.index)["category_from_seq"].isna().all()
+    trace = attribute(_estimator_trace(replace_at_once=True))
+    timeline = trace.timeline.set_index("seq")
+    categories = [c for c in timeline.columns if c.endswith("_bytes") and c not in
+                  ("allocated_bytes", "requested_bytes", "reserved_bytes")]
+    assert (timeline[categories].sum(axis=1) == timeline["allocated_bytes"]).all()
+    for _, row in replaced.iterrows():
+        made, settles = int(row["seq_alloc"]), int(row["category_from_seq"])
+        during = live_at(trace, 0, made).set_index("alloc_id")
+        after = live_at(trace, 0, settles).set_index("alloc_id")
+        assert during.loc[row["alloc_id"], "category"] == "temporary"
+        assert after.loc[row["alloc_id"], "category"] == "optimizer_state"
+        assert by_category(during)["optimizer_state"] == sum(SIZES)   # the old K, not both
+        assert timeline.loc[made, "optimizer_state_bytes"] == sum(SIZES)
+        assert timeline.loc[made, "temporary_bytes"] - timeline.loc[made - 1, "temporary_bytes"] == row["allocated_bytes"]
+        assert timeline.loc[settles, "optimizer_state_bytes"] == sum(SIZES)
 
 
 def test_a_tensor_made_long_before_the_state_is_freed_is_not_its_new_value() -> None:
