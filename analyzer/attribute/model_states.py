@@ -22,7 +22,8 @@ know), and says so in its label source (`structure:…`, confidence below the st
    object's `__init__` rather than a torch.nn module's, is an optimizer's state made at construction
    (`zeros_like` per parameter).
 3. A long-lived tensor made in an optimizer step that replaces a parameter freed in the same step (same
-   size) is the parameter (`p.data = new`), not optimizer state.
+   size) is the parameter (`p.data = new`), not optimizer state, from the old one's free on (the step's
+   temporary until then, `category_from_seq`, as in rule 4).
 4. The dual of 3: a tensor the lifetime rules call a parameter (made while loading and kept) that is made
    within REPLACE_EVENTS allocator events before an optimizer state of its size is freed, and outlives it, is
    that state's new value (`state = f(state)` out of place: DeComFL's estimator updates its K this way between
@@ -60,7 +61,7 @@ def infer_model_states(a: pd.DataFrame, phase: np.ndarray, category: np.ndarray,
     t_free = a["t_free_us"].to_numpy(dtype=np.float64, na_value=np.inf)
     category[replicates], source[replicates] = PARAMETER, "frames:data-parallel-replica"
     _construction_state(sizes, t_alloc, phase, category, source, init_site)
-    _replaced_parameters(sizes, t_alloc, t_free, phase, category, source)
+    _replaced_parameters(a, sizes, t_alloc, t_free, phase, category, source, category_from)
     _replaced_states(a, sizes, category, source, category_from)
     if blocks_before_recording:
         _persistent_before_recording(a, sizes, phase, category, source)
@@ -129,13 +130,15 @@ def _repeats(sizes: np.ndarray, earlier: np.ndarray) -> bool:
     return bool((want <= have.reindex(want.index, fill_value=0)).all())
 
 
-def _replaced_parameters(sizes: np.ndarray, t_alloc: np.ndarray, t_free: np.ndarray, phase: np.ndarray,
-                         category: np.ndarray, source: np.ndarray) -> None:
+def _replaced_parameters(a: pd.DataFrame, sizes: np.ndarray, t_alloc: np.ndarray, t_free: np.ndarray,
+                         phase: np.ndarray, category: np.ndarray, source: np.ndarray, category_from: np.ndarray) -> None:
     """Walk each optimizer step in time order: a parameter freed in it is replaced by the latest tensor of its
-    size the step made and kept (`p.data = new` makes the new tensor, then drops the old one)."""
+    size the step made and kept (`p.data = new` makes the new tensor, then drops the old one): the parameter
+    from that free on, the step's temporary before it."""
     made = np.flatnonzero((phase == Phase.OPTIMIZER) & (category == OPTIMIZER_STATE) & ~np.isnan(t_alloc))
     if not len(made):
         return
+    seq_free = a["seq_free"].to_numpy(dtype=np.float64, na_value=np.nan)
     made = made[np.argsort(t_alloc[made], kind="stable")]
     step = _optimizer_steps(t_alloc[made])
     window = pd.DataFrame({"step": step, "t": t_alloc[made]}).groupby("step")["t"].agg(["min", "max"])
@@ -154,6 +157,7 @@ def _replaced_parameters(sizes: np.ndarray, t_alloc: np.ndarray, t_free: np.ndar
             new = unpaired[(s, int(sizes[row]))].pop()
             category[new] = PARAMETER
             source[new] = "structure:replaces-parameter-in-step"
+            category_from[new] = seq_free[row]
 
 
 def _replaced_states(a: pd.DataFrame, sizes: np.ndarray, category: np.ndarray, source: np.ndarray,

@@ -161,6 +161,21 @@ def verdict(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[d
     if ctx.device < 0 and beside_a_gpu(ctx):
         return (f"Host memory ({ctx.trace.device_label(d.device)}): peak {gib(d.peak.allocated_bytes)} allocated; "
                 "GPU remedies do not act on it")
+    return _sentence(ctx, findings, remedies, demand, triaged, fits, found) + _lower_bound(ctx)
+
+
+def _lower_bound(ctx: DeviceContext) -> str:
+    """What a recording without the memory alive before it cannot say (a 2021 profiler trace: no running total)."""
+    info = ctx.trace.devices.get(ctx.device)
+    if info is None or info.before_recorded:
+        return ""
+    return (" The recording does not say what was alive before it began (weights, gradients and optimizer state "
+            "made earlier are not in it): every peak here is a lower bound.")
+
+
+def _sentence(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[dict[str, Any]], demand: Demand,
+              triaged: dict[str, str], fits: dict[str, int] | None, found: dict[str, Any] | None) -> str:
+    d = ctx.d
     first = next((r for r in remedies if r["try_first"]), None)
     advice = f" Try first: {describe(first, demand.capacity)}." if first else ""
     if found is not None and found["fits"] and not found["single"] and demand.capacity:

@@ -389,3 +389,19 @@ def test_nothing_is_set_apart_without_the_evidence(tmp_path, why, kwargs):
 def test_a_trace_without_a_running_total_says_what_lived_before_is_not_recorded(real_dir, tmp_path):
     assert not load(real_dir / LEGACY[0]).devices[0].before_recorded
     assert _workspace_trace(tmp_path).devices[0].before_recorded
+
+
+def _device_verdict(trace: MemoryTrace) -> str:
+    from analyzer.pipeline import analyze
+    result = analyze(trace)
+    return next(d["verdict"] for d in result.to_json()["devices"] if d["device"] == 0)
+
+
+def test_a_peak_without_what_lived_before_is_said_to_be_a_lower_bound(tmp_path):
+    without = [dict(memory(t, n, 0, 0, addr=a)) for t, n, a in ((10, MiB, 1), (20, 2 * MiB, 2), (30, -MiB, 1))]
+    for e in without:
+        del e["args"]["Total Allocated"], e["args"]["Total Reserved"]
+    legacy = load(write(tmp_path / "legacy.json", {"traceEvents": without}))
+    assert isinstance(legacy, MemoryTrace) and not legacy.devices[0].before_recorded
+    assert _device_verdict(legacy).endswith("every peak here is a lower bound.")
+    assert "lower bound" not in _device_verdict(_workspace_trace(tmp_path))

@@ -136,6 +136,11 @@ def test_a_tensor_that_replaces_a_parameter_in_the_optimizer_step_is_the_paramet
     replaced = a[optimizer_made & (a["category"].astype(str) == "parameter")]
     assert set(replaced["label_source"].astype(str).str.split(";").str[1]) == {
         "category=structure:replaces-parameter-in-step"}
+    # the parameter from the old one's free (the next event) on; never counted twice in the timeline
+    assert (replaced["category_from_seq"] == replaced["seq_alloc"] + 1).all()
+    timeline = attribute(rec.trace()).timeline
+    steps = timeline["seq"].isin(replaced["seq_alloc"])
+    assert (timeline.loc[steps, "parameter_bytes"] == sum(SIZES)).all()
 
 
 def test_pairing_starts_at_three_quarters_of_the_optimizer_state() -> None:
