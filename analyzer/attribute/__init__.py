@@ -40,14 +40,12 @@ from analyzer.attribute.modules import assign_modules
 from analyzer.attribute.profiler_ops import forward_categories, op_labels
 from analyzer.attribute.steps import number_steps
 from analyzer.attribute.timing import frameless_phases
+from analyzer.attribute.workspaces import label_workspaces
 from analyzer.core.trace import MemoryTrace
 from analyzer.ingest.memory_timeline import AS_OUR_CATEGORY, LABEL_SOURCE
 from analyzer.ingest.sniff import MEMORY_TIMELINE, MEMORY_TIMELINE_RAW
 from analyzer.core.vocabulary import UNATTRIBUTED, Category, Phase, Role
 
-#: the category signals of a library's workspace: what the frames show made it, whatever phase it was made in;
-#: a frameless block from before the recording, kept to the end, of a size the frames show a workspace has
-WORKSPACE, WORKSPACE_SIZE = "frames:blas-workspace", "structure:blas-workspace-size"
 CONFIDENCE = {"tag": 1.0, "recording": 1.0, "annotation": 0.95, "frames": 0.9, "ops": 0.9, "timing": 0.7, "lifetime": 0.8,
               "size-match": 0.6, "structure": 0.6}
 
@@ -171,8 +169,8 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
                        replicates=np.asarray([f.replicates for f in facts] + [False], dtype=bool)[stacks],
                        init_site=np.asarray([f.init_site for f in facts] + [None], dtype=object)[stacks],
                        blocks_before_recording=tensors_before)
-    _workspaces(a, stacks, np.asarray([f.workspace for f in facts] + [False], dtype=bool)[stacks], category,
-                category_source, {d: i.workspace_before_bytes for d, i in trace.devices.items()})
+    label_workspaces(a, stacks, np.asarray([f.workspace for f in facts] + [False], dtype=bool)[stacks], phase,
+                     category, category_source, {d: i.workspace_before_bytes for d, i in trace.devices.items()})
     has_mark = ~pd.isna(marked_role)
     category[has_mark] = np.where(marked_role[has_mark] == Role.BUFFER, Role.BUFFER.category.value, marked_role[has_mark])
     category_source[has_mark] = "tag:tensor"
@@ -191,26 +189,6 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     label_source, confidence = _label_sources(source, category_source, module_source)
     return {"module": module, "phase": phase, "category": category, "step": step, "label_source": label_source,
             "confidence": confidence, "category_from_seq": category_from}
-
-
-def _workspaces(a: pd.DataFrame, stacks: np.ndarray, made_by_blas: np.ndarray, category: np.ndarray,
-                source: np.ndarray, set_apart: dict[int, int | None]) -> None:
-    """torch's BLAS handle pool keeps one workspace per thread and stream (8.125 MiB by default, 32 MiB on sm90),
-    made at the thread's first matmul: `other`, whatever the phase made it. The main thread's is often made
-    before the recording began, with no frames, beside the autograd thread's that the frames show: a block of
-    such a size, frameless, from before the recording and kept to the end, is one too (a structural guess). A
-    profiler trace's reader sets apart, from what lived before it, the workspace its cuBLAS kernels show
-    existed (`set_apart`: device -> bytes, `DeviceInfo.workspace_before_bytes`)."""
-    category[made_by_blas], source[made_by_blas] = Category.OTHER.value, WORKSPACE
-    sizes = a["requested_bytes"].to_numpy()
-    kept = a["t_free_us"].isna().to_numpy() & a["seq_free"].isna().to_numpy()
-    before = kept & (stacks < 0) & (a["origin"].astype(str).to_numpy() != "trace")
-    twin = before & np.isin(sizes, sizes[made_by_blas])
-    devices = a["device"].to_numpy()
-    for device, size in set_apart.items():
-        if size:
-            twin |= before & (devices == device) & (sizes == size) & (a["origin"].astype(str).to_numpy() == "end_state")
-    category[twin], source[twin] = Category.OTHER.value, WORKSPACE_SIZE
 
 
 def _recorded_categories(a: pd.DataFrame, category: np.ndarray, source: np.ndarray, memory_timeline: bool) -> None:

@@ -286,26 +286,63 @@ BLAS = ("c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::alloca
 GEMM = ("at::native::structured_bmm_out_cuda::impl(at::Tensor const&, at::Tensor const&, at::Tensor const&)",)
 
 
-@pytest.mark.parametrize("native, made, twin", [(BLAS, "other", "other"), (GEMM, "gradient", "parameter")])
-def test_a_blas_workspace_is_other_and_so_is_its_frameless_twin_from_before_the_recording(native, made, twin):
+SM90_WORKSPACE = 32 * MiB
+
+
+@pytest.mark.parametrize("native, size, made, twin, signals", [
+    (BLAS, SM90_WORKSPACE, "other", "other", ("frames:blas-workspace", "structure:blas-workspace-size")),
+    (GEMM, SM90_WORKSPACE, "gradient", "parameter", None),
+    (GEMM, WORKSPACE, "other", "other", ("structure:blas-workspace-size", "structure:blas-workspace-size")),
+])
+def test_a_blas_workspace_is_other_and_so_is_its_frameless_twin_from_before_the_recording(native, size, made, twin,
+                                                                                          signals):
     """The main thread's cuBLAS workspace was made before the recording (a frameless block kept to the end, of
     the workspace's size); the autograd thread makes its own at its first matmul, in backward, and keeps it: the
-    C++ frames show the handle pool making it. Where they show only the matmul, the kept backward tensor is a
-    gradient and the block from before is the parameter that has it (jaspersolt's 8,519,680 B)."""
+    C++ frames show the handle pool making it. Where they show only the matmul, a 32 MiB kept backward tensor is
+    a gradient and the block from before is the parameter that has it; the default 8,519,680 B is a workspace by
+    its size alone (jaspersolt's)."""
     rec = Recording()
-    rec.alloc(WORKSPACE, with_frames=False)
+    rec.alloc(size, with_frames=False)
     rec.forget_history()
     with rec.phase("forward"):
         rec.free(rec.alloc(8 * MiB, MODEL, name="forward"))
     with rec.phase("backward"):
-        rec.alloc(WORKSPACE, with_frames=False, native=native)
+        rec.alloc(size, with_frames=False, native=native)
     with rec.phase("optimizer"):
         rec.free(rec.alloc(1 * MiB, OPTIM, name="step"))
     got = labels(rec)
-    workspace = got["requested_bytes"] == WORKSPACE
+    workspace = got["requested_bytes"] == size
     pre = pre_recording(got)
     assert got.loc[workspace & ~pre, "category"].astype(str).tolist() == [made]
     assert got.loc[workspace & pre, "category"].astype(str).tolist() == [twin]
-    if made == "other":
-        assert got.loc[workspace & ~pre, "label_source"].astype(str).str.contains("category=frames:blas-workspace;").all()
-        assert got.loc[workspace & pre, "label_source"].astype(str).str.contains("category=structure:blas-workspace-size;").all()
+    if signals:
+        for rows, signal in zip((workspace & ~pre, workspace & pre), signals):
+            assert got.loc[rows, "label_source"].astype(str).str.contains(f"category={signal};").all()
+
+
+def _python_only_workspaces(kept: int = 1, freed: int = 0, loading: bool = False) -> pd.DataFrame:
+    """A forward whose first matmul makes the default-size workspace (Python frames only) and keeps it; `kept`
+    such tensors, `freed` more of that size made and freed, made while loading if `loading`."""
+    rec = Recording()
+    with rec.phase("load" if loading else "forward"):
+        for _ in range(kept):
+            rec.alloc(WORKSPACE, MODEL, name="forward")
+        for _ in range(freed):
+            rec.free(rec.alloc(WORKSPACE, MODEL, name="forward"))
+        rec.free(rec.alloc(8 * MiB, MODEL, name="forward"))
+    got = labels(rec)
+    return got[got["requested_bytes"] == WORKSPACE]
+
+
+def test_a_kept_tensor_of_the_default_workspace_size_is_a_workspace_by_its_size() -> None:
+    for kept in (1, 2):
+        got = _python_only_workspaces(kept)
+        assert got["category"].astype(str).tolist() == ["other"] * kept
+        assert got["label_source"].astype(str).str.contains("category=structure:blas-workspace-size;").all()
+
+
+@pytest.mark.parametrize("why, kwargs", [("more than a thread each", {"kept": 3}),
+                                         ("the size also came and went", {"freed": 1}),
+                                         ("made while loading", {"loading": True})])
+def test_the_default_size_alone_is_not_enough_when_the_rows_of_it_look_like_tensors(why, kwargs) -> None:
+    assert "other" not in set(_python_only_workspaces(**kwargs)["category"].astype(str)), why
