@@ -35,7 +35,7 @@ from analyzer.attribute.annotations import annotation_labels, metadata_labels, t
 from analyzer.attribute.category import categorise, recomputed_activations
 from analyzer.attribute.frames import StackFacts, stack_facts
 from analyzer.attribute.module_paths import SourceIndex
-from analyzer.attribute.model_states import infer_model_states
+from analyzer.attribute.model_states import REPLACES_PARAMETER, REPLACES_STATE, infer_model_states
 from analyzer.attribute.modules import assign_modules
 from analyzer.attribute.profiler_ops import forward_categories, op_labels
 from analyzer.attribute.steps import number_steps
@@ -186,6 +186,7 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
         module[spoke], module_source[spoke] = ops.module[spoke], ops.module_signal[spoke]
     module[has_mark], module_source[has_mark] = marked_module[has_mark], "tag:tensor"
     _recorded_categories(a, category, category_source, trace.source_kind in (MEMORY_TIMELINE, MEMORY_TIMELINE_RAW))
+    category_from[~np.isin(category_source, (REPLACES_PARAMETER, REPLACES_STATE))] = np.nan  # a later signal won
     label_source, confidence = _label_sources(source, category_source, module_source)
     return {"module": module, "phase": phase, "category": category, "step": step, "label_source": label_source,
             "confidence": confidence, "category_from_seq": category_from}

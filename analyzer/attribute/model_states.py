@@ -44,6 +44,8 @@ from analyzer.core.vocabulary import Category, Phase
 PARAMETER, GRADIENT, OPTIMIZER_STATE = Category.PARAMETER.value, Category.GRADIENT.value, Category.OPTIMIZER_STATE.value
 BACKWARD_SHARE = 0.1  # a backward makes about as many allocations as its forward: a tenth of them is one
 REPLACE_EVENTS = 8  # allocator events from a state's new value to the old one's free, at most (`x = f(x)`)
+#: the signals of a state's new value, which holds its category only from the old value's free on
+REPLACES_PARAMETER, REPLACES_STATE = "structure:replaces-parameter-in-step", "structure:replaces-optimizer-state"
 PAIRED_STATE_SHARE = 0.75  # tensors / optimizer-state tensors of the state's sizes: 1 for params + grads, 0.5 params
 
 
@@ -156,7 +158,7 @@ def _replaced_parameters(a: pd.DataFrame, sizes: np.ndarray, t_alloc: np.ndarray
         elif unpaired[(s, int(sizes[row]))]:
             new = unpaired[(s, int(sizes[row]))].pop()
             category[new] = PARAMETER
-            source[new] = "structure:replaces-parameter-in-step"
+            source[new] = REPLACES_PARAMETER
             category_from[new] = seq_free[row]
 
 
@@ -184,7 +186,7 @@ def _replaced_states(a: pd.DataFrame, sizes: np.ndarray, category: np.ndarray, s
         n = rows[latest]
         if (seq_alloc[n] > seq_alloc[r] and seq_free[r] - seq_alloc[n] <= REPLACE_EVENTS and seq_free[n] > seq_free[r]
                 and category[n] == PARAMETER):
-            _label(np.asarray([n]), OPTIMIZER_STATE, "structure:replaces-optimizer-state", category, source)
+            _label(np.asarray([n]), OPTIMIZER_STATE, REPLACES_STATE, category, source)
             category_from[n] = seq_free[r]
 
 

@@ -65,16 +65,19 @@ def allocated_by_category(rows: pd.DataFrame, n_events: int) -> dict[str, np.nda
         return out
     temporary = Category.TEMPORARY.value
     out.setdefault(temporary, np.zeros(n_events + 1, dtype=np.int64))
-    sizes = rows["allocated_bytes"].to_numpy(dtype=np.int64)
-    born = rows["seq_alloc"].to_numpy(dtype=np.float64, na_value=-1.0)
-    labels = rows["category"].to_numpy(dtype=object)
-    for i in pending:   # series index k holds after event k - 1: a temporary after events born .. settles - 1
+    sizes = rows["allocated_bytes"].to_numpy(dtype=np.int64)[pending]
+    # series index k holds after event k - 1: a temporary after events born .. settles - 1
+    starts = rows["seq_alloc"].to_numpy(dtype=np.float64, na_value=-1.0)[pending].astype(np.int64) + 1
+    ends = np.minimum(settles[pending], n_events).astype(np.int64) + 1
+    labels = rows["category"].to_numpy(dtype=object)[pending].astype(str)
+    for label in np.unique(labels):
+        mine = labels == label
         shift = np.zeros(n_events + 2, dtype=np.int64)
-        shift[int(born[i]) + 1] += sizes[i]
-        shift[min(int(settles[i]), n_events) + 1] -= sizes[i]
+        np.add.at(shift, starts[mine], sizes[mine])
+        np.subtract.at(shift, ends[mine], sizes[mine])
         moved = np.cumsum(shift)[:-1]
         out[temporary] += moved
-        out[str(labels[i])] -= moved
+        out[label] -= moved
     return out
 
 

@@ -175,6 +175,7 @@ def _lower_bound(ctx: DeviceContext) -> str:
 
 def _sentence(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[dict[str, Any]], demand: Demand,
               triaged: dict[str, str], fits: dict[str, int] | None, found: dict[str, Any] | None) -> str:
+    """The verdict's sentence for a GPU, from what the recording holds."""
     d = ctx.d
     first = next((r for r in remedies if r["try_first"]), None)
     advice = f" Try first: {describe(first, demand.capacity)}." if first else ""

@@ -273,6 +273,19 @@ def test_a_new_value_is_the_updates_temporary_until_the_old_state_is_freed() -> 
         assert timeline.loc[settles, "optimizer_state_bytes"] == sum(SIZES)
 
 
+def test_a_tag_on_the_new_value_wins_and_holds_for_its_whole_life() -> None:
+    """A `tensor::` mark is the user's word: the row takes its role for its whole life, no `category_from_seq`."""
+    rec = _estimator_recording(replace_at_once=True)
+    new_k = [e for e in rec.entries if e["action"] == "alloc" and e["frames"]
+             and e["frames"][0]["name"] == "update_K"][0]
+    with rec.range(f"tensor::parameter::k::{new_k['addr']:#x}"):
+        pass
+    got = labels(rec)
+    row = got[got["addr"] == new_k["addr"]].iloc[-1]
+    assert str(row["category"]) == "parameter" and "category=tag:tensor" in str(row["label_source"])
+    assert pd.isna(row["category_from_seq"])
+
+
 def test_a_tensor_made_long_before_the_state_is_freed_is_not_its_new_value() -> None:
     a = _estimator_update(replace_at_once=False)
     kept = a[a["t_alloc_us"].notna() & a["t_free_us"].isna() & ~a["requested_bytes"].isin([8 * MiB, MiB])]
