@@ -282,8 +282,8 @@ class _Kept:
             elif cat in _KERNEL_CATS:
                 device = (event.get("args") or {}).get("device")
                 kernels[device] += 1
-                if isinstance(name, str) and _BLAS_KERNEL.search(name):
-                    self.blas_devices.add(device)
+                if device not in self.blas_devices and isinstance(name, str) and _BLAS_KERNEL.search(name):
+                    self.blas_devices.add(device)   # once a device has one, its other kernels are not searched
         return floor
 
     def _memory(self, event: dict, oom: bool) -> None:
