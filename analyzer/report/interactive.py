@@ -10,7 +10,9 @@ The encoding (a `devices` list and shared `text` table; every label is an index 
 - `alloc`: one entry per allocation, ordered by the event that made it: `a` that event's seq as a difference from
   the previous entry's (the first from -1; -1 itself means "made before the recording"), `l` its lifetime in
   events (0: alive at the end), `b` allocated bytes, `c`/`m`/`p` category, module, phase and `s` its stack (-1:
-  none). An allocation is live just after event `seq` when `a <= seq < a + l` (or `l == 0`);
+  none). An allocation is live just after event `seq` when `a <= seq < a + l` (or `l == 0`). `f` lists
+  `[entry, seq]` for the few whose category holds only from event `seq` on (`category_from_seq`): before it
+  they are `ft` (temporary);
 - `phase_colors`: the colour of each phase the bands name;
 - `stacks`: `[site, op, frames left out, frame, frame, ...]`, Python frames innermost first, a user frame as its
   index bitwise-negated (`~i`), so the page can embolden it;
@@ -35,7 +37,8 @@ from analyzer.core.module_tree import OWN, ModuleNode
 from analyzer.core.printable import visible
 from analyzer.core.stacks import format_frame, is_python_frame, is_user_frame
 from analyzer.core.timeline import downsample
-from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, UNATTRIBUTED, category_color, category_rank, phase_color
+from analyzer.core.vocabulary import (MODULE_PATH_SEPARATOR, UNATTRIBUTED, Category, category_color, category_rank,
+                                      phase_color)
 from analyzer.diagnose.context import DeviceContext, make_context
 from analyzer.diagnose.fragmentation import SEGMENTED_SOURCES, fragmentation_at, segments_at
 from analyzer.result import Analysis, DeviceAnalysis
@@ -154,9 +157,16 @@ def _device(analysis: Analysis, d: DeviceAnalysis, text: _Interned, stacks: _Sta
             "m": text.many(sub["module"].astype(str).to_numpy()),
             "p": text.many(sub["phase"].astype(str).to_numpy()),
             "s": stacks.many(sub["stack_id"].to_numpy(dtype=np.float64, na_value=-1).astype(np.int64)),
+            "f": _settling(sub["category_from_seq"]), "ft": text(Category.TEMPORARY.value),
         },
         "exact": exact, "allocations": len(rows),
     }
+
+
+def _settling(category_from_seq: pd.Series) -> list[list[int]]:
+    """[entry, seq] for each allocation whose category holds only from event `seq` on (a temporary before it)."""
+    settles = category_from_seq.to_numpy(dtype=np.float64, na_value=np.nan)
+    return [[int(i), int(settles[i])] for i in np.flatnonzero(~np.isnan(settles))]
 
 
 def _embedded_rows(born: np.ndarray, end: np.ndarray, keys: list[int], entries: int,

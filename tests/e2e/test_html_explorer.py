@@ -198,3 +198,19 @@ def test_hostile_strings_stay_text_in_the_explorer(browser: Chromium, tmp_path: 
     text = browser.evaluate("document.getElementById('explore-0').innerText")
     assert SCRIPT in text and IMG in text
     assert browser.evaluate("document.querySelectorAll('#explore-0 strong.frame').length") >= 1  # the user's frame
+
+
+def test_the_explorer_shows_the_category_in_force_at_the_moment(browser: Chromium, tmp_path: Path, real_dir) -> None:
+    """zidongliu's peak is the moment the estimator's new K is made before the old one is freed: the explorer,
+    like the pandas API, lists it as a temporary then (`category_from_seq`), so the state is counted once."""
+    a = analysis(real_dir / "zidongliu-decomfl/memory.pickle")
+    _open(browser, a, tmp_path / "report.html")
+    live = a.devices[0].peak.live
+    assert live["category_from_seq"].notna().any()
+    for category in ("optimizer_state", "temporary"):
+        browser.evaluate(f"(() => {{ const s = document.querySelector('#explore-0 input.search'); s.value = {category!r};"
+                         " s.dispatchEvent(new Event('input')); })()")
+        expected = live[live["category"].astype(str) == category]
+        state = _state(browser)
+        assert (int(state["shownBytes"]), int(state["shownCount"])) == (int(expected["allocated_bytes"].sum()),
+                                                                         len(expected)), category

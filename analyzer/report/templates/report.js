@@ -40,8 +40,12 @@
       seq: undelta(ch.seq), t: ch.t && undelta(ch.t).map((us) => us / 1e6), reserved: ch.reserved && undelta(ch.reserved),
       allocated: undelta(ch.allocated), stack: ch.stack.map(undelta),
     };
-    return { born, end, bytes: al.b, cat: al.c, mod: al.m, phase: al.p, stack: al.s, chart };
+    const settle = new Map((al.f || []).map(([i, seq]) => [i, seq]));
+    return { born, end, bytes: al.b, cat: al.c, mod: al.m, phase: al.p, stack: al.s, chart, settle, temporary: al.ft };
   }
+
+  // the category in force just after event `seq`: a state's new value is a temporary until the old one is freed
+  const categoryAt = (d, i, seq) => (d.settle.has(i) && seq < d.settle.get(i) ? d.temporary : d.cat[i]);
 
   function liveAt(d, seq) {
     const out = [];
@@ -248,6 +252,7 @@
         seq = near;
       }
       this.selected = seq;
+      if (this.d.settle.size) this.searchText.clear();   // a category in the search text may differ now
       this.live = liveAt(this.d, seq);
       this.total = this.live.reduce((s, i) => s + this.d.bytes[i], 0);
       this.root.dataset.seq = seq;
@@ -264,7 +269,7 @@
 
     key_of(i) {
       if (this.group === "module") return TEXT[this.d.mod[i]];
-      if (this.group === "category") return words(this.d.cat[i]);
+      if (this.group === "category") return words(categoryAt(this.d, i, this.selected));
       if (this.group === "site") return site(this.d.stack[i]);
       return "";
     }
@@ -275,7 +280,8 @@
       if (text === undefined) {
         const s = this.d.stack[i];
         const frames = s < 0 ? [] : DATA.stacks[s].slice(3).map((f) => TEXT[f < 0 ? ~f : f]);
-        text = [TEXT[this.d.mod[i]], TEXT[this.d.cat[i]], TEXT[this.d.phase[i]], site(s), ...frames].join("\n").toLowerCase();
+        text = [TEXT[this.d.mod[i]], TEXT[categoryAt(this.d, i, this.selected)], TEXT[this.d.phase[i]], site(s),
+          ...frames].join("\n").toLowerCase();
         this.searchText.set(i, text);
       }
       return text.includes(this.query);
@@ -331,7 +337,8 @@
       const details = el("details", { class: "alloc" }, el("summary", {}, el("span", { class: "frame", text: site(s) })));
       details.addEventListener("toggle", () => { if (details.open && details.children.length === 1) details.append(stackList(s)); }, { once: false });
       return el("tr", { class: "item-row" }, el("td", { class: "wrap" }, details),
-        el("td", { text: words(this.d.cat[i]) }), el("td", { class: "wrap" }, el("code", { text: TEXT[this.d.mod[i]] })),
+        el("td", { text: words(categoryAt(this.d, i, this.selected)) }),
+        el("td", { class: "wrap" }, el("code", { text: TEXT[this.d.mod[i]] })),
         el("td", { class: "num", text: "1" }), el("td", { class: "num", text: bytes(this.d.bytes[i]) }),
         el("td", { class: "num", text: pct(this.total ? this.d.bytes[i] / this.total : 0) }));
     }
