@@ -169,8 +169,10 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
                        replicates=np.asarray([f.replicates for f in facts] + [False], dtype=bool)[stacks],
                        init_site=np.asarray([f.init_site for f in facts] + [None], dtype=object)[stacks],
                        blocks_before_recording=tensors_before)
-    label_workspaces(a, stacks, np.asarray([f.workspace for f in facts] + [False], dtype=bool)[stacks], phase,
-                     category, category_source, {d: i.workspace_before_bytes for d, i in trace.devices.items()})
+    unknown_pass = label_workspaces(a, stacks, np.asarray([f.workspace for f in facts] + [False], dtype=bool)[stacks],
+                                    phase, category, category_source,
+                                    {d: i.workspace_before_bytes for d, i in trace.devices.items()})
+    phase[unknown_pass], source[unknown_pass] = None, None   # not loaded: made by some matmul before the recording
     has_mark = ~pd.isna(marked_role)
     category[has_mark] = np.where(marked_role[has_mark] == Role.BUFFER, Role.BUFFER.category.value, marked_role[has_mark])
     category_source[has_mark] = "tag:tensor"

@@ -28,10 +28,11 @@ MAX_WORKSPACES = 2   # handles a training process has on a device: the main thre
 
 
 def label_workspaces(a: pd.DataFrame, stacks: np.ndarray, made_by_blas: np.ndarray, phase: np.ndarray,
-                     category: np.ndarray, source: np.ndarray, set_apart: dict[int, int | None]) -> None:
+                     category: np.ndarray, source: np.ndarray, set_apart: dict[int, int | None]) -> np.ndarray:
     """Label the workspaces among the rows of `a` (one device or several) `other`, in `category` and its
     `source` in place. `stacks`: each row's stack id (-1: none); `made_by_blas`: its frames show the handle pool
-    making it; `set_apart`: device -> the workspace a profiler trace's reader set apart."""
+    making it; `set_apart`: device -> the workspace a profiler trace's reader set apart. Returns the rows so
+    labelled that were made before the recording: no pass is known to have made them."""
     other = Category.OTHER.value
     category[made_by_blas], source[made_by_blas] = other, WORKSPACE
     sizes = a["requested_bytes"].to_numpy()
@@ -45,6 +46,7 @@ def label_workspaces(a: pd.DataFrame, stacks: np.ndarray, made_by_blas: np.ndarr
             twin |= before & (devices == device) & (sizes == size) & (origin == "end_state")
     twin |= _of_the_default_size(devices, sizes, kept, phase) & ~made_by_blas
     category[twin], source[twin] = other, WORKSPACE_SIZE
+    return (twin | made_by_blas) & (origin != "trace") & (stacks < 0)
 
 
 def _of_the_default_size(devices: np.ndarray, sizes: np.ndarray, kept: np.ndarray, phase: np.ndarray) -> np.ndarray:
