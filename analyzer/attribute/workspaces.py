@@ -46,7 +46,7 @@ def label_workspaces(a: pd.DataFrame, stacks: np.ndarray, made_by_blas: np.ndarr
             twin |= before & (devices == device) & (sizes == size) & (origin == "end_state")
     twin |= _of_the_default_size(devices, sizes, kept, phase) & ~made_by_blas
     category[twin], source[twin] = other, WORKSPACE_SIZE
-    return (twin | made_by_blas) & (origin != "trace") & (stacks < 0)
+    return twin & (origin != "trace") & (stacks < 0)   # rule 1 needs frames: its rows are never among these
 
 
 def _of_the_default_size(devices: np.ndarray, sizes: np.ndarray, kept: np.ndarray, phase: np.ndarray) -> np.ndarray:

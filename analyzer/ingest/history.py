@@ -194,11 +194,12 @@ class HistoryBuilder:
         seeded = sum(b for b, s in zip(columns["bytes"][self._first_row:], columns["seq_alloc"][self._first_row:])
                      if s is None)
         unexplained = 0 if allocated_before is None else allocated_before - seeded
-        self.set_apart = bool(known_part) and unexplained > (known_part or 0)
-        if self.set_apart and known_part:
-            self.allocations.add(self.device, 0, known_part, None, None, None, UNATTRIBUTED)
-            unexplained -= known_part
-            seeded += known_part
+        part = known_part if known_part and unexplained > known_part else 0
+        self.set_apart = bool(part)
+        if part:
+            self.allocations.add(self.device, 0, part, None, None, None, UNATTRIBUTED)
+            unexplained -= part
+            seeded += part
         if unexplained > 0:
             self.allocations.add(self.device, 0, unexplained, None, None, None, UNATTRIBUTED)
         elif unexplained < 0:

@@ -583,6 +583,8 @@ class _Assembler:
         self.before_unknown: set[int] = set()       # devices whose events carry no Total Allocated
         self.workspaces_before: dict[int, int] = {}  # device -> its cuBLAS workspace, set apart from what lived before
         self.names = list(kept.names)
+        #: deviceProperties by device id
+        self.properties = {p.get("id"): p for p in meta.get("deviceProperties") or [] if isinstance(p, dict)}
         base_ns = meta.get("baseTimeNanoseconds")
         self.base_ns = int(base_ns) if isinstance(base_ns, (int, float)) else None
 
@@ -679,12 +681,9 @@ class _Assembler:
         return size if size and not (nbytes == size).any() else None
 
     def _compute_capability(self, device: int) -> tuple[int, int] | None:
-        for p in self.meta.get("deviceProperties") or []:
-            if isinstance(p, dict) and p.get("id") == device:
-                major, minor = p.get("computeMajor"), p.get("computeMinor")
-                if isinstance(major, int) and isinstance(minor, int):
-                    return major, minor
-        return None
+        p = self.properties.get(device, {})
+        major, minor = p.get("computeMajor"), p.get("computeMinor")
+        return (major, minor) if isinstance(major, int) and isinstance(minor, int) else None
 
     def _check_totals(self, device: int, start: int, nbytes: np.ndarray, totals: np.ndarray | None,
                       by_address: bool, has_reserved: bool) -> None:
@@ -708,7 +707,7 @@ class _Assembler:
         """Devices with memory events, or else the GPUs kernels ran on (ROCm numbers kernel devices by agent,
         which differs from the HIP index of memory events, so kernels never add a device beside memory);
         names and capacities from deviceProperties."""
-        properties = {p.get("id"): p for p in self.meta.get("deviceProperties") or [] if isinstance(p, dict)}
+        properties = self.properties
         counts = events["device"].value_counts().to_dict()
         ids = set(counts)
         if not ids - {HOST}:
