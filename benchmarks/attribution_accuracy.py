@@ -26,7 +26,7 @@ import pandas as pd
 import analyzer
 from analyzer.pipeline import active_devices
 from analyzer.attribute import attribute
-from analyzer.evaluate.accuracy import peak_agreement
+from analyzer.evaluate.accuracy import peak_agreement, simulator_sources
 from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, NO_MODULE, UNATTRIBUTED, names_module
@@ -52,10 +52,12 @@ def sim_table() -> str:
         classes = simulator_classes()
     except ImportError:   # no torch here: the simulator's model cannot be built
         classes = None
+    sources = simulator_sources()
     rows = []
     for path in sorted(SIM.glob("*.pickle")):
-        tagged, plain = peak_agreement(path, tags=True), peak_agreement(path, tags=False)
-        by_class = f"{module_class_agreement(path, classes)['module_class']:.1%}" if classes else "-"
+        tagged = peak_agreement(path, tags=True, source_roots=sources)
+        plain = peak_agreement(path, tags=False, source_roots=sources)
+        by_class = f"{module_class_agreement(path, classes, source_roots=sources)['module_class']:.1%}" if classes else "-"
         rows.append([path.stem, *(f"{tagged[f]:.1%}" for f in FIELDS), *(f"{plain[f]:.1%}" for f in FIELDS), by_class])
     header = ["fixture", *(f"{f} (tags)" for f in FIELDS), *(f"{f} (no tags)" for f in FIELDS),
               "module class (no tags)"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from analyzer.evaluate.accuracy import zoo_scores
+from analyzer.evaluate.accuracy import simulator_sources, zoo_scores
 
 ROOT = Path(__file__).resolve().parents[1]
 ZOO = ROOT / "fixtures" / "traces" / "zoo"
@@ -37,7 +37,7 @@ def table() -> tuple[str, int]:
     header = ["case", "stacks", *HEADERS.values(), "all bars met"]
     rows, misses = [], 0
     for case, stacks, path in fixtures():
-        scores = zoo_scores(path, tags=False)
+        scores = zoo_scores(path, tags=False, source_roots=simulator_sources())
         met = [scores[k] >= bar for k, bar in BARS.items()]
         misses += met.count(False)
         rows.append([case, stacks, *(f"{scores[k]:.1%}" + ("" if ok else " ✗") for k, ok in zip(BARS, met)),

@@ -5,15 +5,14 @@ around it is skipped) gives one level of the path, outermost first: `LlamaForCau
 LlamaDecoderLayer › LlamaMLP › Linear`. A parameter made while a model is built has the path of the module
 constructors (`__init__`) it was made in, the same classes as its forward path.
 
-A level's class is read from the source file, parsed (never imported) where it is readable here: the recorded
-file itself, else the longest suffix of its path found under a `--source-root` folder (a checkout of the code
-the recording ran) or the analysing environment's own site-packages and sys.path (its transformers, peft,
-torch ...). A local file of another version is caught by checking that every line the recording names in it
-falls in a function of the recorded name (`SourceIndex.check`): one line that does not, and the file is not read
-(another version's lines may fall in another class's `forward`). A copy found only in the analysing environment
-(not the recorded file, nor under a `--source-root`) must also be checked on at least MIN_LINES_CHECKED recorded
-lines: a file of forwards (torch's activations) passes one line's check in any version. Then, and where no file
-is found, the level keeps its `file:line forward` text.
+A level's class is read from source files, parsed (never imported), only where the user named a folder of the
+code the recording ran (`--source-root`, `source_roots=`): the longest suffix of the recorded path found under
+one of them (the recorded path itself when it lies under one). Nothing else is read, neither the recorded file
+at its path here nor the analysing environment's site-packages: a copy of another version gives other classes,
+and one file must give one report on every machine. A copy under a source root that is not the one recorded is
+still caught by checking that every line the recording names in it falls in a function of the recorded name
+(`SourceIndex.check`): one line that does not, and the file is not read. Where no file is read, the level keeps
+its `file:line forward` text.
 
 Not module levels: torch's own `forward`s that are not modules (autograd Functions, compiled-graph wrappers),
 a `forward` run by `Function.apply` or written as a static method, and a `super().forward()` call (the same
@@ -24,10 +23,7 @@ from __future__ import annotations
 import ast
 import os
 import re
-import site
 import stat
-import sys
-import sysconfig
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -39,8 +35,6 @@ from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR
 SEPARATOR = MODULE_PATH_SEPARATOR
 #: no real source file is larger; bigger ones are not read
 MAX_SOURCE_BYTES = 4 << 20
-#: recorded lines that must agree with an environment's copy of a file before its classes are read
-MIN_LINES_CHECKED = 2
 
 _FORWARD, _INIT = "forward", "__init__"
 _TORCH = re.compile(r"(^|[\\/])torch[\\/]")
@@ -178,25 +172,6 @@ def read_source(filename: str) -> _Source:
     return _parsed(filename, st.st_mtime_ns, st.st_size)
 
 
-def environment_roots() -> tuple[str, ...]:
-    """Where the analysing environment keeps its libraries: site-packages and sys.path folders (read, never
-    imported)."""
-    roots: list[str] = []
-    try:
-        roots += site.getsitepackages()
-    except AttributeError:  # some virtualenvs' site module has no getsitepackages
-        pass
-    roots.append(site.getusersitepackages())
-    paths = sysconfig.get_paths()
-    roots += [paths.get("purelib", ""), paths.get("platlib", "")]
-    roots += sys.path
-    seen: list[str] = []
-    for root in roots:
-        if root and os.path.isabs(root) and os.path.isdir(root) and root not in seen:
-            seen.append(root)
-    return tuple(seen)
-
-
 def _parts(filename: str) -> list[str]:
     """The components of a recorded path, POSIX or Windows ('C:' and empty parts dropped)."""
     pieces = re.split(r"[\\/]+", filename)
@@ -208,14 +183,11 @@ def _parts(filename: str) -> list[str]:
 class SourceIndex:
     """Finds where a file named by a recorded frame can be read here, and what the source says at a line.
 
-    `roots` (the `--source-root` folders) are searched before the environment's; for every root, the longest
-    suffix of the recorded path that names a file under it wins (one component is enough under a source root,
-    two under the environment's folders, so a lone `utils.py` is not taken from some library). Looked up once
-    per distinct file name."""
+    `roots` (the `--source-root` folders) are the only places searched: for every root, the longest suffix of the
+    recorded path that names a file under it wins. Looked up once per distinct file name."""
 
-    def __init__(self, roots: Iterable[str | Path] = (), environment: bool = True) -> None:
+    def __init__(self, roots: Iterable[str | Path] = ()) -> None:
         self.roots = tuple(str(Path(r).expanduser()) for r in roots)
-        self.environment = environment_roots() if environment else ()
         self._located: dict[str, str | None] = {}
         self._other_version: set[str] = set()
 
@@ -232,9 +204,7 @@ class SourceIndex:
                 continue
             source = self.source(filename)
             checked = [(line, function) for line, function in named if not function.startswith("<")]
-            agree = all((m := source.method_at(line)) is not None and m.name == function for line, function in checked)
-            unchecked = local != filename and not any(local.startswith(os.path.join(r, "")) for r in self.roots)
-            if not agree or (unchecked and len(checked) < MIN_LINES_CHECKED):
+            if not all((m := source.method_at(line)) is not None and m.name == function for line, function in checked):
                 self._other_version.add(filename)
 
     def locate(self, filename: str) -> str | None:
@@ -243,24 +213,24 @@ class SourceIndex:
         return self._located[filename]
 
     def _locate(self, filename: str) -> str | None:
-        if not filename.lower().endswith(".py"):
+        if not filename.lower().endswith(".py") or not self.roots:
             return None
-        if os.path.isabs(filename) and _is_regular(filename):
+        if os.path.isabs(filename) and _is_regular(filename) and any(
+                filename.startswith(os.path.join(r, "")) for r in self.roots):
             return filename
         parts = _parts(filename)
         if any(p in (".", "..") for p in parts):
             return None
         best: tuple[int, str] | None = None
-        for roots, shortest in ((self.roots, 1), (self.environment, 2)):
-            for root in roots:
-                for start in range(len(parts) - shortest + 1):
-                    length = len(parts) - start
-                    if best is not None and length <= best[0]:
-                        break
-                    candidate = os.path.join(root, *parts[start:])
-                    if _is_regular(candidate):
-                        best = (length, candidate)
-                        break
+        for root in self.roots:
+            for start in range(len(parts)):
+                length = len(parts) - start
+                if best is not None and length <= best[0]:
+                    break
+                candidate = os.path.join(root, *parts[start:])
+                if _is_regular(candidate):
+                    best = (length, candidate)
+                    break
         return best[1] if best else None
 
     def source(self, filename: str) -> _Source:
@@ -279,7 +249,7 @@ _DEFAULT: list[SourceIndex] = []
 
 
 def default_index() -> SourceIndex:
-    """The index without source roots (the environment's folders only), made once."""
+    """The index without source roots (it reads no file), made once."""
     if not _DEFAULT:
         _DEFAULT.append(SourceIndex())
     return _DEFAULT[0]

@@ -63,9 +63,12 @@ class AnalyzeCommand:
                             help="for a profiler trace: write it again with counter tracks of allocated bytes by "
                                  "category and by phase, for Perfetto UI / chrome://tracing (.gz to compress)")
         parser.add_argument("--source-root", type=Path, action="append", default=[], metavar="DIR",
-                            help="a local checkout of the code the recording ran (repeatable): frames recorded on "
-                                 "another machine are matched to its files by the longest common path suffix, so "
-                                 "module class names can be read from them (never imported)")
+                            help="a local checkout of the code the recording ran (repeatable), e.g. your project "
+                                 "and the site-packages of the environment that ran it: frames are matched to its "
+                                 "files by the longest common path suffix, so module class names can be read from "
+                                 "them (never imported). Without it no local file is read, so one recording gives "
+                                 "one report on every machine; `--source-root /` reads the recorded paths as they "
+                                 "are here")
         parser.add_argument("--scheduler", metavar="ADDRESS",
                             help="for a folder of ranks: the Dask scheduler to run them on (default: "
                                  "$ANALYZER_DASK_SCHEDULER, else a local cluster with one worker per core)")

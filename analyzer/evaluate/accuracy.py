@@ -3,8 +3,10 @@ of the labels of the allocations live at the peak, or of every allocation of the
 class. Used by tests, benchmarks/attribution_accuracy.py and benchmarks/zoo_accuracy.py."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,15 +45,29 @@ def without_tags(trace: MemoryTrace) -> MemoryTrace:
                    allocations=trace.allocations.copy())
 
 
-def peak_agreement(snapshot: Path, tags: bool = True) -> dict[str, float]:
-    """Share of peak bytes whose category, phase and module match the truth; also the attributed share."""
+def simulator_sources() -> tuple[str, ...]:
+    """The folders holding the code the simulator's recordings ran, as `--source-root`s: this package's checkout
+    and the installed torch, transformers and peft (the test extra pins their versions, so the copies are the ones
+    that ran). Found without importing them."""
+    roots = [str(Path(__file__).resolve().parents[2])]
+    for name in ("torch", "transformers", "peft"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            roots.append(str(Path(next(iter(spec.submodule_search_locations))).parent))
+    return tuple(dict.fromkeys(roots))
+
+
+def _truth_and_attributed(snapshot: Path, tags: bool, source_roots: Sequence[str]) -> tuple[dict, MemoryTrace]:
     truth = json.loads(snapshot.with_name(snapshot.stem + ".truth.json").read_text())
     trace = load(snapshot)
     if not isinstance(trace, MemoryTrace):
         raise UnsupportedFormat(snapshot, _ONE_RECORDING, "pass one rank's file")
-    if not tags:
-        trace = without_tags(trace)
-    trace = attribute(trace)
+    return truth, attribute(trace if tags else without_tags(trace), source_roots=source_roots)
+
+
+def peak_agreement(snapshot: Path, tags: bool = True, source_roots: Sequence[str] = ()) -> dict[str, float]:
+    """Share of peak bytes whose category, phase and module match the truth; also the attributed share."""
+    truth, trace = _truth_and_attributed(snapshot, tags, source_roots)
     live = find_peak(trace, truth["device"]).live
     labels = truth["allocations"]
     weights = live["allocated_bytes"].to_numpy(dtype=np.float64)
@@ -98,14 +114,6 @@ def profiler_agreement(trace_path: Path, raw_timeline_path: Path) -> dict[str, f
 
 
 # ---- over the whole recording, and the module's class (the zoo's bars) -----------------------------------------
-def _truth_and_attributed(snapshot: Path, tags: bool) -> tuple[dict, MemoryTrace]:
-    truth = json.loads(snapshot.with_name(snapshot.stem + ".truth.json").read_text())
-    trace = load(snapshot)
-    if not isinstance(trace, MemoryTrace):
-        raise UnsupportedFormat(snapshot, _ONE_RECORDING, "pass one rank's file")
-    return truth, attribute(trace if tags else without_tags(trace))
-
-
 def _keys(rows: pd.DataFrame) -> list[str | None]:
     return [str(int(s)) if s == s and s is not None else None for s in rows["seq_alloc"].astype("float64")]
 
@@ -164,19 +172,20 @@ def _module_class_share(rows: pd.DataFrame, labels: dict) -> float:
     return float(weights[picked].sum() / weights.sum()) if weights.sum() else 1.0
 
 
-def recording_agreement(snapshot: Path, tags: bool = True) -> dict[str, float]:
+def recording_agreement(snapshot: Path, tags: bool = True, source_roots: Sequence[str] = ()) -> dict[str, float]:
     """Category agreement over every allocation of the recording, bytes-weighted (each allocation counted once,
     by its block size, whenever it lived), and the module-class agreement over the same allocations."""
-    truth, trace = _truth_and_attributed(snapshot, tags)
+    truth, trace = _truth_and_attributed(snapshot, tags, source_roots)
     rows = trace.allocations[trace.allocations["device"] == truth["device"]]
     return {"category": _category_share(rows, truth["allocations"]),
             "module_class": _module_class_share(rows, truth["allocations"])}
 
 
-def zoo_scores(snapshot: Path, tags: bool = False) -> dict[str, float]:
+def zoo_scores(snapshot: Path, tags: bool = False, source_roots: Sequence[str] = ()) -> dict[str, float]:
     """The zoo's three measures (without capture tags by default): category agreement at the peak and over
-    the recording, and module-class agreement at the peak; each a share of bytes in [0, 1]."""
-    truth, trace = _truth_and_attributed(snapshot, tags)
+    the recording, and module-class agreement at the peak; each a share of bytes in [0, 1]. Classes are read
+    only under `source_roots` (`simulator_sources()` for the code the zoo ran)."""
+    truth, trace = _truth_and_attributed(snapshot, tags, source_roots)
     labels = truth["allocations"]
     live = find_peak(trace, truth["device"]).live
     rows = trace.allocations[trace.allocations["device"] == truth["device"]]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +50,8 @@ def label_class(label: str, class_of: Callable[[str], str | None]) -> str | None
     return None
 
 
-def module_class_agreement(snapshot: Path, class_of: Callable[[str], str | None], tags: bool = False) -> dict[str, float]:
+def module_class_agreement(snapshot: Path, class_of: Callable[[str], str | None], tags: bool = False,
+                           source_roots: Sequence[str] = ()) -> dict[str, float]:
     """Share of the peak's bytes (of those the truth gives a module) whose module class is the truth's; the
     truth's root-or-no-module ('') also agrees with unattributed; and the share labelled at all."""
     from analyzer.attribute import attribute
@@ -59,7 +60,7 @@ def module_class_agreement(snapshot: Path, class_of: Callable[[str], str | None]
     trace = load(snapshot)
     if not isinstance(trace, MemoryTrace):
         raise UnsupportedFormat(snapshot, "a set of ranks: agreement is scored for one recording", "pass one rank's file")
-    trace = attribute(trace if tags else without_tags(trace))
+    trace = attribute(trace if tags else without_tags(trace), source_roots=source_roots)
     live = find_peak(trace, truth["device"]).live
     labels = truth["allocations"]
     right = total = attributed = 0.0

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from analyzer.attribute import attribute
-from analyzer.evaluate.accuracy import peak_agreement
+from analyzer.evaluate.accuracy import peak_agreement, simulator_sources
 from analyzer.ingest.snapshot import snapshot_to_trace
 
 SIM = Path(__file__).resolve().parents[2] / "fixtures" / "traces" / "sim"
@@ -24,7 +24,7 @@ MODULE_WITH_TAGS = 0.95   # module: 100% on every fixture with tags
 
 @cache
 def agreement(name: str, tags: bool) -> dict[str, float]:
-    return peak_agreement(SIM / f"{name}.pickle", tags=tags)
+    return peak_agreement(SIM / f"{name}.pickle", tags=tags, source_roots=simulator_sources())
 
 
 # ---- the simulated fixtures -----------------------------------------------------------------------------------

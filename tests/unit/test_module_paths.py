@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzer.attribute import attribute
+from analyzer.attribute import attribute, module_paths
 from analyzer.attribute.module_paths import MAX_SOURCE_BYTES, SEPARATOR, Level, SourceIndex, call_path, path_label
 from analyzer.attribute.modules import call_path_labels, without_order
 from analyzer.core.module_tree import module_label, module_tree
@@ -95,6 +95,13 @@ def lines(text: str) -> dict[str, int]:
 L, LL = lines(MODEL), lines(LINEAR)
 
 
+@pytest.fixture(autouse=True)
+def sources_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests' frames name files written under tmp_path: the folder a user would name with --source-root
+    (nothing is read without one)."""
+    monkeypatch.setattr(module_paths, "default_index", lambda: SourceIndex([tmp_path]))
+
+
 @pytest.fixture
 def model(tmp_path: Path) -> str:
     path = tmp_path / "model.py"
@@ -130,10 +137,10 @@ def test_a_single_forward_frame_is_its_class(model):
 
 def test_a_level_whose_class_is_not_known_keeps_its_file_line(model):
     """No file here, or a file of another version (the line is not in a function called `forward`)."""
-    missing = ("/elsewhere/model.py", 12, "forward")
+    missing = ("/elsewhere/missing.py", 12, "forward")
     other_version = (model, L["model.helper"], "forward")
     got = labels_of(through(missing, other_version, (model, L["model.loop"], "forward")))
-    assert got == ["Model", f"{model}:{L['model.helper']} forward", "/elsewhere/model.py:12 forward"]
+    assert got == ["Model", f"{model}:{L['model.helper']} forward", "/elsewhere/missing.py:12 forward"]
 
 
 def test_no_forward_frame_no_path(model):
@@ -163,7 +170,7 @@ def test_torch_nn_modules_are_levels_and_constructors_build_paths(model, tmp_pat
     site = tmp_path / "site"
     (site / "torch" / "nn" / "modules").mkdir(parents=True)
     (site / "torch" / "nn" / "modules" / "linear.py").write_text(LINEAR)
-    sources = SourceIndex([site], environment=False)
+    sources = SourceIndex([site, tmp_path])
     recorded = "/opt/conda/lib/python3.10/site-packages/torch/nn/modules/linear.py"
     forward = through((recorded, LL["linear.forward"], "forward"), (model, L["mlp.fc"], "forward"))
     assert labels_of(forward, sources) == ["MLP", "Linear"]
@@ -188,43 +195,39 @@ def write(root: Path, relative: str, cls: str) -> Path:
 def test_source_root_longest_suffix_wins(tmp_path):
     short = write(tmp_path / "a", "pkg/model.py", "Short")
     long = write(tmp_path / "b", "proj/pkg/model.py", "Long")
-    sources = SourceIndex([tmp_path / "a", tmp_path / "b"], environment=False)
+    sources = SourceIndex([tmp_path / "a", tmp_path / "b"])
     recorded = "/home/lin/proj/pkg/model.py"
     assert sources.locate(recorded) == str(long)
     assert labels_of(through((recorded, L["mlp.fc"], "forward")), sources) == ["Long"]
-    assert SourceIndex([tmp_path / "a"], environment=False).locate(recorded) == str(short)
+    assert SourceIndex([tmp_path / "a"]).locate(recorded) == str(short)
     # a Windows path, and a relative one (Kineto's), find the same file
     assert sources.locate("C:\\Users\\lin\\proj\\pkg\\model.py") == str(long)
     assert sources.locate("pkg/model.py") in (str(short), str(long))
     assert sources.locate("/home/lin/../proj/pkg/model.py") is None    # no climbing out of a root
 
 
-def test_one_component_is_enough_under_a_source_root_not_under_the_environment(tmp_path):
+def test_one_component_is_enough_under_a_source_root(tmp_path):
     write(tmp_path / "root", "model.py", "Mine")
-    assert SourceIndex([tmp_path / "root"], environment=False).locate("/x/y/model.py") == str(tmp_path / "root" / "model.py")
-    env = SourceIndex([], environment=False)
-    env.environment = (str(tmp_path / "root"),)
-    assert env.locate("/x/y/model.py") is None
+    assert SourceIndex([tmp_path / "root"]).locate("/x/y/model.py") == str(tmp_path / "root" / "model.py")
     write(tmp_path / "root", "y/model.py", "Lib")
-    env = SourceIndex([], environment=False)
-    env.environment = (str(tmp_path / "root"),)
-    assert env.locate("/x/y/model.py") == str(tmp_path / "root" / "y" / "model.py")
+    assert SourceIndex([tmp_path / "root"]).locate("/x/y/model.py") == str(tmp_path / "root" / "y" / "model.py")
 
 
-def test_the_recorded_file_itself_comes_first(model, tmp_path):
+def test_the_recorded_file_itself_comes_first_under_a_source_root(model, tmp_path):
     write(tmp_path / "root", Path(model).name, "Other")
-    assert SourceIndex([tmp_path / "root"], environment=False).locate(model) == model
+    assert SourceIndex([tmp_path / "root", tmp_path]).locate(model) == model
+    assert SourceIndex([tmp_path / "root"]).locate(model) == str(tmp_path / "root" / "model.py")
 
 
-def test_the_environment_is_read_not_imported():
-    """The analysing environment's libraries are found in site-packages, and nothing is imported to find them."""
-    import sys
+def test_nothing_is_read_without_a_source_root(model):
+    """Results must not depend on the analysing machine: without --source-root neither the recorded file at its
+    path here nor the environment's own copy of a library (numpy's, installed here) is read."""
+    import numpy
 
-    before = set(sys.modules)
-    sources = SourceIndex()
-    numpy_file = sources.locate("/somewhere/else/lib/python3.9/site-packages/numpy/__init__.py")
-    assert numpy_file is not None and numpy_file.endswith(os.path.join("numpy", "__init__.py"))
-    assert not {m for m in set(sys.modules) - before if not m.startswith("_")}
+    assert SourceIndex().locate(model) is None and SourceIndex().locate(numpy.__file__) is None
+    frames = through((model, L["mlp.fc"], "forward"))
+    assert labels_of(frames, SourceIndex()) == [f"{model}:{L['mlp.fc']} forward"]
+    assert labels_of(frames, SourceIndex(["/"])) == ["MLP"]     # `--source-root /`: the recorded paths as they are here
 
 
 # ---- hostile file names ---------------------------------------------------------------------------------------------
@@ -242,7 +245,7 @@ def test_fifo_device_huge_and_directory_paths_are_safe(tmp_path):
     start = time.monotonic()
     for path in (fifo, device, huge, folder, binary):
         frame = (str(path), 2, "forward")
-        for sources in (None, SourceIndex([tmp_path], environment=False)):
+        for sources in (None, SourceIndex([tmp_path])):
             assert labels_of(through(frame), sources) == [f"{path}:2 forward"]
     assert time.monotonic() - start < 5
 
@@ -316,7 +319,8 @@ def recording(allocs: list[tuple[int | None, int | None, list, int]], annotation
              for name, start, end in annotations for stage, t in (("START", start), ("END", end))]
     snapshot = {"segments": [segment], "device_traces": [trace],
                 "external_annotations": sorted(marks, key=lambda m: m["time_us"])}
-    return attribute(snapshot_to_trace(snapshot, "hand-made")).allocations.sort_values("addr").reset_index(drop=True)
+    trace = attribute(snapshot_to_trace(snapshot, "hand-made"), source_roots=module_paths.default_index().roots)
+    return trace.allocations.sort_values("addr").reset_index(drop=True)
 
 
 def test_repeated_blocks_end_to_end_with_a_lower_confidence(model):
@@ -397,9 +401,11 @@ MODULE_CLASS_WITHOUT_TAGS = 0.95   # 100% of the peak's bytes on every fixture t
 @pytest.mark.parametrize("name", sorted(p.stem for p in SIM.glob("*.pickle")))
 def test_simulated_fixtures_get_the_right_module_class_without_tags(name):
     pytest.importorskip("torch")
+    from analyzer.evaluate.accuracy import simulator_sources
     from analyzer.evaluate.module_classes import module_class_agreement, simulator_classes
 
-    scores = module_class_agreement(SIM / f"{name}.pickle", simulator_classes())
+    scores = module_class_agreement(SIM / f"{name}.pickle", simulator_classes(),
+                                    source_roots=simulator_sources())
     assert scores["module_class"] >= MODULE_CLASS_WITHOUT_TAGS, scores
 
 
@@ -453,31 +459,19 @@ def test_a_file_of_another_version_is_not_read_at_all(model):
     version, and its other lines (which may fall in another class's forward) are not read either; a recording
     whose every frame agrees with the file reads its classes."""
     agreeing = through((model, L["mlp.fc"], "forward"), (model, L["block.mlp"], "forward"))
-    sources = SourceIndex(environment=False)
+    sources = SourceIndex([Path(model).parent])
     sources.check(agreeing)
     assert labels_of(agreeing, sources) == ["Block", "MLP"]
-    other = SourceIndex(environment=False)
+    other = SourceIndex([Path(model).parent])
     other.check([*agreeing, (model, L["model.helper"], "forward")])
     assert labels_of(agreeing, other) == [f"{model}:{L['block.mlp']} forward", f"{model}:{L['mlp.fc']} forward"]
 
 
-def test_an_environment_copy_is_read_only_when_two_recorded_lines_agree(tmp_path):
-    """A copy found only in the analysing environment passes a one-line check in any version of a file of
-    forwards (torch's activations): it is read once MIN_LINES_CHECKED recorded lines agree with it."""
-    from analyzer.attribute.module_paths import MIN_LINES_CHECKED
-
+def test_one_agreeing_line_is_enough_under_a_source_root(tmp_path):
     (tmp_path / "site" / "pkg").mkdir(parents=True)
     (tmp_path / "site" / "pkg" / "model.py").write_text(MODEL)
-    recorded = "/remote/env/site-packages/pkg/model.py"
-    one = through((recorded, L["mlp.fc"], "forward"))
-    two = through((recorded, L["mlp.fc"], "forward"), (recorded, L["block.mlp"], "forward"))
-    assert MIN_LINES_CHECKED == 2
-    for frames, expected in [(one, [f"{recorded}:{L['mlp.fc']} forward"]), (two, ["Block", "MLP"])]:
-        sources = SourceIndex(environment=False)
-        sources.environment = (str(tmp_path / "site"),)
-        sources.check(frames)
-        assert labels_of(frames, sources) == expected
-    rooted = SourceIndex([tmp_path / "site"], environment=False)   # a --source-root the user named: one line does
+    one = through(("/remote/env/site-packages/pkg/model.py", L["mlp.fc"], "forward"))
+    rooted = SourceIndex([tmp_path / "site"])
     rooted.check(one)
     assert labels_of(one, rooted) == ["MLP"]
 
@@ -486,10 +480,9 @@ def test_a_folder_beside_a_source_root_is_not_under_it(tmp_path):
     """`--source-root /x/site` does not vouch for a copy found in `/x/site-packages` (a name that begins alike)."""
     (tmp_path / "site-packages" / "pkg").mkdir(parents=True)
     (tmp_path / "site-packages" / "pkg" / "model.py").write_text(MODEL)
-    recorded = "/remote/env/site-packages/pkg/model.py"
+    recorded = str(tmp_path / "site-packages" / "pkg" / "model.py")
     one = through((recorded, L["mlp.fc"], "forward"))
-    sources = SourceIndex([tmp_path / "site"], environment=False)
-    sources.environment = (str(tmp_path / "site-packages"),)
+    sources = SourceIndex([tmp_path / "site"])
     sources.check(one)
     assert labels_of(one, sources) == [f"{recorded}:{L['mlp.fc']} forward"]
 

@@ -165,10 +165,10 @@ def test_checkpointing_recomputes_on_the_engine_thread():
 
 def test_zoo_scores_are_computed():
     """The zoo's measures (benchmarks/zoo_accuracy.py prints them against their bars) are shares of bytes."""
-    from analyzer.evaluate.accuracy import label_class, zoo_scores
+    from analyzer.evaluate.accuracy import label_class, simulator_sources, zoo_scores
 
     for case in CASES:
-        scores = zoo_scores(_path(case, ""), tags=False)
+        scores = zoo_scores(_path(case, ""), tags=False, source_roots=simulator_sources())
         assert set(scores) == {"category_peak", "category_recording", "module_class_peak"}
         assert all(0.0 <= v <= 1.0 for v in scores.values()), (case, scores)
     classes = {"model.layers.0.mlp": "LlamaMLP", "": "LlamaForCausalLM"}
@@ -193,9 +193,9 @@ BARS = {"category_peak": 0.95, "category_recording": 0.90, "module_class_peak": 
 @pytest.mark.parametrize("style", STYLES)
 @pytest.mark.parametrize("case", CASES)
 def test_zoo_meets_the_bars(case, style):
-    from analyzer.evaluate.accuracy import zoo_scores
+    from analyzer.evaluate.accuracy import simulator_sources, zoo_scores
 
-    scores = zoo_scores(_path(case, style), tags=False)
+    scores = zoo_scores(_path(case, style), tags=False, source_roots=simulator_sources())
     for measure, bar in BARS.items():
         assert scores[measure] >= bar, (case, style, measure, scores[measure])
 
