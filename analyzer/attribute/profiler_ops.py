@@ -22,6 +22,7 @@ to follow that flow anyway.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -170,7 +171,7 @@ def _module_paths(spans: pd.DataFrame, modules: np.ndarray) -> np.ndarray:
     enclosing: dict[float, tuple[str, ...]] = {}   # python id -> path of the nearest module at or above it
     for row in rows.tolist():
         pid, up = python[row], parent[row]
-        above = enclosing.get(up, ()) if up == up and up < pid else ()
+        above = enclosing.get(up, ()) if not math.isnan(up) and up < pid else ()
         if modules[row]:
             above = (*above, names[row][len(_MODULE):])[-_MAX_LEVELS:]
             paths[row] = MODULE_PATH_SEPARATOR.join(above)

@@ -71,7 +71,7 @@ def peak_agreement(snapshot: Path, tags: bool = True, source_roots: Sequence[str
     live = find_peak(trace, truth["device"]).live
     labels = truth["allocations"]
     weights = live["allocated_bytes"].to_numpy(dtype=np.float64)
-    keys = [str(int(s)) if s == s and s is not None else None for s in live["seq_alloc"].astype("float64")]
+    keys = _keys(live)
     scores: dict[str, float] = {}
     for field in ("category", "phase", "module"):
         ours = live[field].astype(str).to_numpy()
@@ -115,7 +115,7 @@ def profiler_agreement(trace_path: Path, raw_timeline_path: Path) -> dict[str, f
 
 # ---- over the whole recording, and the module's class (the zoo's bars) -----------------------------------------
 def _keys(rows: pd.DataFrame) -> list[str | None]:
-    return [str(int(s)) if s == s and s is not None else None for s in rows["seq_alloc"].astype("float64")]
+    return [None if np.isnan(s) else str(int(s)) for s in rows["seq_alloc"].to_numpy(dtype=np.float64, na_value=np.nan)]
 
 
 def _category_share(rows: pd.DataFrame, labels: dict) -> float:

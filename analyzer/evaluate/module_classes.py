@@ -66,7 +66,7 @@ def module_class_agreement(snapshot: Path, class_of: Callable[[str], str | None]
     right = total = attributed = 0.0
     for seq, label, size in zip(live["seq_alloc"].astype("float64"), live["module"].astype(str),
                                 live["allocated_bytes"].to_numpy(dtype=np.float64)):
-        fqn = labels.get(str(int(seq)), {}).get("module") if seq == seq else None
+        fqn = None if np.isnan(seq) else labels.get(str(int(seq)), {}).get("module")
         if fqn is None:
             continue
         total += size
