@@ -19,6 +19,7 @@ from typing import Any
 
 from analyzer.estimate import megatron_reference
 from analyzer.estimate.config import Unsupported, from_megatron_args
+from analyzer.estimate.device import Device
 from analyzer.estimate.training import stages
 
 HERE = Path(__file__).resolve().parent
@@ -60,11 +61,11 @@ def evaluate(row: dict[str, Any]) -> dict[str, Any]:
         return {**base, "reason": str(reason)}
     except Exception as error:   # a configuration check's AnalyzerError: Megatron would refuse it too
         return {**base, "reason": str(error).splitlines()[0]}
-    estimate = stages(config)
+    estimate = stages(config, Device(hopper=row["platform"] != "dgx_a100"))
     reference = megatron_reference.estimate(config)
     return {**base, "features": features(config), "moe": config.moe is not None,
-            "estimate": estimate[-1].per_gpu_bytes, "static": estimate[-1].per_gpu_bytes - estimate[-1].activations
-            - estimate[-1].communication_buffers, "measured_allocated": row["measured_allocated_bytes"],
+            "estimate": estimate[-1].per_gpu_bytes, "static": estimate[-1].weights + estimate[-1].gradients
+            + estimate[-1].optimizer_state + estimate[-1].workspaces, "measured_allocated": row["measured_allocated_bytes"],
             "megatron": reference, "config": config}
 
 

@@ -71,6 +71,7 @@ class TrainingConfig:
     last_stage_layers: int | None = None
     distributed_optimizer: bool = False
     optimizer_instances: int = 1            # distributed-optimizer replicas: each shards over DP / instances
+    zero: int = 0                           # 2: gradients sharded over DP too, 3: weights too (FSDP)
     precision: str = "bf16"
     fp8: bool = False
     grad_fp32: bool | None = None           # None: fp32 under bf16, the parameters' dtype otherwise

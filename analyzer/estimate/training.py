@@ -25,11 +25,12 @@ import math
 from dataclasses import dataclass
 
 from analyzer.estimate.config import TrainingConfig
+from analyzer.estimate.device import Device, workspaces
 
 ADAM_STATES = 2                 # exp_avg, exp_avg_sq
 FP32 = 4
 MASK = 1                        # a dropout mask keeps a byte a value
-PARTS = ("weights", "gradients", "optimizer_state", "activations", "communication_buffers")
+PARTS = ("weights", "gradients", "optimizer_state", "activations", "communication_buffers", "workspaces")
 
 
 @dataclass(frozen=True)
@@ -57,10 +58,11 @@ class Stage:
     optimizer_state: int
     activations: int
     communication_buffers: int
+    workspaces: int
 
     @property
     def per_gpu_bytes(self) -> int:
-        return self.weights + self.gradients + self.optimizer_state + self.activations + self.communication_buffers
+        return sum(getattr(self, part) for part in PARTS)
 
     def json(self) -> dict[str, int | float]:
         return {"stage": self.stage, "layers": self.layers, "in_flight_micro_batches": self.in_flight,
@@ -234,20 +236,25 @@ def optimizer_bytes_per_param(c: TrainingConfig) -> int:
     return (0 if c.precision == "fp32" else FP32) + ADAM_STATES * FP32
 
 
-def stages(c: TrainingConfig) -> list[Stage]:
-    """Every pipeline stage's rank, first to last."""
+def stages(c: TrainingConfig, device: Device = Device()) -> list[Stage]:
+    """Every pipeline stage's rank, first to last. The distributed optimizer (ZeRO-1) shards the optimizer's
+    bytes over DP×CP (per optimizer instance; the experts' over expert DP), ZeRO-2 the gradients too, ZeRO-3
+    the weights too."""
     layers = stage_layers(c)
     optimizer = optimizer_bytes_per_param(c)
-    shard = max(c.dp * c.cp // c.optimizer_instances, 1) if c.distributed_optimizer else 1
-    expert_shard = max(c.expert_dp // c.optimizer_instances, 1) if c.distributed_optimizer else 1
+    sharded = c.distributed_optimizer or c.zero >= 1
+    shard = max(c.dp * c.cp // c.optimizer_instances, 1) if sharded else 1
+    expert_shard = max(c.expert_dp // c.optimizer_instances, 1) if sharded else 1
     result = []
     for stage in range(c.pp):
         params = stage_params(c, stage, layers)
+        spread = params.dense / shard + params.expert / expert_shard
         result.append(Stage(
             stage=stage, layers=layers[stage], in_flight=in_flight(c, stage), parameters=int(params.total),
-            weights=int(c.param_bytes * params.total), gradients=int(c.grad_bytes * params.total),
-            optimizer_state=int(optimizer * (params.dense / shard + params.expert / expert_shard)),
-            activations=int(stage_activations(c, stage, layers)), communication_buffers=int(communication(c))))
+            weights=int(c.param_bytes * (spread if c.zero >= 3 else params.total)),
+            gradients=int(c.grad_bytes * (spread if c.zero >= 2 else params.total)),
+            optimizer_state=int(optimizer * spread), activations=int(stage_activations(c, stage, layers)),
+            communication_buffers=int(communication(c)), workspaces=workspaces(c, device)))
     return result
 
 
