@@ -244,7 +244,7 @@ def from_megatron_args(args: dict[str, Any], gpus: int | None = None) -> Trainin
         pattern = None
         if isinstance(freq, int) and freq > 1:
             pattern = tuple(1 if i % freq == 0 else 0 for i in range(layers))
-        elif isinstance(freq, str) and freq.strip().startswith("["):
+        elif isinstance(freq, str) and "[" in freq:
             try:
                 pattern = _expand_pattern(freq)
             except ValueError:
