@@ -36,6 +36,7 @@ from analyzer.diagnose.theory import (PRECISIONS, activation_bytes, loss_backwar
 from analyzer.errors import AnalyzerError
 from analyzer.estimate.config import MoE, TrainingConfig, read_hf_config, read_megatron_config, with_layout
 from analyzer.estimate.device import Device
+from analyzer.estimate.inference import CACHE_BYTES, DEFAULT_UTILIZATION, inference_estimate, render_inference, serving
 from analyzer.estimate.result import render_training, training_estimate
 
 OVERHEAD = 0.10   # CUDA context, workspaces and fragmentation: keep this share of the device free
@@ -426,8 +427,23 @@ class EstimateCommand:
                               help="gradient accumulation buffer (default: fp32 under bf16, as Megatron)")
         megatron.add_argument("--device", choices=("hopper", "ampere"), default="hopper",
                               help="Transformer Engine's workspace is 32 MiB on Hopper and newer, 4 MiB before")
+        serve = parser.add_argument_group("Inference (--inference: --micro-batch is the batch, --seq the context)")
+        serve.add_argument("--inference", action="store_true", help="serving memory: weights, KV cache, prefill")
+        serve.add_argument("--kv-dtype", choices=tuple(CACHE_BYTES), default="bf16", help="the KV cache's dtype")
+        serve.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_UTILIZATION,
+                           help="the share of the GPU a vLLM-style server may take (default 0.9)")
+        serve.add_argument("--prefill-tokens", type=int, help="tokens a prefill computes at once (chunked "
+                                                              "prefill; default: the whole batch × context)")
 
     def run(self, args: argparse.Namespace) -> int:
+        if args.inference:
+            if not 0 < args.gpu_memory_utilization <= 1:
+                raise AnalyzerError(None, f"--gpu-memory-utilization {args.gpu_memory_utilization}: not a share",
+                                    "Give a number in (0, 1], e.g. 0.9.")
+            result = inference_estimate(serving(training_config(args)), Device(device_memory(args.gpu_memory)),
+                                        args.kv_dtype, args.gpu_memory_utilization, args.prefill_tokens)
+            print(json.dumps(result, indent=2) if args.format == "json" else render_inference(result))
+            return 0
         if _megatron_requested(args):
             result = training_estimate(training_config(args),
                                        Device(device_memory(args.gpu_memory), args.device == "hopper"))

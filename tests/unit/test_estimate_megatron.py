@@ -238,3 +238,41 @@ def test_the_published_goals_hold_on_the_table():
     moe = [abs(bench.error(r["estimate"], r["measured"])) for r in listed if r["moe"]]
     assert statistics.median(dense) <= 0.10 and dense[math.floor(0.9 * (len(dense) - 1))] <= 0.25
     assert statistics.median(moe) <= 0.20
+
+
+def test_the_kv_cache_is_half_a_mebibyte_a_token_for_llama_2_7b_and_gqa_divides_it():
+    """2 (K, V) × 32 layers × 32 heads × 128 × 2 bytes = 524,288 bytes a token; 8 key/value groups: a quarter;
+    TP 2 halves it; TP 16 over 8 groups replicates them (one group a GPU, not half)."""
+    from analyzer.estimate.inference import kv_bytes_per_token
+    llama = read_hf_config(CONFIGS / "hf_llama_like.json", seq=4096, micro_batch=1)
+    assert kv_bytes_per_token(llama, "bf16") == 524_288
+    gqa = replace(llama, query_groups=8)
+    assert kv_bytes_per_token(gqa, "bf16") == 131_072 and kv_bytes_per_token(gqa, "fp8") == 65_536
+    assert kv_bytes_per_token(replace(gqa, tp=2), "bf16") == 65_536
+    assert kv_bytes_per_token(replace(gqa, tp=16), "bf16") == 2 * 32 * 1 * 128 * 2
+
+
+def test_inference_fits_on_each_side_of_the_utilization_budget_and_finds_the_largest_batch():
+    from analyzer.estimate.inference import inference_estimate, serving
+    llama = serving(read_hf_config(CONFIGS / "hf_llama_like.json", seq=4096, micro_batch=8))
+    at_80 = inference_estimate(llama, Device(memory=80 * 2**30))
+    assert at_80["kv_cache_bytes"] == 8 * 4096 * 524_288 and at_80["weights_bytes"] == 2 * 6_738_415_616
+    needed = at_80["device_bytes_needed"]
+    assert needed == at_80["per_gpu_bytes"] + 512 * MiB     # one GPU: the CUDA context, no NCCL
+    assert inference_estimate(llama, Device(memory=needed), utilization=1.0)["fits"] is True
+    assert inference_estimate(llama, Device(memory=needed - 1), utilization=1.0)["fits"] is False
+    left = 0.9 * 80 * 2**30 - at_80["weights_bytes"] - at_80["activation_bytes"] - 512 * MiB
+    assert at_80["max_cached_tokens"] == int(left // 524_288)
+    assert at_80["largest_batch"] == at_80["max_cached_tokens"] // 4096
+    assert at_80["largest_context"] == at_80["max_cached_tokens"] // 8
+
+
+def test_inference_from_the_command_line(capsys):
+    assert main(["estimate", "--inference", "--hf-config", str(CONFIGS / "hf_llama_like.json"), "--seq", "4096",
+                 "--micro-batch", "8", "--gpu-memory", "80GiB", "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["model"] == "inference" and result["kv_bytes_per_token"] == 524_288 and result["fits"]
+    code = subprocess.run([sys.executable, "-m", "analyzer", "estimate", "--inference", "--hf-config",
+                           str(CONFIGS / "hf_llama_like.json"), "--seq", "8", "--micro-batch", "1",
+                           "--gpu-memory-utilization", "1.5"], capture_output=True, text=True, cwd=ROOT)
+    assert code.returncode == 2 and "not a share" in code.stderr and "Traceback" not in code.stderr
