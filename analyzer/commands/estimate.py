@@ -38,6 +38,7 @@ from analyzer.estimate.config import MoE, TrainingConfig, read_hf_config, read_m
 from analyzer.estimate.device import Device
 from analyzer.estimate.inference import CACHE_BYTES, DEFAULT_UTILIZATION, inference_estimate, render_inference, serving
 from analyzer.estimate.result import render_training, training_estimate
+from analyzer.estimate.search import plan as layout_plan
 
 OVERHEAD = 0.10   # CUDA context, workspaces and fragmentation: keep this share of the device free
 NODE_GPUS = 8     # tensor parallelism stays inside a node
@@ -445,8 +446,11 @@ class EstimateCommand:
             print(json.dumps(result, indent=2) if args.format == "json" else render_inference(result))
             return 0
         if _megatron_requested(args):
-            result = training_estimate(training_config(args),
-                                       Device(device_memory(args.gpu_memory), args.device == "hopper"))
+            config = training_config(args)
+            device = Device(device_memory(args.gpu_memory), args.device == "hopper")
+            result = training_estimate(config, device)
+            if result["fits"] is False:
+                result["plan"] = layout_plan(config, device)
             print(json.dumps(result, indent=2) if args.format == "json" else render_training(result))
             return 0
         if args.params is None:

@@ -61,4 +61,23 @@ def render_training(result: dict[str, Any]) -> str:
     lines.append(f"Needs {gib(result['device_bytes_needed'])} per GPU on the most loaded stage")
     if result["fits"] is not None:
         lines[-1] += (f": {'fits' if result['fits'] else 'does NOT fit'} in {gib(result['gpu_memory_bytes'])}.")
+    if result.get("plan") is not None:
+        lines += render_plan(result["plan"])
     return "\n".join(lines)
+
+
+def render_plan(found: dict[str, Any]) -> list[str]:
+    """The cheapest layout that fits, and a few a little dearer."""
+    if not found["fits"]:
+        return ["No layout fits even on 64 times the GPUs: a smaller model, offload or parameter-efficient "
+                "fine-tuning."]
+    def line(lay: dict[str, Any]) -> str:
+        shape = (f"TP {lay['tp']} × PP {lay['pp']} × DP {lay['dp']}"
+                 + (", sequence parallel" if lay["sequence_parallel"] else "")
+                 + (", distributed optimizer" if lay["distributed_optimizer"] else "")
+                 + f", recompute {lay['recompute']}, micro-batch {lay['micro_batch']}")
+        return f"{shape}: {gib(lay['device_bytes_needed'])} per GPU (changes: {', '.join(lay['changes']) or 'none'})"
+    head = (f"No layout of these GPUs fits; the fewest that hold one: {found['gpus']} GPUs." if found["more_gpus"]
+            else "Cheapest layout that fits:")
+    return [head, f"  {line(found['layout'])}"] + (["A little dearer:"] if found["alternatives"] else []) + [
+        f"  - {line(alt)}" for alt in found["alternatives"]]

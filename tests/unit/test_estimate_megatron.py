@@ -276,3 +276,32 @@ def test_inference_from_the_command_line(capsys):
                            str(CONFIGS / "hf_llama_like.json"), "--seq", "8", "--micro-batch", "1",
                            "--gpu-memory-utilization", "1.5"], capture_output=True, text=True, cwd=ROOT)
     assert code.returncode == 2 and "not a share" in code.stderr and "Traceback" not in code.stderr
+
+
+def test_the_seeds_70b_on_8_x_80gib_needs_more_gpus_and_the_plan_says_how_many_and_how():
+    """Llama-2-70B's shape, bf16 with Adam: 18 bytes × 69B / 8 GPUs is 145 GiB before any activation, so no
+    layout of 8 GPUs fits (nothing shards states past TP × PP × DP = 8); the fewest that hold one are 32, at TP 8
+    (inside the node) with the distributed optimizer and sequence parallelism, the cheapest levers."""
+    from analyzer.estimate.search import layouts, plan
+    job = read_hf_config(CONFIGS / "hf_llama_70b_like.json", seq=4096, micro_batch=1, gpus=8)
+    job = replace(job, global_batch=128)
+    card = Device(memory=80 * 2**30)
+    assert all(lay.needed > card.memory for lay in layouts(job, 8, card))
+    found = plan(job, card)
+    assert found["fits"] and found["more_gpus"] and found["gpus"] == 32
+    best = found["layout"]
+    assert best["tp"] == 8 and best["distributed_optimizer"] and best["sequence_parallel"]
+    assert best["device_bytes_needed"] <= card.memory
+    assert all(alt["cost"] >= best["cost"] and alt["device_bytes_needed"] <= card.memory
+               for alt in found["alternatives"])
+
+
+def test_a_job_that_fits_has_no_plan_and_one_that_does_not_gets_the_cheapest_lever(capsys):
+    args = ["estimate", "--megatron-config", str(CONFIGS / "megatron_gpt_tp2_pp2_swiglu.yaml"), "--gpus", "8",
+            "--format", "json"]
+    assert main(args + ["--gpu-memory", "80GiB"]) == 0
+    assert "plan" not in json.loads(capsys.readouterr().out)
+    assert main(args + ["--gpu-memory", "2GiB", "--micro-batch", "8"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["fits"] is False and result["plan"]["fits"] and not result["plan"]["more_gpus"]
+    assert result["plan"]["layout"]["device_bytes_needed"] <= 2 * 2**30 < result["device_bytes_needed"]
