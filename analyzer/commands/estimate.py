@@ -3,6 +3,12 @@
     analyze estimate --params 7e9 --gpus 8 --zero 2 --micro-batch 32 --seq 2048 --layers 32 --hidden 4096 \\
         --heads 32 --gpu-memory 80GiB [--checkpointing] [--format json]
 
+With Megatron-LM's layout (a model_config.yaml, a Hugging Face config.json, or any of the parallel flags), the
+estimate is analyzer.estimate's, per pipeline stage:
+
+    analyze estimate --megatron-config model_config.yaml --gpus 8 --gpu-memory 80GiB [--tp 2 --pp 4 ...]
+    analyze estimate --hf-config config.json --seq 4096 --micro-batch 1 --gpus 8 --tp 8 --distributed-optimizer
+
 Sizes need their unit: 80GiB is 80 × 2^30 bytes (what an "80 GB" A100 or H100 holds), 80GB is 80 × 10^9 bytes
 (74.5 GiB); a bare 80 is refused. Without --gpus the job is one GPU and no sharding is listed at that count.
 
@@ -19,6 +25,7 @@ import argparse
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from analyzer.core.units import gib, parse_bytes, parse_count
@@ -29,6 +36,11 @@ from analyzer.diagnose.remedies import BY_ID, REMEDIES
 from analyzer.diagnose.theory import (PRECISIONS, activation_bytes, loss_backward_bytes, model_states,
                                       output_layer_bytes)
 from analyzer.errors import AnalyzerError
+from analyzer.estimate.config import MoE, TrainingConfig, read_hf_config, read_megatron_config, with_layout
+from analyzer.estimate.device import Device
+from analyzer.estimate.inference import CACHE_BYTES, DEFAULT_UTILIZATION, inference_estimate, render_inference, serving
+from analyzer.estimate.result import render_training, training_estimate
+from analyzer.estimate.search import plan as layout_plan
 
 OVERHEAD = 0.10   # CUDA context, workspaces and fragmentation: keep this share of the device free
 NODE_GPUS = 8     # tensor parallelism stays inside a node
@@ -323,11 +335,58 @@ def render_plan(found: dict[str, Any]) -> list[str]:
     return lines
 
 
+RECOMPUTE = ("none", "selective", "full")
+LAYOUT_FLAGS = ("megatron_config", "hf_config", "tp", "pp", "vp", "cp", "ep", "etp", "sequence_parallel",
+                "distributed_optimizer", "recompute", "experts", "dtype")
+
+
+def _megatron_requested(args: argparse.Namespace) -> bool:
+    return any(getattr(args, name) is not None for name in LAYOUT_FLAGS)
+
+
+def training_config(args: argparse.Namespace) -> TrainingConfig:
+    """The job from a config file, or the flags alone, with the flags given overriding the file."""
+    if args.megatron_config is not None:
+        base = read_megatron_config(args.megatron_config, args.gpus)
+    elif args.hf_config is not None:
+        if not (args.seq and args.micro_batch):
+            raise AnalyzerError(str(args.hf_config), "a config.json has no sequence length or micro-batch",
+                                "Give --seq and --micro-batch with --hf-config.")
+        base = read_hf_config(args.hf_config, args.seq, args.micro_batch, args.gpus)
+    else:
+        named = {"--layers": args.layers, "--hidden": args.hidden, "--heads": args.heads, "--seq": args.seq,
+                 "--micro-batch": args.micro_batch, "--vocab": args.vocab}
+        missing = [k for k, v in named.items() if not v]
+        if missing:
+            raise AnalyzerError(None, f"the per-stage estimate needs the model's shape: {', '.join(missing)} missing",
+                                "Give them, or a --megatron-config / --hf-config.")
+        base = TrainingConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq,
+                              micro_batch=args.micro_batch, vocab=args.vocab, gpus=args.gpus or 1)
+    moe = base.moe
+    if args.experts:
+        moe = MoE(experts=args.experts, top_k=args.top_k or 2, ffn=args.moe_ffn, shared_ffn=args.shared_expert_ffn or 0,
+                  capacity_factor=args.capacity_factor)
+    grad = {"fp32": True, "16bit": False}.get(args.grad_dtype or "")
+    zero = args.zero if args.zero else None
+    config = with_layout(
+        base, gpus=args.gpus, tp=args.tp, pp=args.pp, vp=args.vp, cp=args.cp, ep=args.ep, etp=args.etp,
+        global_batch=args.global_batch, query_groups=args.query_groups, ffn=args.ffn, moe=moe,
+        sequence_parallel=args.sequence_parallel, distributed_optimizer=args.distributed_optimizer or
+        (True if zero else None), zero=zero, recompute=args.recompute, recompute_method=args.recompute_method,
+        recompute_layers=args.recompute_layers, swiglu=args.swiglu, untied=args.untied, precision=args.dtype,
+        fp8=args.fp8, grad_fp32=grad, micro_batch=args.micro_batch if args.megatron_config else None,
+        seq=args.seq if args.megatron_config else None,
+        flash_attention=None if args.attention == "flash" else False,
+        hidden_dropout=0.0 if args.no_dropout else None, attention_dropout=0.0 if args.no_dropout else None)
+    return config.check(str(args.megatron_config or args.hf_config or "") or None)
+
+
 class EstimateCommand:
     description = __doc__
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--params", type=parse_count, required=True, help="parameter count, e.g. 7e9 or 7B")
+        parser.add_argument("--params", type=parse_count, help="parameter count, e.g. 7e9 or 7B (not needed with a "
+                                                               "config file or the Megatron flags)")
         parser.add_argument("--gpus", type=int, help="GPUs the job shards over (default: one, and no sharding listed)")
         parser.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0)
         parser.add_argument("--gpu-memory", help="memory per GPU with its unit: 80GiB (an '80 GB' card) or 80GB "
@@ -348,8 +407,60 @@ class EstimateCommand:
         parser.add_argument("--vocab", type=int, help="vocabulary size: adds the fp32 log-probabilities and the "
                                                       "loss's backward temporaries (4·s·b·v bytes each)")
         parser.add_argument("--format", choices=("text", "json"), default="text")
+        megatron = parser.add_argument_group("Megatron-LM layout (any of these: the per-stage estimate)")
+        megatron.add_argument("--megatron-config", type=Path, help="Megatron-LM arguments: a model_config.yaml "
+                                                                   "(MODEL_ARGS: --flag: value)")
+        megatron.add_argument("--hf-config", type=Path, help="a Hugging Face config.json (give --seq, --micro-batch)")
+        for flag, text in (("--tp", "tensor parallel size"), ("--pp", "pipeline parallel size"),
+                           ("--vp", "model chunks per pipeline stage (interleaved)"), ("--cp", "context parallel size"),
+                           ("--ep", "expert parallel size"), ("--etp", "expert tensor parallel size (default: TP)"),
+                           ("--global-batch", "global batch in sequences (micro-batches = it / (micro-batch × DP))"),
+                           ("--query-groups", "GQA key/value groups"), ("--ffn", "FFN width"),
+                           ("--experts", "MoE experts"), ("--top-k", "experts a token"), ("--moe-ffn", "an expert's FFN"),
+                           ("--shared-expert-ffn", "the shared expert's FFN width"),
+                           ("--recompute-layers", "layers a full-recompute chunk holds")):
+            megatron.add_argument(flag, type=int, help=text)
+        megatron.add_argument("--capacity-factor", type=float, help="MoE expert capacity factor (default: dropless)")
+        megatron.add_argument("--sequence-parallel", action="store_true", default=None)
+        megatron.add_argument("--distributed-optimizer", action="store_true", default=None,
+                              help="shard the optimizer state over the data-parallel group (as --zero 1)")
+        megatron.add_argument("--recompute", choices=RECOMPUTE, help="activation recompute granularity")
+        megatron.add_argument("--recompute-method", choices=("uniform", "block"))
+        megatron.add_argument("--swiglu", action="store_true", default=None)
+        megatron.add_argument("--untied", action="store_true", default=None, help="untied input and output embeddings")
+        megatron.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="training precision (default bf16)")
+        megatron.add_argument("--fp8", action="store_true", default=None)
+        megatron.add_argument("--grad-dtype", choices=("fp32", "16bit"),
+                              help="gradient accumulation buffer (default: fp32 under bf16, as Megatron)")
+        megatron.add_argument("--device", choices=("hopper", "ampere"), default="hopper",
+                              help="Transformer Engine's workspace is 32 MiB on Hopper and newer, 4 MiB before")
+        serve = parser.add_argument_group("Inference (--inference: --micro-batch is the batch, --seq the context)")
+        serve.add_argument("--inference", action="store_true", help="serving memory: weights, KV cache, prefill")
+        serve.add_argument("--kv-dtype", choices=tuple(CACHE_BYTES), default="bf16", help="the KV cache's dtype")
+        serve.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_UTILIZATION,
+                           help="the share of the GPU a vLLM-style server may take (default 0.9)")
+        serve.add_argument("--prefill-tokens", type=int, help="tokens a prefill computes at once (chunked "
+                                                              "prefill; default: the whole batch × context)")
 
     def run(self, args: argparse.Namespace) -> int:
+        if args.inference:
+            if not 0 < args.gpu_memory_utilization <= 1:
+                raise AnalyzerError(None, f"--gpu-memory-utilization {args.gpu_memory_utilization}: not a share",
+                                    "Give a number in (0, 1], e.g. 0.9.")
+            result = inference_estimate(serving(training_config(args)), Device(device_memory(args.gpu_memory)),
+                                        args.kv_dtype, args.gpu_memory_utilization, args.prefill_tokens)
+            print(json.dumps(result, indent=2) if args.format == "json" else render_inference(result))
+            return 0
+        if _megatron_requested(args):
+            config = training_config(args)
+            device = Device(device_memory(args.gpu_memory), args.device == "hopper")
+            result = training_estimate(config, device)
+            if result["fits"] is False:
+                result["plan"] = layout_plan(config, device)
+            print(json.dumps(result, indent=2) if args.format == "json" else render_training(result))
+            return 0
+        if args.params is None:
+            raise AnalyzerError(None, "--params is needed", "Give --params 7B, or a --megatron-config / --hf-config.")
         heads = args.heads or (args.hidden // 128 if args.hidden else None)
         given = (args.micro_batch, args.seq, args.layers, args.hidden, heads)
         named = {"--micro-batch": args.micro_batch, "--seq": args.seq, "--layers": args.layers, "--hidden": args.hidden}
