@@ -15,12 +15,16 @@ when it was made for this budget, else the first remedy in its cost order whose 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from itertools import accumulate
 
 from analyzer.diagnose.remedies import FIT_HEADROOM, LAYOUT_ONLY
 from analyzer.gate.summary import FOLDED, DevicePeak, Option, RunPeaks, StepPeak
 
 DEFAULT_TOLERANCE = 0.05
+GREW = 0.01          # parameters or inputs at the peak grew by at least this share: the model or the batch changed
+SQUARE_EXPONENT = 1.5  # a site grew as the square of the inputs when its ratio is at least (inputs ratio) ** this:
+                       # halfway, in logarithm, between growing in proportion (1) and as the square (2)
 TOP_CHANGES = 3   # categories, phases and modules named per device
 TOP_SITES = 5     # allocation sites named per device
 
@@ -44,6 +48,26 @@ class Change:
     @property
     def new(self) -> bool:
         return self.before == 0
+
+
+class Cause(str, Enum):
+    """A change between the runs that the two peaks show, whatever the run's code calls it."""
+
+    LEAK = "leak"            # a leak finding the baseline did not have: memory kept from every step
+    MODEL = "model"          # more parameter bytes: a larger or deeper model
+    INPUTS = "inputs"        # more input bytes, the step's memory in proportion: a larger batch
+    SEQUENCE = "sequence"    # more input bytes and a site grown as their square: a longer sequence (attention)
+
+
+@dataclass(frozen=True)
+class Likely:
+    """One likely change, with the numbers that show it: the ratio of what grew and, for the model, the new
+    modules; for a sequence, the site that grew as the square of the inputs and its ratio."""
+
+    cause: Cause
+    ratio: float | None = None
+    evidence: tuple[str, ...] = ()
+    evidence_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +94,7 @@ class DeviceCheck:
     baseline_at_step: int | None = None       # the baseline's running peak at that step, when it has the step
     fix: Fix | None = None
     stale: bool = False          # it needs more than the tolerance less than the baseline: write a new one
+    likely: tuple[Likely, ...] = ()
 
     @property
     def over_bytes(self) -> int:
@@ -163,7 +188,33 @@ def _against_baseline(now: DevicePeak, then: DevicePeak, tolerance: float) -> De
                        {s.site: s.bytes for s in then.sites} if compared else None, TOP_SITES),
         new_findings=tuple(f for f in now.findings if f not in then.findings),
         first_step_over=over, baseline_at_step=None if over is None else _running_at(then.steps, over.step),
-        stale=now.needed_bytes < then.needed_bytes * (1 - tolerance))
+        stale=now.needed_bytes < then.needed_bytes * (1 - tolerance), likely=likely_changes(now, then))
+
+
+def likely_changes(now: DevicePeak, then: DevicePeak) -> tuple[Likely, ...]:
+    """The changes the peaks show, strongest signal first: a new leak finding; parameters grown by GREW or more
+    (the new modules named); inputs grown by GREW or more, a longer sequence when some allocation site present in
+    both grew by at least (inputs ratio) ** SQUARE_EXPONENT (attention scores are b·h·s²), else a larger batch."""
+    found = []
+    if "leak" in now.findings and "leak" not in then.findings:
+        found.append(Likely(Cause.LEAK))
+    grown = _ratio(now.by_category, then.by_category, "parameter")
+    if grown is not None and grown >= 1 + GREW:
+        new = tuple(n for n in now.by_module if n not in then.by_module and not FOLDED.match(n))
+        found.append(Likely(Cause.MODEL, grown, new))
+    inputs = _ratio(now.by_category, then.by_category, "input")
+    if inputs is not None and inputs >= 1 + GREW:
+        before = {s.site: s.bytes for s in then.sites}
+        ratios = sorted(((s.bytes / before[s.site], s.site) for s in now.sites if before.get(s.site)), reverse=True)
+        if ratios and ratios[0][0] >= inputs ** SQUARE_EXPONENT:
+            found.append(Likely(Cause.SEQUENCE, inputs, (ratios[0][1],), ratios[0][0]))
+        else:
+            found.append(Likely(Cause.INPUTS, inputs))
+    return tuple(found)
+
+
+def _ratio(now: dict[str, int], then: dict[str, int], name: str) -> float | None:
+    return now.get(name, 0) / then[name] if then.get(name) else None
 
 
 def _changes(now: dict[str, int], then: dict[str, int] | None, top: int) -> tuple[Change, ...]:

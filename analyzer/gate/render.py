@@ -12,7 +12,7 @@ from typing import Any
 from analyzer.core.printable import printable
 from analyzer.core.units import format_bytes
 from analyzer.core.vocabulary import category_plural, phase_noun
-from analyzer.gate.compare import Change, Check, DeviceCheck
+from analyzer.gate.compare import Cause, Change, Check, DeviceCheck, Likely
 
 CHECK_SCHEMA = "analyzer-check/1"
 
@@ -89,6 +89,8 @@ def details(d: DeviceCheck, check: Check) -> list[str]:
     if d.then is not None and not compared:
         lines.append(f"the baseline ({printable(check.baseline_kind or '')}) has the peak but not its breakdowns: "
                      "the split above is the run's own")
+    if d.likely:
+        lines.append("likely change: " + "; ".join(_likely(x) for x in d.likely))
     if d.new_findings:
         lines.append("new findings: " + ", ".join(printable(f) for f in d.new_findings))
     if d.first_step_over is not None:
@@ -99,6 +101,19 @@ def details(d: DeviceCheck, check: Check) -> list[str]:
     if check.budget_bytes is not None:
         lines.append(fix_line(d))
     return lines
+
+
+def _likely(x: Likely) -> str:
+    if x.cause is Cause.LEAK:
+        return "a leak (memory kept from every step: see the leak finding of analyze RUN)"
+    if x.cause is Cause.MODEL:
+        new = f", new modules {', '.join(printable(n) for n in x.evidence[:3])}" if x.evidence else ""
+        more = f" and {len(x.evidence) - 3} more" if len(x.evidence) > 3 else ""
+        return f"a larger model (parameters x{x.ratio:.2f}{new}{more})"
+    if x.cause is Cause.SEQUENCE:
+        return f"a longer sequence (inputs x{x.ratio:.2f}, and {printable(x.evidence[0])} x{x.evidence_ratio:.2f}, " \
+               "as their square: attention scores)"
+    return f"a larger batch (inputs x{x.ratio:.2f}, the step's memory in proportion)"
 
 
 def fix_line(d: DeviceCheck) -> str:
@@ -135,7 +150,7 @@ def check_document(check: Check) -> dict[str, Any]:
                          "peak": {"step": d.now.step, "phase": d.now.phase, "module": d.now.module},
                          "categories": [asdict(c) for c in d.categories], "phases": [asdict(c) for c in d.phases],
                          "modules": [asdict(c) for c in d.modules], "sites": [asdict(c) for c in d.sites],
-                         "new_findings": list(d.new_findings),
+                         "new_findings": list(d.new_findings), "likely": [asdict(x) for x in d.likely],
                          "first_step_over": None if d.first_step_over is None else asdict(d.first_step_over),
                          "baseline_at_step": d.baseline_at_step,
                          "fix": None if d.fix is None else asdict(d.fix),

@@ -102,7 +102,7 @@ class RunPeaks:
 def from_document(document: dict[str, Any], source: str, kind: str = "analysis") -> RunPeaks:
     """The peaks of an analyzer/1 document (`Analysis.to_json()`, `analyze --format json`): every device's."""
     try:
-        devices = tuple(_device_of(d) for d in document["devices"])
+        devices = tuple(_device_of(d) for d in document["devices"] if int(d["device"]) >= 0)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise CorruptInput(source, f"an analyzer/1 result without the field {error} its devices need",
                            "Pass the unedited output of analyze FILE --format json.") from None
@@ -151,7 +151,7 @@ def from_baseline(document: dict[str, Any], source: str) -> RunPeaks:
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise CorruptInput(source, f"a baseline whose devices lack {error} or hold a value of the wrong type",
                            "Write it again: analyze check RUN --write-baseline FILE.") from None
-    return RunPeaks(str(document.get("source", source)), "baseline", devices)
+    return RunPeaks(source, "baseline", devices)
 
 
 def _baseline_device(d: dict[str, Any]) -> DevicePeak:
