@@ -57,16 +57,16 @@ def summary_markdown(check: Check) -> str:
     """The job summary: one row per device, then what grew for each device that failed."""
     limit = "budget" if check.budget_bytes is not None else "limit"
     lines = [f"### GPU memory check: {'holds' if check.holds else 'FAILED'}", "",
-             f"Run {md_text(check.run)} against " + (f"a budget of {format_bytes(check.budget_bytes, 'GiB')}"
+             f"Run {md_text(check.run)} against " + (f"a budget of {format_bytes(check.budget_bytes)}"
                                                    if check.budget_bytes is not None else
                                                    f"the baseline {md_text(check.baseline or '')} "
                                                    f"(tolerance {check.tolerance:.0%})") + ".", "",
              f"| device | needed | baseline | {limit} | verdict |", "|---|---:|---:|---:|---|"]
     for d in check.devices:
-        was = "" if d.then is None else format_bytes(d.then.needed_bytes, "GiB")
+        was = "" if d.then is None else format_bytes(d.then.needed_bytes)
         verdict = "holds" if d.holds else "**fails**"
-        lines.append(f"| {md_text(d.now.label)} | {format_bytes(d.now.needed_bytes, 'GiB')} | {was} | "
-                     f"{format_bytes(d.limit_bytes, 'GiB') if d.limit_bytes is not None else ''} | {verdict} |")
+        lines.append(f"| {md_text(d.now.label)} | {format_bytes(d.now.needed_bytes)} | {was} | "
+                     f"{format_bytes(d.limit_bytes) if d.limit_bytes is not None else ''} | {verdict} |")
     for d in check.devices:
         if not d.holds:
             lines += ["", f"**{md_text(headline(d, check))}**", "", *(f"- {md_text(x)}" for x in details(d, check))]

@@ -18,7 +18,8 @@ CHECK_SCHEMA = "analyzer-check/1"
 
 
 def _gib(n: int | None) -> str:
-    return format_bytes(n, "GiB")
+    """A size compared in a sentence: in the largest binary unit it fills (a test's MiB, a run's GiB)."""
+    return format_bytes(n)
 
 
 def _where(d: DeviceCheck) -> str:
@@ -27,8 +28,9 @@ def _where(d: DeviceCheck) -> str:
     parts = []
     if now.step is not None:
         parts.append(f"step {now.step}")
-    if now.phase is not None:
-        parts.append(f"in {printable(phase_noun(now.phase) or now.phase)}")
+    noun = phase_noun(now.phase)
+    if noun is not None:
+        parts.append(f"in {noun}")
     if not parts:
         return ""
     was = f" (the baseline's at step {then.step})" if then is not None and then.step is not None \
