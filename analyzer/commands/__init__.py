@@ -34,6 +34,7 @@ class Command(Protocol):
 
 #: `analyze NAME ...` -> "module:CommandClass"
 COMMANDS: dict[str, str] = {
+    "check": "analyzer.commands.check:CheckCommand",
     "diff": "analyzer.commands.diff:DiffCommand",
     "estimate": "analyzer.commands.estimate:EstimateCommand",
     "log": "analyzer.commands.log:LogCommand",
