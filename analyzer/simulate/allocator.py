@@ -32,7 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from analyzer.core.allocator_rules import LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, round_size, segment_size
+from analyzer.core.allocator_rules import (LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, division_table,
+                                          round_with, segment_size)
 from analyzer.simulate.blocks import NO_CONTEXT, Block, BlockPool, CallContext
 from analyzer.simulate.device import DeviceMemory
 from analyzer.simulate.expandable import ExpandableSegment
@@ -87,12 +88,12 @@ class CachingAllocator:
         self.trace: list[dict[str, Any]] = []
         self.allocated_bytes = 0
         self.reserved_bytes = 0
-        self._rounding = {"roundup_power2_divisions": settings.roundup_power2_divisions}   # as round_size reads it
+        self._divisions = division_table({"roundup_power2_divisions": settings.roundup_power2_divisions})
 
     # ---- public API --------------------------------------------------------------------------------
     def malloc(self, size: int, stream: int = 0, ctx: CallContext = NO_CONTEXT) -> Block:
         """Serve a request of `size` bytes, as DeviceCachingAllocator::malloc; raises SimulatedOutOfMemory."""
-        rounded = round_size(size, self._rounding)
+        rounded = round_with(size, self._divisions)
         pool = self.small if rounded <= SMALL_SIZE else self.large
         block = self._get_free_block(pool, rounded, stream)
         if block is None:
