@@ -31,6 +31,8 @@ CASES = {
                    "multi-GPU training with expandable segments (segment_map/unmap), allocator settings, an OOM"),
     "python-frames": ("zidongliu-decomfl/memory.pickle",
                       "federated learning run; Python-only stacks, segment_alloc, allocator settings"),
+    "small": ("magma27-cs336-a2/memory_snapshot.pickle",
+              "CS336 training, newest schema, 5,163 entries: the unit tests' case (tests/unit/test_fast_forward.py)"),
 }
 
 _MADE = {"alloc": "free_completed", "segment_alloc": "segment_free", "segment_map": "segment_unmap"}

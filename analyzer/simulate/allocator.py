@@ -124,6 +124,16 @@ class CachingAllocator:
         """torch.cuda.empty_cache(): release every cached segment that is not split."""
         self.release_cached_blocks(ctx)
 
+    def state(self) -> tuple:
+        """Everything the model's later decisions depend on: every block of every segment (free, allocated or
+        unmapped; where its segment begins and ends), the device, and the byte counts. Two models in equal states
+        serve the same requests the same way (analyzer.simulate.requests skips repeated periods by it)."""
+        blocks = sorted((b.addr, b.size, b.stream, b.allocated, b.mapped, b.pool.is_small, b.prev is None,
+                         b.next is None, None if b.expandable is None else (b.expandable.addr, b.expandable.size))
+                        for b in (*self.small.blocks, *self.large.blocks, *self.small.unmapped,
+                                  *self.large.unmapped, *self.active))
+        return tuple(blocks), self.allocated_bytes, self.reserved_bytes, self.device.state()
+
     def all_blocks(self) -> list[Block]:
         """Mapped blocks, free and allocated (what `snapshot()` walks; unmapped ranges are not memory)."""
         return [*self.small.blocks, *self.large.blocks, *self.active]
