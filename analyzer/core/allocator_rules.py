@@ -27,13 +27,14 @@ _INTERVAL_START_LOG2 = 20       # roundup_power2_divisions intervals start at 1 
 _INTERVAL_COUNT = 16            # ... and there are 16 of them (1 MiB .. 32 GiB and above)
 
 
-def _divisions_for(size: int, settings: Mapping[str, Any]) -> int:
+def division_table(settings: Mapping[str, Any] | None) -> tuple[int, ...]:
+    """The roundup_power2_divisions of each interval, in interval order; () when none divides (the default).
+    Read once per settings: the allocator model rounds every request with it."""
     table = settings.get("roundup_power2_divisions") if settings else None
     if not isinstance(table, Mapping) or not table:
-        return 0
-    values = [int(v) for _, v in sorted(table.items(), key=lambda kv: int(kv[0]))]
-    index = max(size.bit_length() - 1 - _INTERVAL_START_LOG2, 0)
-    return values[min(index, len(values) - 1, _INTERVAL_COUNT - 1)]
+        return ()
+    values = tuple(int(v) for _, v in sorted(table.items(), key=lambda kv: int(kv[0])))
+    return values[:_INTERVAL_COUNT] if any(v > 1 for v in values) else ()
 
 
 def _roundup_power2_next_division(size: int, divisions: int) -> int:
@@ -47,14 +48,21 @@ def _roundup_power2_next_division(size: int, divisions: int) -> int:
     return size if rounded_floor == size else rounded_floor + step
 
 
-def round_size(size: int, settings: Mapping[str, Any] | None = None) -> int:
-    """The block size the allocator carves for a request of `size` bytes (before split decisions)."""
+def round_with(size: int, divisions: tuple[int, ...]) -> int:
+    """`round_size` with the settings' `division_table` read beforehand."""
     if size < MIN_BLOCK_SIZE:
         return MIN_BLOCK_SIZE
-    divisions = _divisions_for(size, settings or {})
-    if divisions > 1 and size > MIN_BLOCK_SIZE * divisions:
-        return _roundup_power2_next_division(size, divisions)
+    if divisions:
+        index = max(size.bit_length() - 1 - _INTERVAL_START_LOG2, 0)
+        by = divisions[min(index, len(divisions) - 1)]
+        if by > 1 and size > MIN_BLOCK_SIZE * by:
+            return _roundup_power2_next_division(size, by)
     return MIN_BLOCK_SIZE * ((size + MIN_BLOCK_SIZE - 1) // MIN_BLOCK_SIZE)
+
+
+def round_size(size: int, settings: Mapping[str, Any] | None = None) -> int:
+    """The block size the allocator carves for a request of `size` bytes (before split decisions)."""
+    return round_with(size, division_table(settings))
 
 
 def segment_size(rounded: int) -> int:
@@ -68,9 +76,9 @@ def segment_size(rounded: int) -> int:
 
 def round_sizes(sizes: np.ndarray, settings: Mapping[str, Any] | None = None) -> np.ndarray:
     """`round_size` over an int64 array: vectorised for the default settings (no power-of-2 divisions)."""
-    table = (settings or {}).get("roundup_power2_divisions")
-    if isinstance(table, Mapping) and any(int(v) > 1 for v in table.values()):
-        return np.fromiter((round_size(int(s), settings) for s in sizes), dtype=np.int64, count=len(sizes))
+    divisions = division_table(settings)
+    if divisions:
+        return np.fromiter((round_with(int(s), divisions) for s in sizes), dtype=np.int64, count=len(sizes))
     return np.maximum(MIN_BLOCK_SIZE, (sizes + MIN_BLOCK_SIZE - 1) // MIN_BLOCK_SIZE * MIN_BLOCK_SIZE).astype(np.int64)
 
 

@@ -24,9 +24,10 @@ from analyzer.core.vocabulary import Category, Phase
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.remedies import BY_ID, REMEDIES, Demand, zero_shards
 from analyzer.diagnose.transforms import Stream
-from analyzer.simulate.allocator import AllocatorSettings, CachingAllocator, SimulatedOutOfMemory
-from analyzer.simulate.blocks import Block, CallContext
+from analyzer.simulate.allocator import AllocatorSettings, CachingAllocator
+from analyzer.simulate.blocks import CallContext
 from analyzer.simulate.device import DeviceMemory
+from analyzer.simulate.requests import Requests, feed
 
 _RELEASES = ("segment_free", "segment_unmap")
 # what a failed request would have been, by the phase it failed in (the rest: other)
@@ -185,43 +186,18 @@ class _Unrecorded(CachingAllocator):
         return None
 
 
-def replay(stream: Stream, capacity: int | None, settings: AllocatorSettings = AllocatorSettings()) -> Prediction:
+def replay(stream: Stream, capacity: int | None, settings: AllocatorSettings = AllocatorSettings(),
+           fast_forward: bool = True) -> Prediction:
     """Feed the stream, in position order (frees before allocations at one position), to a fresh allocator on
     a device of `capacity` usable bytes. A request that fails is noted and the replay goes on as if the device
-    were larger, so that the peaks are what the whole run would need."""
+    were larger, so that the peaks are what the whole run would need. Periods that repeat from the same allocator
+    state are skipped (`fast_forward`; analyzer.simulate.requests), which changes nothing in the result."""
     rows = stream.rows[stream.rows["bytes"] > 0]
-    n = len(rows)
-    at, until = rows["at"].to_numpy(), rows["until"].to_numpy()
-    freed = np.flatnonzero(np.isfinite(until))
-    positions = np.concatenate([at, until[freed], stream.releases])
-    kinds = np.concatenate([np.full(n, 2), np.zeros(len(freed), dtype=np.int64), np.ones(len(stream.releases),
-                                                                                         dtype=np.int64)])
-    index = np.concatenate([np.arange(n), freed, np.zeros(len(stream.releases), dtype=np.int64)])
-    order = np.lexsort((kinds, positions))
-    sizes, streams = rows["bytes"].to_numpy().tolist(), rows["stream"].to_numpy().tolist()
-    model = _Unrecorded(DeviceMemory(capacity), settings)
-    blocks: list[Block | None] = [None] * n
-    peak_allocated = peak_reserved = 0
-    oom_at: float | None = None
-    for kind, i, position in zip(kinds[order].tolist(), index[order].tolist(), positions[order].tolist()):
-        if kind == 2:
-            try:
-                blocks[i] = model.malloc(sizes[i], streams[i])
-            except SimulatedOutOfMemory:
-                oom_at = position if oom_at is None else oom_at
-                model.device.capacity = None
-                blocks[i] = model.malloc(sizes[i], streams[i])
-            peak_allocated = max(peak_allocated, model.allocated_bytes)
-            peak_reserved = max(peak_reserved, model.reserved_bytes)
-        elif kind == 0:
-            block = blocks[i]
-            if block is not None:
-                model.free(block)
-                blocks[i] = None
-        else:
-            model.empty_cache()
-    return Prediction(peak_allocated, peak_reserved, None if capacity is None else oom_at is not None,
-                      None if oom_at is None else int(np.ceil(oom_at)))
+    requests = Requests.of(rows["at"].to_numpy(dtype=np.float64), rows["until"].to_numpy(dtype=np.float64),
+                           rows["bytes"].to_numpy(), rows["stream"].to_numpy(), stream.releases)
+    fed = feed(_Unrecorded(DeviceMemory(capacity), settings), requests, fast_forward)
+    return Prediction(fed.peak_allocated, fed.peak_reserved, None if capacity is None else fed.oom_at is not None,
+                      None if fed.oom_at is None else int(np.ceil(fed.oom_at)))
 
 
 def usable_capacity(trace: MemoryTrace, device: int, capacity: int | None) -> int | None:

@@ -32,7 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from analyzer.core.allocator_rules import LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, round_size, segment_size
+from analyzer.core.allocator_rules import (LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, division_table,
+                                          round_with, segment_size)
 from analyzer.simulate.blocks import NO_CONTEXT, Block, BlockPool, CallContext
 from analyzer.simulate.device import DeviceMemory
 from analyzer.simulate.expandable import ExpandableSegment
@@ -87,12 +88,12 @@ class CachingAllocator:
         self.trace: list[dict[str, Any]] = []
         self.allocated_bytes = 0
         self.reserved_bytes = 0
-        self._rounding = {"roundup_power2_divisions": settings.roundup_power2_divisions}   # as round_size reads it
+        self._divisions = division_table({"roundup_power2_divisions": settings.roundup_power2_divisions})
 
     # ---- public API --------------------------------------------------------------------------------
     def malloc(self, size: int, stream: int = 0, ctx: CallContext = NO_CONTEXT) -> Block:
         """Serve a request of `size` bytes, as DeviceCachingAllocator::malloc; raises SimulatedOutOfMemory."""
-        rounded = round_size(size, self._rounding)
+        rounded = round_with(size, self._divisions)
         pool = self.small if rounded <= SMALL_SIZE else self.large
         block = self._get_free_block(pool, rounded, stream)
         if block is None:
@@ -122,6 +123,16 @@ class CachingAllocator:
     def empty_cache(self, ctx: CallContext = NO_CONTEXT) -> None:
         """torch.cuda.empty_cache(): release every cached segment that is not split."""
         self.release_cached_blocks(ctx)
+
+    def state(self) -> tuple:
+        """Everything the model's later decisions depend on: every block of every segment (free, allocated or
+        unmapped; where its segment begins and ends), the device, and the byte counts. Two models in equal states
+        serve the same requests the same way (analyzer.simulate.requests skips repeated periods by it)."""
+        blocks = sorted((b.addr, b.size, b.stream, b.allocated, b.mapped, b.pool.is_small, b.prev is None,
+                         b.next is None, None if b.expandable is None else (b.expandable.addr, b.expandable.size))
+                        for b in (*self.small.blocks, *self.large.blocks, *self.small.unmapped,
+                                  *self.large.unmapped, *self.active))
+        return tuple(blocks), self.allocated_bytes, self.reserved_bytes, self.device.state()
 
     def all_blocks(self) -> list[Block]:
         """Mapped blocks, free and allocated (what `snapshot()` walks; unmapped ranges are not memory)."""

@@ -38,6 +38,11 @@ class DeviceMemory:
             return 1 << 62
         return max(self.capacity - self.used_outside - self.in_use, 0)
 
+    def state(self) -> tuple:
+        """What later cudaMallocs depend on: capacity, use, and where the next address ranges come from."""
+        return (self.capacity, self.used_outside, self.in_use, tuple(self._holes), self._malloc_top,
+                self._reserve_top, tuple(self._recorded))
+
     def take(self, size: int) -> bool:
         """Back `size` bytes with physical memory (cudaMalloc or cuMemCreate); False when the device is full."""
         if size > self.free:

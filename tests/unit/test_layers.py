@@ -1,7 +1,7 @@
 """The package's layers import only downward, and no modules import each other in a circle.
 
-    errors < core < ingest, recording < attribute, simulate < result < diagnose < report < pipeline, job < evaluate,
-    commands < the package's public __init__
+    errors < core < ingest, recording < attribute, simulate < result < diagnose, estimate < report < pipeline, job <
+    evaluate, gate, commands < the package's public __init__
 
 Every import counts, those inside functions included (an import deferred for speed is still a dependency).
 """
@@ -15,8 +15,8 @@ import analyzer
 PACKAGE = Path(analyzer.__file__).parent
 LAYERS = {
     "analyzer.errors": 0, "analyzer.core": 1, "analyzer.ingest": 2, "analyzer.recording": 2,
-    "analyzer.attribute": 3, "analyzer.simulate": 3, "analyzer.result": 4, "analyzer.diagnose": 5,
-    "analyzer.report": 6, "analyzer.pipeline": 7, "analyzer.job": 7, "analyzer.evaluate": 8, "analyzer.commands": 8,
+    "analyzer.attribute": 3, "analyzer.simulate": 3, "analyzer.result": 4, "analyzer.diagnose": 5, "analyzer.estimate": 5,
+    "analyzer.report": 6, "analyzer.pipeline": 7, "analyzer.job": 7, "analyzer.evaluate": 8, "analyzer.gate": 8, "analyzer.commands": 8,
     "analyzer.__main__": 9, "analyzer": 9,
 }
 

@@ -1,0 +1,119 @@
+"""Skipping repeated periods of a replay (analyzer.simulate.requests) changes nothing in its result: the peaks and
+the first failure are those of feeding every request, on runs that repeat and on runs that do not settle; and it
+does skip where a run repeats from the same allocator state."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+
+from analyzer.attribute import attribute
+from analyzer.core.allocator_rules import SMALL_SIZE
+from analyzer.diagnose.counterfactual import Replayer, _Unrecorded, replay, transform_for
+from analyzer.ingest import load
+from analyzer.simulate.allocator import AllocatorSettings
+from analyzer.simulate.device import DeviceMemory
+from analyzer.simulate.requests import Requests, feed
+from tests.support.paths import REAL, ROOT
+from tests.support.snapshots import MiB
+
+
+def steps(count: int, growth: int = 0) -> Requests:
+    """`count` training steps: parameters made once, then each step's activations (freed in reverse), a
+    temporary per layer and a gradient kept to the step's end; `growth` bytes more each step (no two alike)."""
+    at, until, size = [-1.0, -1.0], [np.inf, np.inf], [64 * MiB, 3 * MiB]
+    position = 0.0
+    for step in range(count):
+        made = []
+        for layer in range(12):
+            at.append(position)
+            until.append(np.nan)
+            size.append((6 + layer % 3) * MiB + step * growth)
+            made.append(len(at) - 1)
+            at.append(position + 0.5)
+            until.append(position + 0.7)
+            size.append(SMALL_SIZE // 2 + 512 * layer)
+            position += 1
+        for row in reversed(made):
+            until[row] = position
+            at.append(position + 0.2)
+            until.append(position + 200.5 - (position % 200))
+            size.append(2 * MiB)
+            position += 1
+        position = (position // 200 + 1) * 200
+    return Requests.of(np.array(at), np.array(until), np.array(size), np.zeros(len(at), dtype=np.int64),
+                       np.array([]))
+
+
+def both(requests: Requests, capacity: int | None, settings: AllocatorSettings = AllocatorSettings()):
+    fast = feed(_Unrecorded(DeviceMemory(capacity), settings), requests, fast_forward=True)
+    slow = feed(_Unrecorded(DeviceMemory(capacity), settings), requests, fast_forward=False)
+    return fast, slow
+
+
+def outcome(fed):
+    return fed.peak_allocated, fed.peak_reserved, fed.oom_at
+
+
+@pytest.mark.parametrize("settings", [AllocatorSettings(), AllocatorSettings(expandable_segments=True),
+                                      AllocatorSettings(roundup_power2_divisions={"1": 4, "2": 4, "4": 8})])
+def test_a_repeating_run_is_skipped_and_predicts_the_same(settings):
+    requests = steps(200)
+    assert requests.period() is not None
+    fast, slow = both(requests, None, settings)
+    assert outcome(fast) == outcome(slow)
+    assert slow.fed == len(requests.kind) and fast.fed < len(requests.kind) // 10
+
+
+def test_a_run_that_fails_part_way_fails_at_the_same_request():
+    requests = steps(200)
+    slow = feed(_Unrecorded(DeviceMemory(None), AllocatorSettings()), requests, fast_forward=False)
+    capacity = slow.peak_reserved - 20 * MiB          # not enough for the run's peak: the first failure moves
+    fast, short = both(requests, capacity)
+    assert short.oom_at is not None and outcome(fast) == outcome(short)
+
+
+def test_a_run_that_never_repeats_is_fed_whole():
+    requests = steps(200, growth=512 * 1024)          # each step's activations are larger than the last's
+    fast, slow = both(requests, None)
+    assert outcome(fast) == outcome(slow) and fast.fed == slow.fed == len(requests.kind)
+
+
+def _make_real():
+    spec = importlib.util.spec_from_file_location("make_real_snapshot", ROOT / "benchmarks" / "make_real_snapshot.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(not REAL.is_dir(), reason="../shared/real (the real recordings) is absent")
+def test_every_remedy_replay_of_a_repeated_real_recording_skips_and_predicts_the_same(tmp_path):
+    """magma27's recording (CS336, allocator settings) repeated 6 times: every transform's replay, with and
+    without skipping, gives the same Prediction, and most of them skip."""
+    import pickle
+    path = tmp_path / "repeated.pickle"
+    path.write_bytes(pickle.dumps(_make_real().make("small", 30_000)))
+    trace = attribute(load(path))
+    replayer = Replayer(trace, 0, 80 << 30, {})
+    assert replayer.stream is not None
+    skipped = 0
+    for remedy in ("micro_batch", "gradient_accumulation", "bf16", "optimizer_8bit", "optimizer_offload",
+                   "expandable_segments"):
+        if not replayer.can(remedy, None):
+            continue
+        made = transform_for(remedy, None, {})
+        assert made is not None
+        changed = made[0](replayer.stream)
+        settings = AllocatorSettings(**{**vars(replayer.settings), "expandable_segments": made[1]})
+        assert replay(changed, replayer.usable, settings) == replay(changed, replayer.usable, settings, False)
+        rows = changed.rows[changed.rows["bytes"] > 0]
+        requests = Requests.of(rows["at"].to_numpy(dtype=np.float64), rows["until"].to_numpy(dtype=np.float64),
+                               rows["bytes"].to_numpy(), rows["stream"].to_numpy(), changed.releases)
+        fast, slow = both(requests, replayer.usable, settings)
+        assert outcome(fast) == outcome(slow)
+        skipped += fast.fed < slow.fed
+    assert skipped >= 3
