@@ -304,7 +304,7 @@ def build_view(analysis: Analysis) -> ReportView:
     low, high, budget = CHART_POINTS
     points = min(high, max(low, budget // max(len(analysis.devices), 1)))  # the file stays small on 8 GPUs
     devices = worst_first([_device_view(analysis, d, points) for d in analysis.devices])
-    lead = _lead_device(analysis.devices)  # host memory last: it is never the patient beside a GPU
+    lead = analysis.lead  # host memory last: it is never the patient beside a GPU
     if lead is None:
         verdict = "The input holds no allocations and no history on any device."
     else:
@@ -325,18 +325,6 @@ def worst_first(devices: list[DeviceView]) -> list[DeviceView]:
 
     return sorted(devices, key=lambda d: (d.device < 0, d.oom is None, -fullness(d), -d.peak_allocated_bytes,
                                           d.device))
-
-
-def _lead_device(devices: list[DeviceAnalysis]) -> DeviceAnalysis | None:
-    """The device a reader asks about first: the one that ran out of memory (the earliest), else the fullest GPU
-    (host memory, device -1 in profiler traces, only when no GPU was recorded)."""
-    if not devices:
-        return None
-    gpus = [d for d in devices if d.device >= 0]
-    ooms = [(d.oom, d) for d in (gpus or devices) if d.oom is not None]
-    if ooms:
-        return min(ooms, key=lambda od: (od[0].time_us is None, od[0].time_us or 0, od[1].device))[1]
-    return max(devices, key=lambda d: (d.device >= 0, d.peak.allocated_bytes, -d.device))
 
 
 def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> DeviceView:
