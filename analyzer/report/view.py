@@ -260,6 +260,17 @@ class InputView:
     world_size: int | None
 
 
+@dataclass(frozen=True)
+class RecordingRow:
+    """One of several unrelated recordings analysed together: what it is and what its analysis found."""
+
+    label: str
+    kind: str
+    peak_bytes: int | None     # its fullest GPU's peak (None: no GPU memory recorded)
+    device: str | None         # that GPU
+    verdict: str
+
+
 @dataclass
 class ComparisonView:
     """One GPU or rank far above the others (analyzer.diagnose.imbalance): what makes the gap, what evens it."""
@@ -278,6 +289,7 @@ class ReportView:
     lead_device: int | None = None       # the device the verdict is about
     comparison: ComparisonView | None = None  # the devices (or ranks) compared, where one stands out
     sections: list[int] | None = None    # the devices shown in full (None: all); the others only in the overview
+    recordings: list[RecordingRow] | None = None  # files that are not one job's ranks: one row each, in order
 
     def in_full(self) -> list[DeviceView]:
         return [d for d in self.devices if self.sections is None or d.device in self.sections]
