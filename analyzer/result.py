@@ -42,7 +42,7 @@ class DeviceMeasures:
     device: int
     peak: Peak
     reserved_peak_bytes: int
-    end: dict[str, int]
+    end: dict[str, int | None]             # None: the input does not record it (a profiler trace has no blocks)
     trace_entries: int
     history_truncated: bool
     oom: OutOfMemory | None

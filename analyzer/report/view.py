@@ -21,7 +21,6 @@ from analyzer.core.stacks import format_frame, is_user_frame
 from analyzer.core.timeline import downsample
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import UNATTRIBUTED, category_color, category_rank, phase_color
-from analyzer.diagnose.fragmentation import SEGMENTED_SOURCES
 from analyzer.report.shown import shown
 
 LIVE_SHOWN = 25          # allocations live at the peak listed with their stacks
@@ -354,7 +353,7 @@ def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> De
         peak_reserved_bytes=d.peak.reserved_bytes if d.reserved_recorded else None,
         reserved_peak_bytes=d.reserved_peak_bytes if d.reserved_recorded else None,
         peak_when=relative_seconds(d.peak.time_us, origin), peak_event=d.peak.event_index,
-        trace_entries=d.trace_entries, live_count=len(live), capacity_bytes=d.capacity_bytes, end=_end(d, trace),
+        trace_entries=d.trace_entries, live_count=len(live), capacity_bytes=d.capacity_bytes, end=dict(d.end),
         oom=_oom_view(d, origin),
         by_category=_shares(d.by_category, category_color, words),
         by_phase=_shares(d.by_phase, phase_color, words),
@@ -388,21 +387,6 @@ def _plan_view(found: dict[str, Any] | None) -> PlanView | None:
                      "; ".join(c["throughput"] + ("" if c["communication"] == "none" else f", {c['communication']}")
                                for c in a["cost"].values())) for a in found["alternatives"]]
     return PlanView(bool(found["fits"]), steps, alternatives)
-
-
-def _end(d: DeviceAnalysis, trace: MemoryTrace) -> dict[str, int | None]:
-    """The state at the end of the recording: the allocator's final blocks where the input records them (a
-    snapshot); else the timeline's last point, with what it cannot hold (blocks) None."""
-    if trace.source_kind in SEGMENTED_SOURCES:
-        return dict(d.end)
-    timeline = trace.timeline[trace.timeline["device"] == d.device]
-    if timeline.empty:
-        return {**dict(d.end), "inactive_bytes": None, "largest_free_block_bytes": None}
-    last = timeline.iloc[-1]
-    allocated = int(last["allocated_bytes"])
-    held = int(last["reserved_bytes"]) if d.reserved_recorded else None
-    return {"allocated_bytes": allocated, "requested_bytes": int(last["requested_bytes"]), "reserved_bytes": held,
-            "inactive_bytes": None if held is None else held - allocated, "largest_free_block_bytes": None}
 
 
 def reserved(n: int | None) -> str:
@@ -567,7 +551,7 @@ def _fragmentation_view(d: DeviceAnalysis, trace: MemoryTrace) -> FragmentationV
             other=[Detail(words(k), _detail_text(k, v)) for k, v in measured.items()
                    if k not in _FRAGMENTATION_SHOWN and not isinstance(v, (dict, list))],
         )
-    end = _end(d, trace)
+    end = d.end
     return FragmentationView(
         where="at the end of the recording", reserved_bytes=end["reserved_bytes"],
         allocated_bytes=end["allocated_bytes"], inactive_bytes=end["inactive_bytes"],
