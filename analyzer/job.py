@@ -11,6 +11,7 @@ as such and the others are still analysed.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,7 +23,7 @@ from analyzer.errors import AnalyzerError
 from analyzer.ingest.ranks import RankFile, find_rank_files
 from analyzer.report.interactive import allocator_pictures, module_icicle
 from analyzer.report.job_report import DevicePictures, JobReport
-from analyzer.report.view import (InputView, ReportView, build_view, comparison_view, with_imbalance,
+from analyzer.report.view import (InputView, RecordingRow, ReportView, build_view, comparison_view, with_imbalance,
                                   worst_first as devices_worst_first)
 from analyzer.result import Analysis, RankSetAnalysis, ranks_document
 
@@ -64,6 +65,7 @@ class JobAnalysis:
     ranks: list[RankResult]                     # in rank order
     imbalance: dict[str, Any] | None
     warnings: list[str] = field(default_factory=list)
+    separate: str | None = None                 # why the files are not the ranks of one job (None: they are)
 
     def to_json(self) -> dict[str, Any]:
         """One analyzer/1 document for the job: every device carries its rank; the comparison is `job`."""
@@ -71,9 +73,86 @@ class JobAnalysis:
         document = ranks_document(self.source_path, [r.rank for r in self.ranks],
                                   [(r.rank, r.label, r.document) for r in self.ranks if r.document is not None],
                                   [*self.warnings, *(f"{r.label}: not analysed: {r.error}" for r in failed)])
-        document["job"] = {"imbalance": self.imbalance,
+        document["job"] = {"imbalance": self.imbalance, "separate": self.separate,
                            "failed_ranks": [{"label": r.label, "path": r.path, "error": r.error} for r in failed]}
         return document
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What one file says about its place in a job: its rank (file name, else metadata) and the world size."""
+
+    name: str
+    rank: int | None
+    world_size: int | None
+
+
+def not_one_job(claims: Sequence[Claim]) -> str | None:
+    """Why these files are not the ranks of one job, or None when they are. Files are ranks of one job only when
+    they say so: each names its rank (in its file name or its metadata), no rank twice, one world size that holds
+    every rank; two profiling windows of one worker, or traces of different jobs in one folder, are not."""
+    if len(claims) < 2:
+        return None
+    sizes = sorted({c.world_size for c in claims if c.world_size})
+    if len(sizes) > 1:
+        return f"their world sizes differ: {', '.join(map(str, sizes))}"
+    counts = Counter(c.rank for c in claims if c.rank is not None)
+    twice = sorted(rank for rank, n in counts.items() if n > 1)
+    if twice:
+        return f"rank {twice[0]} is in {counts[twice[0]]} files"
+    unranked = [c.name for c in claims if c.rank is None]
+    if unranked:
+        more = f" and {len(unranked) - 1} more" if len(unranked) > 1 else ""
+        return f"{unranked[0]}{more} name{'' if more else 's'} no rank"
+    highest = max(c.rank for c in claims if c.rank is not None)
+    if sizes and highest >= sizes[0]:
+        return f"rank {highest} is outside a world of {sizes[0]}"
+    return None
+
+
+def _claim(r: RankResult) -> Claim:
+    return Claim(Path(r.path).name if r.rank is None else r.label, r.rank,
+                 r.view.input.world_size if r.view is not None else None)
+
+
+def _as_job(source_path: str, results: list[RankResult], warnings: list[str],
+            thresholds: Thresholds = Thresholds()) -> JobAnalysis:
+    """The job of these results, or, when they are not one job's ranks, the files side by side: each named by
+    its file, none compared with the others."""
+    separate = not_one_job([_claim(r) for r in results])
+    if separate is None:
+        return JobAnalysis(source_path=source_path, ranks=results, warnings=warnings,
+                           imbalance=find_imbalance([p for r in results for p in r.peaks], **thresholds.imbalance()))
+    results = [replace(r, label=_file_label(r.path, source_path)) for r in results]
+    return JobAnalysis(source_path=source_path, ranks=results, imbalance=None, warnings=warnings, separate=separate)
+
+
+def _file_label(path: str, source_path: str) -> str:
+    """A file's name in its folder (a member's, in an archive)."""
+    if "!" in path and path.startswith(source_path):
+        return path.rsplit("!", 1)[1]
+    try:
+        return str(Path(path).relative_to(source_path))
+    except ValueError:
+        return Path(path).name
+
+
+def folded(said: Sequence[tuple[str, str]], total: int, noun: str) -> list[str]:
+    """`label: warning` lines, a warning said alike by several ranks or files once, with who said it: the eight
+    ranks of a trace without memory events give one line, not eight."""
+    by_warning: dict[str, list[str]] = {}
+    for label, warning in said:
+        by_warning.setdefault(warning, []).append(label)
+    lines = []
+    for warning, labels in by_warning.items():
+        if len(labels) == 1:
+            who = labels[0]
+        elif len(labels) == total:
+            who = f"all {total} {noun}"
+        else:
+            who = ", ".join(labels[:3]) + (f" and {len(labels) - 3} more" if len(labels) > 3 else "")
+        lines.append(f"{who}: {warning}")
+    return lines
 
 
 def analyze_rank(file: RankFile, options: RankOptions) -> RankResult:
@@ -109,9 +188,7 @@ def rank_result(analysis: Analysis, rank: int | None = None, label: str | None =
 
 def job_of(ranks: RankSetAnalysis) -> JobAnalysis:
     """The job of ranks already analysed in this process (a .tar.gz of traces, the Python API's result)."""
-    results = [rank_result(a) for a in ranks.ranks]
-    return JobAnalysis(source_path=ranks.source_path, ranks=results,
-                       imbalance=find_imbalance([p for r in results for p in r.peaks]), warnings=list(ranks.warnings))
+    return _as_job(ranks.source_path, [rank_result(a) for a in ranks.ranks], list(ranks.warnings))
 
 
 def analyze_job(root: str | Path, options: RankOptions = RankOptions(), *, scheduler: str | None = None,
@@ -123,9 +200,7 @@ def analyze_job(root: str | Path, options: RankOptions = RankOptions(), *, sched
     done = None if on_done is None else (lambda result: on_done(result, total))
     results = _run(found.files, options, scheduler or os.environ.get(SCHEDULER_VARIABLE) or None, workers, done)
     results.sort(key=lambda r: (r.rank is None, r.rank or 0, r.path))
-    return JobAnalysis(source_path=str(root), ranks=results,
-                       imbalance=find_imbalance([p for r in results for p in r.peaks], **options.thresholds.imbalance()),
-                       warnings=found.warnings)
+    return _as_job(str(root), results, found.warnings, options.thresholds)
 
 
 def _run(files: Sequence[RankFile], options: RankOptions, scheduler: str | None, workers: int | None,
@@ -165,12 +240,12 @@ def _run(files: Sequence[RankFile], options: RankOptions, scheduler: str | None,
 def job_report(job: JobAnalysis) -> JobReport:
     """One report for the job: every rank's devices, named by rank, the worst first (each keeps its verdict,
     breakdowns, findings, remedies and pictures), the comparison, and the warnings of the set and of each rank."""
-    devices, warnings, rank_of, pictures_of = [], list(job.warnings), {}, {}
+    devices, said, rank_of, pictures_of = [], [], {}, {}
     for r in job.ranks:
         if r.view is None:
-            warnings.append(f"{r.label}: not analysed: {r.error}")
+            said.append((r.label, f"not analysed: {r.error}"))
             continue
-        warnings += [f"{r.label}: {w}" for w in r.view.warnings]
+        said += [(r.label, w) for w in r.view.warnings]
         for d in r.view.devices:
             devices.append(replace(d, name=f"{r.label} {d.name}"))
             rank_of[devices[-1].name] = r.label
@@ -179,18 +254,25 @@ def job_report(job: JobAnalysis) -> JobReport:
     devices = [replace(d, device=i if d.device >= 0 else -1 - i) for i, d in enumerate(devices_worst_first(devices))]
     lead = next((d for d in devices if d.device >= 0), devices[0] if devices else None)
     analysed = sum(r.view is not None for r in job.ranks)
+    noun = "ranks" if job.separate is None else "files"
+    warnings = list(job.warnings) + folded(said, len(job.ranks), noun)
     if lead is not None:
         verdict = with_imbalance(f"{rank_of[lead.name]}: {lead.verdict}", job.imbalance, lead.name)
     elif analysed:
-        verdict = (f"None of the {analysed} ranks analysed recorded any memory (see the warnings: a profiler trace "
+        verdict = (f"None of the {analysed} {noun} analysed recorded any memory (see the warnings: a profiler trace "
                    "needs profile_memory=True).")
     else:
-        verdict = "No rank could be analysed (see the warnings)."
+        verdict = f"No {noun[:-1]} could be analysed (see the warnings)."
+    if job.separate is not None:
+        verdict = (f"{len(job.ranks)} separate recordings, not the ranks of one job ({job.separate}): each is "
+                   f"analysed on its own." + (f" The fullest, {verdict}" if lead is not None else f" {verdict}"))
     ranks = [r.rank for r in job.ranks if r.rank is not None]
     eras = sorted({r.view.input.torch_era for r in job.ranks if r.view is not None and r.view.input.torch_era})
-    source = InputView(path=job.source_path, kind=f"{len(job.ranks)} ranks", torch_era=", ".join(eras), has_history=any(
+    kind = f"{len(job.ranks)} ranks" if job.separate is None else f"{len(job.ranks)} separate recordings"
+    source = InputView(path=job.source_path, kind=kind, torch_era=", ".join(eras), has_history=any(
         r.view is not None and r.view.input.has_history for r in job.ranks), alloc_conf=None,
-        expandable_segments=None, settings=[], devices=[], rank=None, world_size=len(ranks) or None)
+        expandable_segments=None, settings=[], devices=[], rank=None,
+        world_size=(len(ranks) or None) if job.separate is None else None)
     gpus = [d for d in devices if d.device >= 0]
     sections = None
     if len(devices) > SECTIONS_IN_FULL + 1:
@@ -198,5 +280,15 @@ def job_report(job: JobAnalysis) -> JobReport:
         sections = [d.device for d in devices[:SECTIONS_IN_FULL]] + ([median.device] if median else [])
     view = ReportView(verdict=verdict, devices=devices, input=source, warnings=warnings,
                       lead_device=lead.device if lead is not None else None, comparison=comparison_view(job.imbalance),
-                      sections=sections)
+                      sections=sections, recordings=None if job.separate is None else [_row(r) for r in job.ranks])
     return JobReport(view=view, document=job.to_json(), pictures={d.device: pictures_of[d.name] for d in devices})
+
+
+def _row(r: RankResult) -> RecordingRow:
+    """One file's line in the table of separate recordings: its fullest GPU and its verdict."""
+    if r.view is None:
+        return RecordingRow(r.label, "not analysed", None, None, r.error or "")
+    gpus = [d for d in r.view.devices if d.device >= 0]
+    fullest = max(gpus, key=lambda d: d.peak_allocated_bytes, default=None)
+    return RecordingRow(r.label, r.view.input.kind, None if fullest is None else fullest.peak_allocated_bytes,
+                        None if fullest is None else fullest.name, r.view.verdict)

@@ -22,6 +22,7 @@ from analyzer.core.trace import MemoryTrace, MultiRankTrace
 from analyzer.core.units import human_bytes
 from analyzer.diagnose import diagnose
 from analyzer.diagnose.context import make_context
+from analyzer.diagnose.fragmentation import SEGMENTED_SOURCES
 from analyzer.diagnose.imbalance import find_imbalance, summarise
 from analyzer.diagnose.thresholds import Thresholds
 from analyzer.ingest import load
@@ -101,7 +102,7 @@ def measure(trace: MemoryTrace, device: int) -> DeviceMeasures:
     made = peak.live[peak.live["seq_alloc"] == peak.event_index]
     return DeviceMeasures(
         device=device, peak=peak, reserved_peak_bytes=int(tl["reserved_bytes"].max()),
-        end=trace.end_state(device), trace_entries=info.trace_entries, history_truncated=info.history_truncated,
+        end=end_state(trace, device, tl, info.reserved_recorded), trace_entries=info.trace_entries, history_truncated=info.history_truncated,
         oom=_oom(trace, device), recorded_capacity_bytes=info.capacity_bytes,
         by_category=split(peak.live, "category"), by_phase=split(peak.live, "phase"),
         by_module=split(peak.live, "module", TOP_MODULES), by_site=by_site(trace, peak.live),
@@ -109,6 +110,21 @@ def measure(trace: MemoryTrace, device: int) -> DeviceMeasures:
         peak_module=str(made["module"].iloc[0]) if len(made) else None, steps=step_peaks(labels, tl), labels=labels,
         reserved_recorded=info.reserved_recorded,
     )
+
+
+def end_state(trace: MemoryTrace, device: int, timeline: pd.DataFrame, reserved_recorded: bool) -> dict[str, int | None]:
+    """The state at the end of the recording: the allocator's final blocks where the input records them (a
+    snapshot); else the timeline's last point (the trace's last running totals), with what it cannot hold
+    (blocks; reserved bytes it did not record) None. The JSON and every report read this one dict."""
+    if trace.source_kind in SEGMENTED_SOURCES or timeline.empty:
+        blocks = trace.end_state(device)
+        return blocks if trace.source_kind in SEGMENTED_SOURCES else \
+            {**blocks, "inactive_bytes": None, "largest_free_block_bytes": None}
+    last = timeline.iloc[-1]
+    allocated = int(last["allocated_bytes"])
+    held = int(last["reserved_bytes"]) if reserved_recorded else None
+    return {"allocated_bytes": allocated, "requested_bytes": int(last["requested_bytes"]), "reserved_bytes": held,
+            "inactive_bytes": None if held is None else held - allocated, "largest_free_block_bytes": None}
 
 
 def top_allocations(trace: MemoryTrace, d: DeviceMeasures, n: int = TOP_ALLOCATIONS) -> list[dict[str, object]]:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.core.module_tree import ModuleNode, module_in_sentence
-from analyzer.core.timeline import Peak, allocated_by
+from analyzer.core.timeline import Peak, allocated_by, live_at
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import UNATTRIBUTED, category_plural, names_module, phase_noun
 
@@ -42,7 +42,7 @@ class DeviceMeasures:
     device: int
     peak: Peak
     reserved_peak_bytes: int
-    end: dict[str, int]
+    end: dict[str, int | None]             # None: the input does not record it (a profiler trace has no blocks)
     trace_entries: int
     history_truncated: bool
     oom: OutOfMemory | None
@@ -127,6 +127,77 @@ class Analysis:
 
     def device(self, device: int) -> DeviceAnalysis:
         return next(d for d in self.devices if d.device == device)
+
+    @property
+    def lead(self) -> DeviceAnalysis | None:
+        """The device a reader asks about first: the one that ran out of memory (the earliest), else the fullest
+        GPU (host memory, device -1 in profiler traces, only when no GPU was recorded)."""
+        if not self.devices:
+            return None
+        gpus = [d for d in self.devices if d.device >= 0]
+        ooms = [(d.oom, d) for d in (gpus or self.devices) if d.oom is not None]
+        if ooms:
+            return min(ooms, key=lambda od: (od[0].time_us is None, od[0].time_us or 0, od[1].device))[1]
+        return max(self.devices, key=lambda d: (d.device >= 0, d.peak.allocated_bytes, -d.device))
+
+    # The pandas handles: what a pandas user reaches for, on the attributed tables (`device` None: `lead`).
+
+    @property
+    def allocations(self) -> pd.DataFrame:
+        """Every allocation of the recording, labelled (module, phase, category, step): the attributed trace's
+        table. The trace passed to `analyze` is left bare; this one is not."""
+        return self.trace.allocations
+
+    def live_at(self, seq: int, device: int | None = None) -> pd.DataFrame:
+        """The allocations of `device` alive just after event `seq` (-1: before the first event), largest first,
+        each with the category in force then and the user line that made it (`top_user_frame`)."""
+        return self._framed(live_at(self.trace, self._pick(device).device, seq))
+
+    def at_peak(self, device: int | None = None) -> pd.DataFrame:
+        """The allocations alive at `device`'s peak, largest first: what the report's breakdowns sum."""
+        return self._framed(self._pick(device).peak.live)
+
+    def timeline(self, device: int | None = None) -> pd.DataFrame:
+        """`device`'s allocated, requested and reserved bytes before the first event (seq -1) and after each
+        one, one `<category>_bytes` column per category, and the `step` and `phase` in force."""
+        d = self._pick(device)
+        rows = self.trace.timeline[self.trace.timeline["device"] == d.device].reset_index(drop=True)
+        labels = pd.concat([pd.DataFrame({"step": [np.nan], "phase": [None]}), d.labels], ignore_index=True)
+        return rows.assign(step=pd.array(labels["step"].to_numpy()[: len(rows)], dtype="Int64"),
+                           phase=labels["phase"].to_numpy(dtype=object)[: len(rows)])
+
+    def by_category(self, device: int | None = None) -> pd.Series:
+        """Bytes at `device`'s peak per category, largest first; sums to the peak's allocated bytes."""
+        return self._at_peak_by("category", device)
+
+    def by_phase(self, device: int | None = None) -> pd.Series:
+        """Bytes at `device`'s peak per phase, largest first; sums to the peak's allocated bytes."""
+        return self._at_peak_by("phase", device)
+
+    def by_module(self, device: int | None = None) -> pd.Series:
+        """Bytes at `device`'s peak per module (every module, none folded), largest first; sums to the peak."""
+        return self._at_peak_by("module", device)
+
+    def _at_peak_by(self, column: str, device: int | None) -> pd.Series:
+        live = self._pick(device).peak.live
+        sums = live.groupby(column, observed=True)["allocated_bytes"].sum()
+        sums = sums[sums > 0].sort_values(ascending=False, kind="stable").astype(np.int64)
+        sums.index = sums.index.astype(str)
+        return sums.rename("allocated_bytes").rename_axis(column)
+
+    def _pick(self, device: int | None) -> DeviceAnalysis:
+        """The device asked for, or the lead one; a clear error naming those there are."""
+        chosen = self.lead if device is None else next((d for d in self.devices if d.device == device), None)
+        if chosen is None:
+            there = ", ".join(str(d.device) for d in self.devices) or "none"
+            raise KeyError(f"no device {device} in {self.trace.source_path} (devices: {there})")
+        return chosen
+
+    def _framed(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """`rows` with the user line that made each (`top_user_frame`; None without Python frames)."""
+        frames = self.trace.stacks["top_user_frame"]
+        where = rows["stack_id"].astype(object).map(lambda s: None if pd.isna(s) else frames.iat[int(s)])
+        return rows.assign(top_user_frame=where.astype(object))
 
     def allocated_by(self, device: int, label: str) -> dict[str, np.ndarray]:
         """Allocated bytes of `device` per value of `label` (category, phase, module) before the first event

@@ -206,11 +206,19 @@ def parse_chrome_trace(stream: IO[bytes], name: str, reopen: Callable[[], IO[byt
     kept = _Kept()
     with reading(name, _HINT):
         floor = kept.collect(backend.items(recorder, "traceEvents.item", use_float=True), recorder)
-        meta = _metadata_from_edges(recorder, floor)
-        if meta is None:
-            with reopen() as again:
-                meta = _metadata_by_tokens(backend, again)
+        try:
+            meta = _metadata_from_edges(recorder, floor)
+            if meta is None:
+                with reopen() as again:
+                    meta = _metadata_by_tokens(backend, again)
+        except NoTraceEvents:
+            raise CorruptInput(name, "looks like JSON without traceEvents, not a profiler trace",
+                               sniff.ACCEPTED) from None
         return _Assembler(name, kept, meta, warnings).build()
+
+
+class NoTraceEvents(ValueError):
+    """A JSON object with no `traceEvents` member: some other JSON, not a Chrome trace."""
 
 
 class _Recorder:
@@ -364,7 +372,7 @@ def _metadata_from_edges(recorder: _Recorder, floor: int) -> dict[str, Any] | No
     except (ValueError, IndexError):
         return None  # a member before traceEvents is longer than the head
     if key_at is None:
-        raise ValueError("the top-level object has no traceEvents")
+        raise NoTraceEvents("the top-level object has no traceEvents")
     tail_start, tail = recorder.tail()
     events_at = len(head[:key_at].encode("utf-8", "surrogateescape"))
     start = max(floor, events_at) - tail_start
@@ -443,7 +451,7 @@ def _metadata_by_tokens(backend: Any, stream: IO[bytes]) -> dict[str, Any]:
             members[key] = builder.value
             builder = None
     if not has_events:
-        raise ValueError("the top-level object has no traceEvents")
+        raise NoTraceEvents("the top-level object has no traceEvents")
     return members
 
 

@@ -6,7 +6,9 @@ Jobs write one file per rank, and often several per rank over a run:
 - the profiler's trace handler: `*.pt.trace.json[.gz]`, the rank inside the trace (`distributedInfo`).
 
 Each rank is analysed once, from its most telling file: an out-of-memory dump first, then an exit dump, then
-the latest iteration or step; the other files of that rank are listed as skipped. Files whose name holds no
+the latest iteration or step; the other files of that rank are listed as skipped. Files of one rank are dumps
+of one run only when their names differ in nothing else (`_series`); otherwise each is kept, and the job
+(analyzer.job) finds that they are not the ranks of one job. Files whose name holds no
 rank (profiler traces) are all kept: their rank is read from the file. The walk never follows a symbolic link,
 reads only regular files, and stops at MAX_DEPTH levels and MAX_FILES entries, so a hostile tree cannot hang it.
 """
@@ -123,6 +125,16 @@ def _pickle_or_gzip(path: Path) -> bool:
     return head[:1] == b"\x80" or head == b"\x1f\x8b"
 
 
+def _series(path: Path, root: Path) -> str:
+    """The name of a rank's files with the rank, iteration or step, OOM and exit marks taken out: files of one
+    rank are dumps of one run (one kept) only when this is the same (`rank0.json.gz` and `sampled_rank-0.json.gz`
+    are not)."""
+    text = str(path.relative_to(root))
+    for pattern in (_RANK, _ITERATION, _OOM, _EXIT):
+        text = pattern.sub("#", text)
+    return text
+
+
 def _shown(path: Path, root: Path) -> str:
     return str(path.relative_to(root)) if path != root else str(root)
 
@@ -145,22 +157,24 @@ def find_rank_files(root: Path) -> RankFiles:
     if not candidates:
         raise UnsupportedFormat(root, "holds no memory snapshot or profiler trace",
                                 "Point at the folder the job wrote its per-rank files to.")
-    chosen: dict[int, RankFile] = {}
-    skipped: dict[int, int] = {}
+    chosen: dict[tuple[int, str], RankFile] = {}
+    skipped: dict[tuple[int, str], int] = {}
     for file in candidates:
         if file.rank is None:
             continue
-        best = chosen.get(file.rank)
+        key = (file.rank, _series(file.path, root))
+        best = chosen.get(key)
         if best is None or _priority(file.path) > _priority(best.path):
             if best is not None:
-                skipped[file.rank] = skipped.get(file.rank, 0) + 1
-            chosen[file.rank] = file
+                skipped[key] = skipped.get(key, 0) + 1
+            chosen[key] = file
         else:
-            skipped[file.rank] = skipped.get(file.rank, 0) + 1
-    for rank, count in sorted(skipped.items()):
-        warnings.append(f"rank {rank}: analysed {_shown(chosen[rank].path, root)}; {count} other file(s) of "
+            skipped[key] = skipped.get(key, 0) + 1
+    for key, count in sorted(skipped.items()):
+        warnings.append(f"rank {key[0]}: analysed {_shown(chosen[key].path, root)}; {count} other file(s) of "
                         f"this rank skipped (an out-of-memory dump first, then an exit dump, then the latest)")
-    files = sorted(chosen.values(), key=lambda f: f.rank or 0) + [f for f in candidates if f.rank is None]
+    files = sorted(chosen.values(), key=lambda f: (f.rank or 0, str(f.path))) + \
+        [f for f in candidates if f.rank is None]
     return RankFiles(root, files, warnings)
 
 

@@ -157,14 +157,70 @@ def sniff(path: Path) -> str:
     if not head:
         raise CorruptInput(path, "the file is empty once decompressed")
     first = head.lstrip()[:1]
+    if head[:1] != b"\x80" and first not in (b"{", b"["):
+        looks = looks_like(head)
+        if looks is not None:
+            raise UnsupportedFormat(path, f"looks like {looks}, not a recording of GPU memory", ACCEPTED)
     if head[:1] == b"\x80" or (head[:1] and head[0] in _PICKLE_V0_FIRST and first not in (b"{", b"[")):
         return SNAPSHOT
     if first == b"{":
         return KINETO
     if first == b"[":
         return MEMORY_TIMELINE_RAW if _RAW_TIMELINE_ROW.match(head) else MEMORY_TIMELINE
-    raise UnsupportedFormat(path, "not a memory snapshot, profiler trace, memory timeline or Nsight export",
-                            "Pass a torch.cuda.memory._dump_snapshot pickle, a Kineto .json(.gz), or an nsys .sqlite export.")
+    raise UnsupportedFormat(path, "not a memory snapshot, profiler trace, memory timeline or Nsight export", ACCEPTED)
+
+
+#: what `analyze` reads, said whenever a file is none of it
+ACCEPTED = ("analyze reads a CUDA memory snapshot (a torch.cuda.memory._dump_snapshot pickle), a PyTorch Profiler "
+            "trace (.json or .json.gz with traceEvents), an export_memory_timeline file, or an Nsight Systems .sqlite "
+            "export.")
+#: the first bytes of files people pass by mistake, and what they are
+_MAGIC = ((b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF87a", "a GIF image"),
+          (b"GIF89a", "a GIF image"), (b"%PDF-", "a PDF document"),
+          (b"PK\x03\x04", "a zip archive (torch.save writes these: a model or tensors, not a memory recording)"))
+_MARKUP = ((b"<!doctype html", "an HTML page"), (b"<html", "an HTML page"), (b"<svg", "an SVG image"),
+           (b"<?xml", "an XML document"))
+#: how a protocol 0 pickle (text) opens: a dict, list or tuple (`(dp0`), a global (`cmodule\nname\n`), a string,
+#: an int or None; such a file goes to the pickle reader, which refuses globals and says what is truncated
+_PICKLE_V0_TEXT = re.compile(rb"^(?:\((?:dp|lp|t)\d*\n|\(?c[\w.]+\n[\w.]+\n|\(?S'[^\n]*'\n|I-?\d+(?:\n|$)"
+                             rb"|L-?\d+L?(?:\n|$)|F-?[\d.eE+-]+\n|N\.|\)\.|\(t)")
+
+
+def looks_like(head: bytes) -> str | None:
+    """What the start of a file that is no recording looks like (an image, HTML, CSV, text), or None when it may
+    still be a protocol 0/1 pickle (binary, or the text such a pickle opens with)."""
+    for magic, what in _MAGIC:
+        if head.startswith(magic):
+            return what
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "a WebP image"
+    start = head.lstrip()[:64].lower()
+    for markup, what in _MARKUP:
+        if start.startswith(markup):
+            return what
+    if b"\0" in head or _PICKLE_V0_TEXT.match(head):
+        return None
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as error:
+        if error.start < len(head) - 4:   # not just a character cut at the end of the head
+            return None
+        text = head[: error.start].decode("utf-8")
+    return text_kind(text)
+
+
+def text_kind(text: str) -> str:
+    """What a text file looks like: CSV when its first lines split alike on one delimiter, else text, quoting its
+    first line."""
+    if text.startswith("\ufeff") and text[1:].lstrip()[:1] in ("{", "["):
+        return "JSON behind a byte-order mark (JSON has none: write it again without one)"
+    lines = [line for line in text.splitlines()[:5] if line.strip()]
+    for delimiter, name in ((",", "CSV"), ("\t", "tab-separated values")):
+        counts = {line.count(delimiter) for line in lines}
+        if len(lines) >= 2 and len(counts) == 1 and counts != {0}:
+            return f"{name} (text in columns)"
+    first = lines[0].strip() if lines else ""
+    return "text" + (f" (it starts {first[:60]!r})" if first else "")
 
 
 def _is_tar(path: Path) -> bool:

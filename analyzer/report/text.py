@@ -10,7 +10,7 @@ from rich.text import Text
 
 from analyzer.core.units import human_bytes
 from analyzer.report.job_report import Report, report_view
-from analyzer.report.view import DeviceView, Share, reserved, words
+from analyzer.report.view import DeviceView, RecordingRow, Share, reserved, words
 from analyzer.core.printable import printable
 from analyzer.core.stacks import short_frame
 
@@ -41,6 +41,18 @@ def _largest(d: DeviceView) -> Group:
                       Text(printable(short_frame(a.where))) if a.where else
                       Text(printable(f"no user frame; {a.op}") if a.op else "no user frame recorded", style="dim"))
     return Group(table)
+
+
+def _recordings(rows: list[RecordingRow]) -> Table:
+    """Separate recordings analysed together: one row each, its fullest GPU's peak and its verdict."""
+    table = Table(box=None, pad_edge=False, header_style="dim", show_edge=False)
+    table.add_column("recording", no_wrap=True)
+    table.add_column("peak", justify="right", no_wrap=True)
+    table.add_column("verdict", overflow="fold", ratio=1)
+    for r in rows:
+        peak = "no GPU memory" if r.peak_bytes is None else f"{human_bytes(r.peak_bytes)} {r.device}"
+        table.add_row(Text(printable(r.label)), Text(printable(peak)), Text(printable(r.verdict)))
+    return table
 
 
 def _findings(d: DeviceView) -> Table:
@@ -134,6 +146,8 @@ def print_summary(report: Report, console: Console) -> None:
     view = report_view(report)
     console.print(Text(printable(view.verdict), style="bold"))
     console.print(Text.assemble((printable(view.input.path), ""), (f"  {view.input.kind}, {view.input.torch_era}", "dim")))
+    if view.recordings is not None:
+        console.print(_recordings(view.recordings))
     if view.comparison is not None:
         console.print(Text.assemble(("imbalance: ", "yellow"), printable(view.comparison.summary)))
         for remedy in view.comparison.remedies:

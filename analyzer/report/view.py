@@ -21,7 +21,6 @@ from analyzer.core.stacks import format_frame, is_user_frame
 from analyzer.core.timeline import downsample
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import UNATTRIBUTED, category_color, category_rank, phase_color
-from analyzer.diagnose.fragmentation import SEGMENTED_SOURCES
 from analyzer.report.shown import shown
 
 LIVE_SHOWN = 25          # allocations live at the peak listed with their stacks
@@ -260,6 +259,17 @@ class InputView:
     world_size: int | None
 
 
+@dataclass(frozen=True)
+class RecordingRow:
+    """One of several unrelated recordings analysed together: what it is and what its analysis found."""
+
+    label: str
+    kind: str
+    peak_bytes: int | None     # its fullest GPU's peak (None: no GPU memory recorded)
+    device: str | None         # that GPU
+    verdict: str
+
+
 @dataclass
 class ComparisonView:
     """One GPU or rank far above the others (analyzer.diagnose.imbalance): what makes the gap, what evens it."""
@@ -278,6 +288,7 @@ class ReportView:
     lead_device: int | None = None       # the device the verdict is about
     comparison: ComparisonView | None = None  # the devices (or ranks) compared, where one stands out
     sections: list[int] | None = None    # the devices shown in full (None: all); the others only in the overview
+    recordings: list[RecordingRow] | None = None  # files that are not one job's ranks: one row each, in order
 
     def in_full(self) -> list[DeviceView]:
         return [d for d in self.devices if self.sections is None or d.device in self.sections]
@@ -304,7 +315,7 @@ def build_view(analysis: Analysis) -> ReportView:
     low, high, budget = CHART_POINTS
     points = min(high, max(low, budget // max(len(analysis.devices), 1)))  # the file stays small on 8 GPUs
     devices = worst_first([_device_view(analysis, d, points) for d in analysis.devices])
-    lead = _lead_device(analysis.devices)  # host memory last: it is never the patient beside a GPU
+    lead = analysis.lead  # host memory last: it is never the patient beside a GPU
     if lead is None:
         verdict = "The input holds no allocations and no history on any device."
     else:
@@ -327,18 +338,6 @@ def worst_first(devices: list[DeviceView]) -> list[DeviceView]:
                                           d.device))
 
 
-def _lead_device(devices: list[DeviceAnalysis]) -> DeviceAnalysis | None:
-    """The device a reader asks about first: the one that ran out of memory (the earliest), else the fullest GPU
-    (host memory, device -1 in profiler traces, only when no GPU was recorded)."""
-    if not devices:
-        return None
-    gpus = [d for d in devices if d.device >= 0]
-    ooms = [(d.oom, d) for d in (gpus or devices) if d.oom is not None]
-    if ooms:
-        return min(ooms, key=lambda od: (od[0].time_us is None, od[0].time_us or 0, od[1].device))[1]
-    return max(devices, key=lambda d: (d.device >= 0, d.peak.allocated_bytes, -d.device))
-
-
 def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> DeviceView:
     trace = analysis.trace
     origin = trace.time_origin_us
@@ -354,7 +353,7 @@ def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> De
         peak_reserved_bytes=d.peak.reserved_bytes if d.reserved_recorded else None,
         reserved_peak_bytes=d.reserved_peak_bytes if d.reserved_recorded else None,
         peak_when=relative_seconds(d.peak.time_us, origin), peak_event=d.peak.event_index,
-        trace_entries=d.trace_entries, live_count=len(live), capacity_bytes=d.capacity_bytes, end=_end(d, trace),
+        trace_entries=d.trace_entries, live_count=len(live), capacity_bytes=d.capacity_bytes, end=dict(d.end),
         oom=_oom_view(d, origin),
         by_category=_shares(d.by_category, category_color, words),
         by_phase=_shares(d.by_phase, phase_color, words),
@@ -388,21 +387,6 @@ def _plan_view(found: dict[str, Any] | None) -> PlanView | None:
                      "; ".join(c["throughput"] + ("" if c["communication"] == "none" else f", {c['communication']}")
                                for c in a["cost"].values())) for a in found["alternatives"]]
     return PlanView(bool(found["fits"]), steps, alternatives)
-
-
-def _end(d: DeviceAnalysis, trace: MemoryTrace) -> dict[str, int | None]:
-    """The state at the end of the recording: the allocator's final blocks where the input records them (a
-    snapshot); else the timeline's last point, with what it cannot hold (blocks) None."""
-    if trace.source_kind in SEGMENTED_SOURCES:
-        return dict(d.end)
-    timeline = trace.timeline[trace.timeline["device"] == d.device]
-    if timeline.empty:
-        return {**dict(d.end), "inactive_bytes": None, "largest_free_block_bytes": None}
-    last = timeline.iloc[-1]
-    allocated = int(last["allocated_bytes"])
-    held = int(last["reserved_bytes"]) if d.reserved_recorded else None
-    return {"allocated_bytes": allocated, "requested_bytes": int(last["requested_bytes"]), "reserved_bytes": held,
-            "inactive_bytes": None if held is None else held - allocated, "largest_free_block_bytes": None}
 
 
 def reserved(n: int | None) -> str:
@@ -567,7 +551,7 @@ def _fragmentation_view(d: DeviceAnalysis, trace: MemoryTrace) -> FragmentationV
             other=[Detail(words(k), _detail_text(k, v)) for k, v in measured.items()
                    if k not in _FRAGMENTATION_SHOWN and not isinstance(v, (dict, list))],
         )
-    end = _end(d, trace)
+    end = d.end
     return FragmentationView(
         where="at the end of the recording", reserved_bytes=end["reserved_bytes"],
         allocated_bytes=end["allocated_bytes"], inactive_bytes=end["inactive_bytes"],

@@ -101,3 +101,31 @@ def test_analyze_leaves_the_loaded_trace_as_it_was() -> None:
     result = analyzer.analyze(trace)
     pd.testing.assert_frame_equal(trace.allocations, before)
     assert result.trace is not trace and (result.trace.allocations["category"] != "unattributed").any()
+
+
+def test_pandas_handles_answer_at_the_peak_of_the_lead_device() -> None:
+    """Issue 33.1: the handles a pandas user guesses (a.allocations, a.at_peak(), a.by_category(), ...) read the
+    labelled tables, at the peak, and sum to it; the loaded trace stays bare."""
+    t = analyzer.load(SIM / "capacity_oom.pickle")
+    a = analyzer.analyze(t)
+    d = a.device(0)
+    assert a.lead is d and set(t.allocations["category"].astype(str)) == {"unattributed"}
+    assert "unattributed" not in set(a.allocations["category"].astype(str))
+    for handle, rows in (("category", d.by_category), ("phase", d.by_phase)):
+        series = getattr(a, f"by_{handle}")()
+        assert isinstance(series, pd.Series) and series.index.name == handle
+        assert series.to_dict() == {r["name"]: r["bytes"] for r in rows}
+    assert int(a.by_module().sum()) == int(a.at_peak()["allocated_bytes"].sum()) == d.peak.allocated_bytes
+    assert a.at_peak()["top_user_frame"].notna().all()
+    before = a.live_at(d.peak.event_index - 1)
+    made = d.peak.live[d.peak.live["seq_alloc"] == d.peak.event_index]["allocated_bytes"].sum()
+    assert int(before["allocated_bytes"].sum()) + int(made) >= d.peak.allocated_bytes
+    timeline = a.timeline()
+    assert len(timeline) == d.trace_entries + 1 and timeline["allocated_bytes"].max() == d.peak.allocated_bytes
+    assert timeline.loc[timeline["seq"] == d.peak.event_index, "phase"].item() == d.peak_phase
+    try:
+        a.at_peak(7)
+    except KeyError as error:
+        assert "devices: 0" in str(error)
+    else:
+        raise AssertionError("device 7 does not exist")

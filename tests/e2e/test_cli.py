@@ -151,3 +151,34 @@ def test_reserved_is_stated_only_where_the_input_records_it(tmp_path: Path) -> N
     assert said.returncode == 0, said.stderr
     text = " ".join(said.stdout.split())
     assert "highest reserved 2.00 MiB" in text and "reserved not recorded" not in text
+
+
+WRONG_KINDS = {   # issue 33.8: what the file is, said in its own words, with what is accepted
+    "a.csv": (b"col1,col2\n1,2\n3,4\n", "looks like CSV (text in columns)"),
+    "a.tsv": (b"step\tbytes\n1\t2\n", "looks like tab-separated values"),
+    "notes.txt": (b"hello world\nthis is a log\n", "looks like text (it starts 'hello world')"),
+    "page.html": (b"<!DOCTYPE html><html><body>report</body></html>", "looks like an HTML page"),
+    "chart.png": (b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", "looks like a PNG image"),
+    "photo.jpg": (b"\xff\xd8\xff\xe0\0\x10JFIF", "looks like a JPEG image"),
+    "model.pt": (b"PK\x03\x04\x14\0\0\0", "looks like a zip archive (torch.save writes these"),
+    "config.json": (b'{"name": "x", "values": [1, 2]}', "looks like JSON without traceEvents"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_KINDS))
+def test_the_wrong_kind_of_file_is_named_for_what_it_is(tmp_path: Path, name: str) -> None:
+    content, said = WRONG_KINDS[name]
+    path = tmp_path / name
+    path.write_bytes(content)
+    run = run_cli(str(path), "-o", str(tmp_path / "r.html"))
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
+    assert said in run.stderr and "pickle" in run.stderr.split(said)[1]   # then what is accepted
+    assert "the pickle asks to import" not in run.stderr and "truncated" not in run.stderr
+
+
+def test_text_that_opens_like_a_protocol_0_pickle_is_still_read_as_one(tmp_path: Path) -> None:
+    """The other side: a protocol 0 pickle is text too; one that imports code is still refused as a pickle."""
+    path = tmp_path / "old.pickle"
+    path.write_bytes(b"cos\nsystem\n(S'echo hi'\ntR.")
+    run = run_cli(str(path), "-o", str(tmp_path / "r.html"))
+    assert run.returncode == 2 and "asks to import os.system" in run.stderr

@@ -129,3 +129,33 @@ def test_a_job_whose_ranks_hold_no_memory_says_so_not_that_they_failed():
     report = job_report(job_of(analyze(REAL / "param" / "dlrm_kineto.tar.gz")))   # 8 ranks, no [memory] events
     assert report.view.verdict.startswith("None of the 8 ranks analysed recorded any memory")
     assert not report.view.devices and report.document["job"]["failed_ranks"] == []
+    warned = report.view.warnings
+    assert len(warned) == 2 and all(w.startswith("all 8 ranks: ") for w in warned)  # issue 33.3: folded, not 16
+
+
+def test_a_folder_of_unrelated_traces_is_not_one_job(tmp_path):
+    """Issue 33.3: HTA's test folder holds traces of jobs of 2, 16, 128 and 300 ranks and a memory timeline: each
+    is analysed on its own, none is compared with the others, and the table lists them all."""
+    if not REAL.is_dir():
+        pytest.skip(f"real recordings not found at {REAL}")
+    from analyzer.job import job_report
+
+    job = analyze_job(REAL / "hta", workers=2)
+    assert job.separate == "their world sizes differ: 2, 16, 128, 300" and job.imbalance is None
+    report = job_report(job)
+    assert report.view.input.kind == "6 separate recordings" and report.view.comparison is None
+    assert report.view.verdict.startswith("6 separate recordings, not the ranks of one job")
+    assert "imbalance" not in report.view.verdict and "ranks" not in report.view.input.kind
+    assert sorted(r.label for r in report.view.recordings) == sorted(
+        ["rank0.json.gz", "sampled_rank-0.json.gz", "sampled_rank-1.json.gz", "df_index_resolver.json.gz",
+         "rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", "memory_timeline.raw.gz"])
+    assert report.document["job"]["separate"] == job.separate
+
+
+def test_two_windows_of_one_worker_are_not_two_ranks():
+    """Issue 33.3: two profiling windows of one worker (no rank anywhere) are two recordings, not 2 ranks."""
+    if not REAL.is_dir():
+        pytest.skip(f"real recordings not found at {REAL}")
+    job = analyze_job(REAL / "kineto-tb_plugin" / "resnet50_num_workers_0", workers=2)
+    assert job.separate == "worker0.1623143089861.pt.trace.json.gz and 1 more name no rank"
+    assert job.imbalance is None

@@ -88,3 +88,42 @@ def test_the_walk_is_bounded_in_depth_and_entries(tmp_path, monkeypatch):
     found = find_rank_files(tmp_path)   # the root's two entries, then the limit: nothing below `a` is seen
     assert [f.rank for f in found.files] == [5]
     assert any(w.startswith("stopped after 2 entries") for w in found.warnings)
+
+
+def test_files_of_one_rank_from_different_runs_are_all_kept(tmp_path):
+    """Issue 33.3: `rank0.json.gz` and `sampled_rank-0.json.gz` name rank 0 but are not dumps of one run (their
+    names differ in more than iteration, OOM and exit marks): both are kept, for the job to find they clash."""
+    put(tmp_path, "rank0_snapshot.pickle")
+    put(tmp_path, "sampled_rank0_snapshot.pickle")
+    put(tmp_path, "rank1_step3_snapshot.pickle")
+    put(tmp_path, "rank1_step4_snapshot.pickle")
+    found = find_rank_files(tmp_path)
+    assert [f.path.name for f in found.files] == ["rank0_snapshot.pickle", "sampled_rank0_snapshot.pickle",
+                                                  "rank1_step4_snapshot.pickle"]
+
+
+def test_files_are_one_job_only_when_they_say_so():
+    """Issue 33.3, each rule on each side: ranks named, none twice, one world size that holds them."""
+    from analyzer.job import Claim, not_one_job
+
+    def claims(*spec):
+        return [Claim(f"f{i}", rank, world) for i, (rank, world) in enumerate(spec)]
+
+    assert not_one_job(claims((0, 4), (1, 4), (3, 4))) is None
+    assert not_one_job(claims((0, None), (1, None))) is None          # torchtitan: ranks in names, no world size
+    assert not_one_job(claims((0, None))) is None                     # one file is one file
+    assert not_one_job(claims((0, 2), (1, 16))) == "their world sizes differ: 2, 16"
+    assert not_one_job(claims((0, 4), (0, 4))) == "rank 0 is in 2 files"
+    assert not_one_job(claims((0, 4), (None, None))) == "f1 names no rank"
+    assert not_one_job(claims((None, None), (None, None))) == "f0 and 1 more name no rank"
+    assert not_one_job(claims((0, 2), (2, 2))) == "rank 2 is outside a world of 2"
+    assert not_one_job(claims((0, 2), (1, 2))) is None
+
+
+def test_identical_warnings_are_said_once_with_who_said_them():
+    from analyzer.job import folded
+
+    said = [(f"rank {r}", "no memory events") for r in range(8)] + [("rank 3", "truncated")]
+    assert folded(said, 8, "ranks") == ["all 8 ranks: no memory events", "rank 3: truncated"]
+    assert folded(said[:5], 8, "ranks") == ["rank 0, rank 1, rank 2 and 2 more: no memory events"]
+    assert folded(said[:2], 8, "ranks") == ["rank 0, rank 1: no memory events"]
