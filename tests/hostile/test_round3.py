@@ -1,0 +1,161 @@
+"""Issue 37: the run log, the Dask cluster, the files beside the report, archive headers and quadratic paths. Each
+hostile input ends in exit 0 with the safe behaviour or in one exit-2 line; scaling is measured by sizes and
+operation counts at N and 2N, never by wall time alone."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from analyzer.core.printable import printable, visible
+from analyzer.report import run_pairs
+from analyzer.report.markdown import md_text
+from analyzer.report.run_log import MAX_LINE_BYTES, read_log
+from tests.hostile import round3
+from tests.hostile.test_round2 import FIXTURE, _cli, _one_error_line
+
+
+# ---- the run log: planted links, special files, huge lines, numbers ----------------------------------------
+def _log_line(i: int = 0, **change: object) -> str:
+    return json.dumps({**round3.run_record(i), **change})
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_planted_link_at_the_log_is_not_followed(tmp_path: Path, dangling: bool) -> None:
+    victim = tmp_path / "bashrc"
+    if not dangling:
+        victim.write_text("keep\n")
+    (tmp_path / "runs.jsonl").symlink_to(victim)
+    _one_error_line(_cli(FIXTURE, "-q", "-o", tmp_path / "r.json", "--log", tmp_path / "runs.jsonl"),
+                    "runs.jsonl", "symbolic link", "nothing was appended")
+    assert victim.read_text() == "keep\n" if not dangling else not victim.exists()
+    assert not (tmp_path / "r.json").exists()   # refused before the analysis
+    plain = tmp_path / "plain.jsonl"            # the other side: a regular file is appended to
+    assert _cli(FIXTURE, "-q", "-o", tmp_path / "r.json", "--log", plain).returncode == 0
+    assert len(plain.read_text().splitlines()) == 1
+
+
+def test_a_fifo_as_the_log_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "runs.jsonl"
+    os.mkfifo(fifo)
+    _one_error_line(_cli(FIXTURE, "-q", "-o", tmp_path / "r.json", "--log", fifo), "runs.jsonl", "not a regular file")
+    _one_error_line(_cli("log", fifo), "runs.jsonl", "not a regular file")
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom", "/dev/null"])
+def test_a_device_as_the_log_is_refused(device: str) -> None:
+    _one_error_line(_cli("log", device), device, "not a regular file")
+
+
+def test_a_line_past_the_cap_is_skipped_unread(tmp_path: Path) -> None:
+    path = tmp_path / "runs.jsonl"
+    with path.open("w") as f:
+        f.write(_log_line(0) + "\n")
+        f.write('{"note": "' + "x" * (MAX_LINE_BYTES + 10) + '"}\n')
+        f.write(_log_line(2) + "\n")
+    log = read_log(path)
+    assert [r.line for r in log.runs] == [1, 3]
+    assert log.skipped == [f"line 2: longer than {MAX_LINE_BYTES} bytes"]
+    path.write_text(_log_line(0) + "\n" + "y" * MAX_LINE_BYTES + "\n")   # the other side: at the cap, read (not JSON)
+    assert read_log(path).skipped == ["line 2: not JSON (a cut or edited line)"]
+
+
+@pytest.mark.parametrize("value,problem", [("1" + "0" * 400, "a number beyond 64 bits"),
+                                           ("NaN", "not JSON"), ("Infinity", "not JSON"), ("1e400", "beyond 64 bits")])
+def test_numbers_no_analysis_writes_are_skipped(tmp_path: Path, value: str, problem: str) -> None:
+    bad = _log_line(1).replace('"needed_bytes": 8589934592', f'"needed_bytes": {value}', 1)
+    assert bad != _log_line(1)
+    path = tmp_path / "runs.jsonl"
+    path.write_text(_log_line(0) + "\n" + bad + "\n")
+    log = read_log(path)
+    assert [r.line for r in log.runs] == [1] and problem in log.skipped[0]
+    run = _cli("log", path, "--format", "json")
+    assert run.returncode == 0, run.stderr
+    json.loads(run.stdout, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    edge = _log_line(1).replace('"needed_bytes": 8589934592', f'"needed_bytes": {2**63 - 1}', 1)
+    path.write_text(_log_line(0) + "\n" + edge + "\n")   # the other side: the largest int64 is read
+    assert len(read_log(path).runs) == 2
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "html"])
+def test_a_lone_surrogate_in_a_note_is_shown_escaped(tmp_path: Path, fmt: str) -> None:
+    path = tmp_path / "runs.jsonl"
+    path.write_text(_log_line(0, note="a\\udc80b" + "".join(round3.INVISIBLE)).replace("\\\\udc80", "\\udc80") + "\n")
+    assert read_log(path).runs[0].record["note"].startswith("a\udc80b")
+    run = _cli("log", path, "--format", fmt, "-o", tmp_path / f"out.{fmt}")
+    assert run.returncode == 0, run.stderr
+    text = (tmp_path / f"out.{fmt}").read_text(encoding="utf-8")
+    if fmt == "json":
+        assert json.loads(text)["runs"][0]["note"].startswith("a\udc80b")
+    else:
+        assert "a\\udc80b\\u200b" in text and not set(text) & set("".join(round3.INVISIBLE))
+
+
+def _pairing_calls(n: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    calls = [0]
+    real = run_pairs._one_apart
+
+    def counting(before: tuple, after: tuple) -> bool:
+        calls[0] += 1
+        return real(before, after)
+
+    monkeypatch.setattr(run_pairs, "_one_apart", counting)
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"runs-{os.getpid()}-{n}.jsonl"
+    try:
+        path.write_bytes(round3.many_runs(n))
+        assert run_pairs.pair_runs(read_log(path).runs) == []
+    finally:
+        path.unlink()
+    return calls[0]
+
+
+def test_pairing_runs_is_linear(monkeypatch: pytest.MonkeyPatch) -> None:
+    window = run_pairs.PAIR_WINDOW
+    for n in (4 * window, 8 * window):   # each run compared with at most the window before it: was n²/2 (24 s for 4,000)
+        assert _pairing_calls(n, monkeypatch) == n * window - window * (window + 1) // 2
+
+
+def test_a_pair_is_found_within_the_window_and_not_beyond(tmp_path: Path) -> None:
+    window = run_pairs.PAIR_WINDOW
+    for gap, pairs in ((window, 1), (window + 1, 0)):
+        lines = [round3.run_record(0, gpus=1)] + [round3.run_record(i, gpus=None) for i in range(1, gap)] + \
+            [round3.run_record(gap, gpus=2)]   # between them, runs that know no GPU count: one change from neither
+        path = tmp_path / f"gap{gap}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+        runs = read_log(path).runs
+        found = run_pairs.pair_runs(runs)
+        assert len([p for p in found if p.after is runs[-1]]) == pairs, gap
+
+
+# ---- strings: lone surrogates, invisible characters, GH-1 ------------------------------------------------
+def test_invisible_characters_and_surrogates_are_escaped() -> None:
+    for char in [*round3.INVISIBLE, round3.SURROGATE]:
+        for shown in (printable(f"a{char}b"), visible(f"a{char}b")):
+            assert not set(shown) & set(char) and shown.startswith("a\\") and shown.endswith("b"), repr(shown)
+    assert printable("naïve café → 東京 🙂") == "naïve café → 東京 🙂"
+
+
+def test_gh_references_are_not_linked_in_markdown() -> None:
+    assert md_text("see GH-12 and gh-3") == "see GH-\u200b12 and gh-\u200b3"
+    assert md_text("GHX-1 and GH-x") == "GHX-1 and GH-x"
+
+
+@pytest.mark.parametrize("fmt", ["html", "md", "json"])
+def test_a_lone_surrogate_and_invisible_characters_in_a_snapshot(tmp_path: Path, fmt: str) -> None:
+    text = "a" + round3.SURROGATE + "".join(round3.INVISIBLE) + "b"
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(round3.snapshot_with(text)))
+    out = tmp_path / f"r.{fmt}"
+    run = _cli(path, "-o", out, "--format", fmt, env={"COLUMNS": "300"})
+    assert run.returncode == 0, run.stderr
+    report = out.read_text(encoding="utf-8")
+    assert not set(report + run.stdout) & set("".join([*round3.INVISIBLE, round3.SURROGATE]).replace("\u200b", "")
+                                              if fmt == "md" else text[1:-1])
+    if fmt == "json":
+        json.loads(report, parse_constant=lambda c: pytest.fail(c))
+    elif fmt == "html":   # shown, escaped (the Markdown summary names no frame)
+        assert "a\\udc80\\u200b" in report
