@@ -67,8 +67,11 @@ class AnalyzeCommand:
                                  "another machine are matched to its files by the longest common path suffix, so "
                                  "module class names can be read from them (never imported)")
         parser.add_argument("--scheduler", metavar="ADDRESS",
-                            help="for a folder of ranks: the Dask scheduler to run them on (default: "
-                                 "$ANALYZER_DASK_SCHEDULER, else a local cluster with one worker per core)")
+                            help="for a folder of ranks: the Dask scheduler to run them on, tcp:// or tls:// "
+                                 "(with Dask's TLS settings) HOST:PORT (default: $ANALYZER_DASK_SCHEDULER, else a "
+                                 "local cluster with one worker per core, on loopback, TLS with its own "
+                                 "credentials). Dask trusts the scheduler: it unpickles its replies, so connect "
+                                 "only to a cluster you run")
         parser.add_argument("--workers", type=int, metavar="N",
                             help="for a folder of ranks on the local cluster: how many ranks run at once "
                                  "(default: the number of cores)")

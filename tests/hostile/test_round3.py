@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -159,3 +159,74 @@ def test_a_lone_surrogate_and_invisible_characters_in_a_snapshot(tmp_path: Path,
         json.loads(report, parse_constant=lambda c: pytest.fail(c))
     elif fmt == "html":   # shown, escaped (the Markdown summary names no frame)
         assert "a\\udc80\\u200b" in report
+
+
+# ---- the Dask cluster --------------------------------------------------------------------------------------
+def test_the_local_cluster_is_on_loopback_and_refuses_clients_without_its_credentials() -> None:
+    import socket
+    import ssl
+
+    import psutil
+    from dask.distributed import Client
+    from distributed.security import Security
+
+    from analyzer.job import local_cluster
+
+    cluster, security = local_cluster(1)
+    try:
+        me = psutil.Process()
+        listening = [c.laddr for p in [me, *me.children(recursive=True)] for c in p.net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN]
+        assert len(listening) >= 3 and {a.ip for a in listening} == {"127.0.0.1"}, listening  # scheduler, HTTP, worker
+        address = cluster.scheduler_address
+        assert address.startswith("tls://127.0.0.1:")
+        host, port = address.removeprefix("tls://").rsplit(":", 1)
+        with pytest.raises(Exception):                       # plain TCP
+            Client(address.replace("tls://", "tcp://"), timeout=3)
+        with pytest.raises(Exception):                       # other credentials: neither side trusts the other
+            Client(address, security=Security.temporary(), timeout=3)
+        anyone = ssl.create_default_context()                # TLS that trusts the server but shows no certificate
+        anyone.check_hostname, anyone.verify_mode = False, ssl.CERT_NONE
+        with pytest.raises((ssl.SSLError, OSError)):
+            with socket.create_connection((host, int(port)), timeout=3) as raw, anyone.wrap_socket(raw) as tls:
+                tls.sendall(b"\0" * 64)
+                assert tls.recv(64), "the scheduler closed the connection"
+        with Client(cluster, security=security) as client:  # the other side: the analyzer's own client works
+            assert client.submit(sum, [6, 36]).result() == 42
+    finally:
+        cluster.close()
+
+
+@pytest.mark.parametrize("address", ["not a url", "[::1", "tcp://127.0.0.1:" + "9" * 5000, "inproc://x",
+                                     "tcp://127.0.0.1:0", "ucx://127.0.0.1:8786"])
+def test_an_address_that_does_not_parse_is_refused(address: str) -> None:
+    from analyzer.errors import AnalyzerError
+    from analyzer.job import check_scheduler
+
+    with pytest.raises(AnalyzerError, match="is not a Dask scheduler address"):
+        check_scheduler(address)
+    for good in ("tcp://127.0.0.1:8786", "tls://[::1]:8786", "scheduler.example:65535"):   # the other side
+        assert check_scheduler(good) == good
+
+
+def test_the_cli_refuses_an_address_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "rank0.pickle").write_bytes(FIXTURE.read_bytes())
+    line = _one_error_line(_cli(tmp_path / "job", "-q", "-o", tmp_path / "r.json", "--scheduler", "[::1"),
+                           "is not a Dask scheduler address")
+    assert len(line) < 300
+
+
+def test_a_silent_scheduler_is_told_within_seconds() -> None:
+    import socket
+
+    from analyzer.errors import AnalyzerError
+    from analyzer.job import CONNECT_SECONDS, _connect
+
+    with socket.socket() as silent:   # accepts connections (the kernel's backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        started = time.monotonic()
+        with pytest.raises(AnalyzerError, match=f"did not answer as one within {CONNECT_SECONDS} s"):
+            _connect(f"tcp://127.0.0.1:{silent.getsockname()[1]}")
+        assert time.monotonic() - started < CONNECT_SECONDS + 5   # Dask alone waited for its handshake forever
