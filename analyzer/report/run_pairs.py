@@ -124,7 +124,7 @@ def _matched(before: Run, after: Run) -> list[tuple[dict[str, Any], dict[str, An
     return [(d, later[_key(d)]) for d in before.devices if _key(d) in later]
 
 
-def _by_note(before: Run, after: Run, named: set[str]) -> Pair | None:
+def _by_note(before: Run, after: Run, named: frozenset[str]) -> Pair | None:
     done = named_remedies(before.record.get("note"))   # a run after the change already
     offered = {r["id"] for d in before.devices for r in d["remedies"]} & (named - done)
     matched = _matched(before, after)
