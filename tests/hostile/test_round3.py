@@ -230,3 +230,24 @@ def test_a_silent_scheduler_is_told_within_seconds() -> None:
         with pytest.raises(AnalyzerError, match=f"did not answer as one within {CONNECT_SECONDS} s"):
             _connect(f"tcp://127.0.0.1:{silent.getsockname()[1]}")
         assert time.monotonic() - started < CONNECT_SECONDS + 5   # Dask alone waited for its handshake forever
+
+
+# ---- files beside the report ----------------------------------------------------------------------------------
+def test_the_chart_never_replaces_a_file_beside_the_report(tmp_path: Path) -> None:
+    recording = tmp_path / "notes.png"   # formats are told by their bytes: a snapshot may be called notes.png
+    recording.write_bytes(FIXTURE.read_bytes())
+    (tmp_path / "other.png").write_bytes(b"keep")
+    for target, chart in (("notes.md", "notes-1.png"), ("other.md", "other-1.png"), ("fresh.md", "fresh.png")):
+        run = _cli(recording, "-o", tmp_path / target, env={"COLUMNS": "1000"})
+        assert run.returncode == 0, run.stderr
+        assert f"report written to {tmp_path / chart}\n" in run.stdout
+        assert f"]({chart})" in (tmp_path / target).read_text() or f'"{chart}"' in (tmp_path / target).read_text()
+        assert (tmp_path / chart).read_bytes()[:4] == b"\x89PNG"
+    assert recording.read_bytes() == FIXTURE.read_bytes() and (tmp_path / "other.png").read_bytes() == b"keep"
+
+
+def test_the_report_never_replaces_its_input(tmp_path: Path) -> None:
+    recording = tmp_path / "notes.png"
+    recording.write_bytes(FIXTURE.read_bytes())
+    _one_error_line(_cli(recording, "-q", "-o", tmp_path / "." / "notes.png", "--format", "md"), "is the input itself")
+    assert recording.read_bytes() == FIXTURE.read_bytes()
