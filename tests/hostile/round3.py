@@ -86,12 +86,15 @@ def respelled_frames(spellings: int) -> dict[str, Any]:
     return rec.snapshot()
 
 
-def junk_tar(members: int) -> bytes:
-    """A .tar.gz of `members` tiny files that are no recording, then one real rank."""
+def junk_tar(members: int, trace: bytes) -> bytes:
+    """A .tar.gz of `members` one-byte files that are no recording, then one profiler trace (`trace`, its bytes)."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w:gz") as archive:
         for i in range(members):
             info = tarfile.TarInfo(f"junk{i}.txt")
             info.size = 1
             archive.addfile(info, io.BytesIO(b"x"))
+        info = tarfile.TarInfo("rank0.pt.trace.json.gz")
+        info.size = len(trace)
+        archive.addfile(info, io.BytesIO(trace))
     return out.getvalue()

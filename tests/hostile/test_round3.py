@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -251,3 +253,84 @@ def test_the_report_never_replaces_its_input(tmp_path: Path) -> None:
     recording.write_bytes(FIXTURE.read_bytes())
     _one_error_line(_cli(recording, "-q", "-o", tmp_path / "." / "notes.png", "--format", "md"), "is the input itself")
     assert recording.read_bytes() == FIXTURE.read_bytes()
+
+
+# ---- archives and folders of ranks ----------------------------------------------------------------------------
+KINETO = FIXTURE.parents[1] / "kineto" / "train.pt.trace.json.gz"
+
+
+def _limit_memory() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+
+@pytest.mark.parametrize("kind", ["L", "x"])
+def test_an_archive_header_declaring_gigabytes_is_refused_unread(tmp_path: Path, kind: str) -> None:
+    """A GNU long name ('L') or pax header ('x') declaring 4 GiB in an 8 KB .tar.gz: tarfile read it whole while
+    sniffing (past 3 GB), so the parent runs here under a 3 GiB address-space limit."""
+    import tarfile
+
+    path = tmp_path / "ranks.tar.gz"
+    path.write_bytes(round3.tar_with_huge_first_header(kind.encode(), 4 << 30, 8 << 20))
+    assert path.stat().st_size < 20_000
+    run = subprocess.run([sys.executable, "-m", "analyzer", str(path), "-q", "-o", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, timeout=120, preexec_fn=_limit_memory)
+    _one_error_line(run, "ranks.tar.gz", "declares 4294967296 bytes of name or attributes")
+    (tmp_path / "job").mkdir()   # inside a folder of ranks, the archive is sniffed and skipped
+    path.rename(tmp_path / "job" / "ranks.tar.gz")
+    (tmp_path / "job" / "rank0.pickle").write_bytes(FIXTURE.read_bytes())
+    from analyzer.ingest.ranks import find_rank_files
+
+    assert [f.path.name for f in find_rank_files(tmp_path / "job").files] == ["rank0.pickle"]
+    legit = tmp_path / "long.tar.gz"   # the other side: a long member name (a GNU long-name header) is read
+    with tarfile.open(legit, "w:gz", format=tarfile.GNU_FORMAT) as archive:
+        archive.add(KINETO, arcname="r" * 300 + ".pt.trace.json.gz")
+    from analyzer.ingest import load
+
+    assert len(load(legit).traces) == 1
+
+
+def test_a_fifo_put_in_a_rank_files_place_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from analyzer.ingest import ranks
+
+    (tmp_path / "rank0.pickle").write_bytes(FIXTURE.read_bytes())
+    os.mkfifo(tmp_path / "rank1.pickle")
+    listed = [tmp_path / "rank0.pickle", tmp_path / "rank1.pickle"]   # as if rank1 was a file when listed
+    monkeypatch.setattr(ranks, "_walk", lambda root, warnings: listed)
+    found = ranks.find_rank_files(tmp_path)   # opening the FIFO for reading blocked for ever
+    assert [f.rank for f in found.files] == [0]
+    assert found.warnings == ["skipped rank1.pickle: is not a regular file"]
+
+
+def _skipped_warnings(n: int, folder: Path) -> list[str]:
+    from analyzer.ingest.ranks import find_rank_files
+
+    folder.mkdir()
+    (folder / "rank0.pickle").write_bytes(FIXTURE.read_bytes())
+    for i in range(n):
+        (folder / f"e{i:06d}").touch()
+    return find_rank_files(folder).warnings
+
+
+def test_a_folder_of_empty_files_names_only_a_few(tmp_path: Path) -> None:
+    from analyzer.ingest.limits import SKIPPED_NAMED
+
+    for n in (2_000, 4_000):   # the report's warnings stay the same size: was one line a file (6 MB at 100,000)
+        warnings = _skipped_warnings(n, tmp_path / str(n))
+        assert len(warnings) == SKIPPED_NAMED + 1 and warnings[0] == "skipped e000000: empty"
+        assert warnings[-1] == f"skipped {n - SKIPPED_NAMED} more files (not recordings of one rank, empty, or " \
+            "unreadable)"
+    assert len(_skipped_warnings(SKIPPED_NAMED, tmp_path / "few")) == SKIPPED_NAMED   # the other side: all named
+
+
+def test_junk_members_of_an_archive_are_counted_not_named(tmp_path: Path) -> None:
+    from analyzer.ingest import load
+    from analyzer.ingest.limits import SKIPPED_NAMED
+
+    for n, lines in ((2_000, SKIPPED_NAMED + 1), (SKIPPED_NAMED, SKIPPED_NAMED)):
+        path = tmp_path / f"junk{n}.tar.gz"
+        path.write_bytes(round3.junk_tar(n, KINETO.read_bytes()))
+        loaded = load(path)
+        assert len(loaded.traces) == 1
+        assert len([w for w in loaded.warnings if w.startswith("skipped ")]) == lines, loaded.warnings[-1]
