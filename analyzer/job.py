@@ -7,16 +7,24 @@ what the report needs: the rank's JSON document, its report view (charts already
 points) and the summary of each device's peak for the comparison. No trace ever travels, so the driver's memory
 does not grow with the job, and a worker holds one rank's file at a time. A rank whose file is bad is reported
 as such and the others are still analysed.
+
+Dask's workers run whatever task a client submits, and its clients unpickle what the scheduler sends: the local
+cluster listens on loopback only (its HTTP endpoints too) and speaks TLS with credentials made for it alone
+(`Security.temporary()`), so another user of the machine can neither submit to it nor read it; a `scheduler`
+given is trusted as Dask trusts it, and is reached with the TLS settings of Dask's configuration for `tls://`.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 from collections import Counter
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from analyzer.core.printable import printable, shorten
 from analyzer.diagnose.imbalance import PeakSummary, find_imbalance, summarise
 from analyzer.diagnose.thresholds import Thresholds
 from analyzer.errors import AnalyzerError
@@ -28,6 +36,9 @@ from analyzer.report.view import (InputView, RecordingRow, ReportView, build_vie
 from analyzer.result import Analysis, RankSetAnalysis, ranks_document
 
 SCHEDULER_VARIABLE = "ANALYZER_DASK_SCHEDULER"
+#: seconds to reach a scheduler given (a silent or wrong endpoint is told this soon)
+CONNECT_SECONDS = 5
+_SCHEDULER_ADDRESS = re.compile(r"(?:(tcp|tls)://)?(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})")
 #: devices of a job shown in full, the worst first (and the median one beside them); the others are rows of the
 #: overview, so the report of 512 ranks stays as small as that of nine
 SECTIONS_IN_FULL = 8
@@ -195,29 +206,76 @@ def analyze_job(root: str | Path, options: RankOptions = RankOptions(), *, sched
                 workers: int | None = None, on_done: Callable[[RankResult, int], None] | None = None) -> JobAnalysis:
     """Every rank under `root`, analysed on Dask (see the module docstring); `on_done(result, ranks)` is called
     as each rank finishes (a progress bar counts them)."""
+    address = scheduler or os.environ.get(SCHEDULER_VARIABLE) or None
+    if address is not None:
+        address = check_scheduler(address)
     found = find_rank_files(Path(root))
     total = len(found.files)
     done = None if on_done is None else (lambda result: on_done(result, total))
-    results = _run(found.files, options, scheduler or os.environ.get(SCHEDULER_VARIABLE) or None, workers, done)
+    results = _run(found.files, options, address, workers, done)
     results.sort(key=lambda r: (r.rank is None, r.rank or 0, r.path))
     return _as_job(str(root), results, found.warnings, options.thresholds)
 
 
+def check_scheduler(address: str) -> str:
+    """`address` if it is a Dask scheduler address the analyzer connects to (`tcp://` or `tls://` host:port, the
+    scheme optional), else one error."""
+    match = _SCHEDULER_ADDRESS.fullmatch(address.strip())
+    if match is None or not 0 < int(match.group(3)) < 65536:
+        raise AnalyzerError(None, f"--scheduler {printable(shorten(address, 200))!r} is not a Dask scheduler address",
+                            "Pass tcp://HOST:PORT or tls://HOST:PORT (the address the scheduler prints), or "
+                            f"unset {SCHEDULER_VARIABLE}.")
+    return address.strip()
+
+
+def local_cluster(workers: int) -> tuple[Any, Any]:
+    """A LocalCluster of `workers` single-threaded processes on loopback alone (scheduler, workers and their HTTP
+    endpoints), speaking TLS with credentials made for it, and the Security a client needs to reach it."""
+    from dask.distributed import LocalCluster
+    from distributed.security import Security
+
+    security = Security.temporary()
+    # no dashboard; the scheduler's own HTTP endpoints on a free port (its default, 8787, may be taken, and
+    # distributed then warns on stderr), on loopback like everything else
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                           protocol="tls://", security=security, dashboard_address=None,
+                           scheduler_kwargs={"dashboard_address": "127.0.0.1:0"}, silence_logs=50)
+    return cluster, security
+
+
+def _connect(address: str) -> Any:
+    """A client of the scheduler at `address`, or one error when it does not answer as one within
+    CONNECT_SECONDS. Dask bounds the connection but not the wait for the scheduler's handshake (an endpoint that
+    accepts and stays silent would hang the client), so a first connection is made under a deadline."""
+    from dask.distributed import Client
+    from distributed.comm import connect
+    from distributed.security import Security
+
+    async def probe() -> None:
+        comm = await connect(address, timeout=CONNECT_SECONDS, **Security().get_connection_args("client"))
+        await comm.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(probe(), CONNECT_SECONDS))
+        return Client(address, timeout=CONNECT_SECONDS)
+    except (OSError, asyncio.TimeoutError, ValueError, TypeError) as error:
+        raise AnalyzerError(None, f"the Dask scheduler at {printable(address)} did not answer as one within "
+                            f"{CONNECT_SECONDS} s ({type(error).__name__})",
+                            "Check the address, and that it is a cluster you run (tls:// needs Dask's TLS "
+                            "settings).") from None
+
+
 def _run(files: Sequence[RankFile], options: RankOptions, scheduler: str | None, workers: int | None,
          on_done: Callable[[RankResult], None] | None) -> list[RankResult]:
-    from dask.distributed import Client, LocalCluster, as_completed
+    from dask.distributed import Client, as_completed
 
     done: list[RankResult] = []
     if scheduler:
-        client = Client(scheduler)
+        client = _connect(scheduler)
         cluster = None
     else:
-        count = max(1, min(workers or os.cpu_count() or 1, len(files)))
-        # no dashboard; the scheduler's own HTTP endpoints on a free port (its default, 8787, may be taken, and
-        # distributed then warns on stderr)
-        cluster = LocalCluster(n_workers=count, threads_per_worker=1, processes=True, dashboard_address=None,
-                               scheduler_kwargs={"dashboard_address": ":0"}, silence_logs=50)
-        client = Client(cluster)
+        cluster, security = local_cluster(max(1, min(workers or os.cpu_count() or 1, len(files))))
+        client = Client(cluster, security=security)
     try:
         futures = {client.submit(analyze_rank, f, options, pure=False): f for f in files}
         for future in as_completed(futures):

@@ -8,7 +8,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -26,6 +26,8 @@ from analyzer.report.job_report import Report
 from analyzer.report.run_log import ENV_VAR as RUN_LOG_ENV, appending, document_of, log_line
 
 _STRIP_SUFFIXES = (".gz", ".json", ".pickle", ".pkl", ".sqlite", ".tar")
+#: names tried for the files a report writes beside itself before giving up (`notes.png`, `notes-1.png`, ...)
+_FREE_NAME_ATTEMPTS = 100
 
 
 def default_output(source: Path, fmt: str) -> Path:
@@ -70,8 +72,11 @@ class AnalyzeCommand:
                                  "one report on every machine; `--source-root /` reads the recorded paths as they "
                                  "are here")
         parser.add_argument("--scheduler", metavar="ADDRESS",
-                            help="for a folder of ranks: the Dask scheduler to run them on (default: "
-                                 "$ANALYZER_DASK_SCHEDULER, else a local cluster with one worker per core)")
+                            help="for a folder of ranks: the Dask scheduler to run them on, tcp:// or tls:// "
+                                 "(with Dask's TLS settings) HOST:PORT (default: $ANALYZER_DASK_SCHEDULER, else a "
+                                 "local cluster with one worker per core, on loopback, TLS with its own "
+                                 "credentials). Dask trusts the scheduler: it unpickles its replies, so connect "
+                                 "only to a cluster you run")
         parser.add_argument("--workers", type=int, metavar="N",
                             help="for a folder of ranks on the local cluster: how many ranks run at once "
                                  "(default: the number of cores)")
@@ -91,8 +96,11 @@ class AnalyzeCommand:
             report = self._job(args, console) if args.file.is_dir() else self._recording(args, console)
             out = args.output if args.output or json_to_stdout else default_output(args.file, args.format)
             # the report first: a closed pipe on stdout (| head) must not cost the user the file
-            written = write_report(partial(reporter(args.format), report), out, args.output is None) if out else \
-                reporter(args.format)(report, None)
+            inputs = [p for p in (args.file, args.companion) if p is not None]
+            if out:
+                written = write_report(partial(reporter(args.format), report), out, args.output is None, inputs)
+            else:
+                written = reporter(args.format)(report, None)
             log(report)
         _summary(report, console)
         for path in written:
@@ -117,7 +125,8 @@ class AnalyzeCommand:
             if isinstance(result, RankSetAnalysis):
                 raise UnsupportedFormat(args.file, "--export-trace takes one profiler trace, not a set of ranks",
                                         "Pass one rank's .json(.gz) trace.")
-            for path in write_report(partial(export_trace, result), args.export_trace, False):
+            for path in write_report(partial(export_trace, result), args.export_trace, False,
+                                     [args.file]):
                 _written(console, "trace with memory counters written to", path)
         return job_report(job_of(result)) if isinstance(result, RankSetAnalysis) else result
 
@@ -159,27 +168,42 @@ def format_for(output: Path | None) -> str:
     return by_suffix.get(output.suffix.lower(), "html") if output is not None else "html"
 
 
-def write_report(write: Callable[[Path], list[Path]], target: Path, default: bool) -> list[Path]:
+def write_report(write: Callable[[Path], list[Path]], target: Path, default: bool,
+                 inputs: Sequence[Path] = ()) -> list[Path]:
     """Write the report's files through `write(path)` into a private folder beside `target`, then rename each into
     place: a rename replaces a symbolic link instead of writing through it, and a reader never sees half a file.
     At the default path (beside an input someone else may have written) a link where a file will go is refused.
+    The report never replaces one of `inputs`, and a file it writes beside `target` (the Markdown's chart) never
+    replaces an existing file: it is written as `<target stem>-N` instead, the first N whose files are all free.
     A target that is a device (/dev/null, /dev/stdout) is written directly. Every failure is one OutputError."""
     folder = target.parent
     try:
         if target.is_dir():
             raise OutputError(target, "is a directory", "Pass -o a file name, e.g. -o report.html.")
+        if any(_same_file(target, i) for i in inputs):
+            raise OutputError(target, "is the input itself; it was not replaced", "Pass -o another path.")
         if target.exists() and not target.is_file():  # a device or a pipe: write into it, never replace it
             return write(target)
         if not folder.is_dir():
             raise OutputError(target, f"the folder {folder} does not exist", "Create it first, or pass -o elsewhere.")
         scratch = Path(tempfile.mkdtemp(prefix=".analyze-", dir=folder))
         try:
-            made = write(scratch / target.name)
-            finals = [folder / p.relative_to(scratch) for p in made]
-            links = [f for f in finals if f.is_symlink()]
-            if default and links:
-                raise OutputError(links[0], "is a symbolic link where the report would go; it was not followed and "
-                                  "nothing was written", "Remove the link, or pass -o a path of your own.")
+            for attempt in range(_FREE_NAME_ATTEMPTS):
+                name = target.name if attempt == 0 else f"{target.stem}-{attempt}{target.suffix}"
+                made = write(scratch / name)
+                finals = [target if p.name == name else folder / p.relative_to(scratch) for p in made]
+                links = [f for f in finals if f.is_symlink()]
+                if default and links:
+                    raise OutputError(links[0], "is a symbolic link where the report would go; it was not followed "
+                                      "and nothing was written", "Remove the link, or pass -o a path of your own.")
+                beside = [f for f in finals if f != target]
+                if not any(os.path.lexists(f) or any(_same_file(f, i) for i in inputs) for f in beside):
+                    break
+                for p in made:
+                    p.unlink()
+            else:
+                raise OutputError(target, f"every name tried for the files beside it is taken (up to "
+                                  f"{target.stem}-{_FREE_NAME_ATTEMPTS - 1})", "Pass -o a path in another folder.")
             for made_path, final in zip(made, finals):
                 os.replace(made_path, final)
             return finals
@@ -188,6 +212,13 @@ def write_report(write: Callable[[Path], list[Path]], target: Path, default: boo
     except OSError as error:
         raise OutputError(target, f"the report cannot be written ({error.strerror or error})",
                           "Check the path, its permissions and the free space, or pass -o elsewhere.") from None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _written(console: Console, what: str, path: Path) -> None:

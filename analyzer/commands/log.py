@@ -54,7 +54,7 @@ class LogCommand:
         if args.output is None:
             print(text)
             return 0
-        for path in write_report(partial(_write, text), args.output, False):
+        for path in write_report(partial(_write, text), args.output, False, [args.log]):
             Console(highlight=False).print(Text("log written to ") + Text(printable(str(path)), style="bold"))
         return 0
 

@@ -84,7 +84,7 @@ from analyzer.ingest.columns import MAX_TOTAL_BYTES
 from analyzer.ingest.history import ByAddress, BySize, HistoryBuilder
 from analyzer.ingest.json_depth import DepthLimitedStream
 from analyzer.ingest.json_stream import first_byte, ijson_backend, reading
-from analyzer.ingest.limits import check_devices
+from analyzer.ingest.limits import check_devices, named_skips
 from analyzer.core.allocator_rules import blas_workspace_bytes
 from analyzer.core.stacks import stack_op, top_user_frame
 from analyzer.core.trace import MISSING, DeviceInfo, MemoryTrace, MultiRankTrace, empty_table, make_table
@@ -142,7 +142,7 @@ def read_trace_archive(path: Path) -> MultiRankTrace:
     """Load every Kineto trace inside a `.tar.gz` (one per rank), without unpacking it to disk."""
     traces, warnings, unpacked = [], [], 0
     try:
-        with tarfile.open(path, "r:gz") as archive:
+        with tarfile.open(path, "r:gz", tarinfo=sniff.BoundedTarInfo) as archive:
             for member in archive:
                 if not member.isfile():
                     continue
@@ -155,7 +155,7 @@ def read_trace_archive(path: Path) -> MultiRankTrace:
                     traces.append(parse_chrome_trace(stream, name, partial(_open_member, archive, member, name)))
     except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
         raise CorruptInput(path, f"the archive is damaged ({error})", "Create it again with tar -czf.") from None
-    return _rank_set(path, traces, warnings)
+    return _rank_set(path, traces, named_skips(warnings))
 
 
 def _rank_set(path: Path, traces: list[MemoryTrace], warnings: list[str]) -> MultiRankTrace:

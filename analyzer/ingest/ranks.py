@@ -10,7 +10,9 @@ the latest iteration or step; the other files of that rank are listed as skipped
 of one run only when their names differ in nothing else (`_series`); otherwise each is kept, and the job
 (analyzer.job) finds that they are not the ranks of one job. Files whose name holds no
 rank (profiler traces) are all kept: their rank is read from the file. The walk never follows a symbolic link,
-reads only regular files, and stops at MAX_DEPTH levels and MAX_FILES entries, so a hostile tree cannot hang it.
+reads only regular files that are not empty (opened without blocking, so a FIFO put in a file's place is
+skipped), and stops at MAX_DEPTH levels and MAX_FILES entries, so a hostile tree cannot hang it; past
+SKIPPED_NAMED skipped files, the others are counted, not named.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from pathlib import Path
 from analyzer.core.trace import MemoryTrace, MultiRankTrace
 from analyzer.errors import AnalyzerError, UnsupportedFormat
 from analyzer.ingest import sniff
+from analyzer.ingest.limits import named_skips
 
 #: directory levels walked below the folder given, and entries looked at in all
 MAX_DEPTH = 16
@@ -98,13 +101,16 @@ def _walk(root: Path, warnings: list[str]) -> list[Path]:
                     return found
                 path = Path(entry.path)
                 try:
-                    mode = entry.stat(follow_symlinks=False).st_mode
+                    status = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
+                mode = status.st_mode
                 if stat.S_ISLNK(mode):
                     warnings.append(f"skipped {_shown(path, root)}: a symbolic link (not followed)")
                 elif stat.S_ISDIR(mode):
                     below.append(path)
+                elif stat.S_ISREG(mode) and status.st_size == 0:
+                    warnings.append(f"skipped {_shown(path, root)}: empty")
                 elif stat.S_ISREG(mode):
                     found.append(path)
                 else:
@@ -120,7 +126,7 @@ def _walk(root: Path, warnings: list[str]) -> list[Path]:
 def _pickle_or_gzip(path: Path) -> bool:
     """A snapshot starts with a pickle protocol >= 2 header (torch never wrote protocol 0 or 1) or is gzipped:
     beside them in a job's folder, a text file that happens to start with a protocol-0 opcode is no rank."""
-    with open(path, "rb") as f:
+    with sniff.open_regular(path) as f:
         head = f.read(2)
     return head[:1] == b"\x80" or head == b"\x1f\x8b"
 
@@ -146,14 +152,19 @@ def find_rank_files(root: Path) -> RankFiles:
     for path in _walk(root, warnings):
         try:
             kind = sniff.sniff(path)
+            rank_kind = kind in RANK_KINDS and (kind != sniff.SNAPSHOT or _pickle_or_gzip(path))
         except AnalyzerError as error:
             warnings.append(f"skipped {_shown(path, root)}: {error.problem}")
             continue
-        if kind not in RANK_KINDS or (kind == sniff.SNAPSHOT and not _pickle_or_gzip(path)):
+        except OSError as error:   # gone, or made unreadable, since the folder was listed
+            warnings.append(f"skipped {_shown(path, root)}: cannot be read ({error.strerror})")
+            continue
+        if not rank_kind:
             warnings.append(f"skipped {_shown(path, root)}: not a recording of one rank ({kind})")
             continue
         candidates.append(RankFile(path, rank_of(path, root), _last_number(_ITERATION, str(path.relative_to(root))),
                                    kind))
+    warnings[:] = named_skips(warnings)
     if not candidates:
         raise UnsupportedFormat(root, "holds no memory snapshot or profiler trace",
                                 "Point at the folder the job wrote its per-rank files to.")

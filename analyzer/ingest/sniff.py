@@ -8,6 +8,7 @@ import gzip
 import io
 import os
 import re
+import stat
 import tarfile
 import zlib
 from pathlib import Path
@@ -24,6 +25,11 @@ DEFAULT_MAX_DECOMPRESSED_BYTES = 32 * 2**30
 #: ANALYZER_MAX_COMPRESSION_RATIO to change
 DEFAULT_MAX_COMPRESSION_RATIO = 200
 RATIO_FLOOR_BYTES = 64 << 20
+#: bytes a tar header extension (a GNU long name or link, pax attributes) may declare: tarfile reads one whole
+#: before the member it describes, so a 3.5 MB .tar.gz declaring 3.5 GiB was read into memory while sniffing
+MAX_TAR_HEADER_BYTES = 1 << 20
+_TAR_EXTENSIONS = {tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+                   tarfile.SOLARIS_XHDTYPE}
 
 SNAPSHOT = "snapshot"
 KINETO = "kineto"
@@ -132,7 +138,7 @@ def open_input(path: Path) -> IO[bytes]:
         raw = open(os.dup(shared), "rb")
         raw.seek(0)
     else:
-        raw = open(path, "rb")
+        raw = open_regular(path)
         for listener in OPEN_LISTENERS:
             listener(raw, path.stat().st_size)
     if raw.peek(2)[:2] == _GZIP_MAGIC:
@@ -140,11 +146,21 @@ def open_input(path: Path) -> IO[bytes]:
     return raw
 
 
+def open_regular(path: Path) -> io.BufferedReader:
+    """`path` opened for reading if it is a regular file; opening never blocks (a FIFO put where a file was,
+    between listing a folder and reading it, would block an open for ever), and anything else is one error."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsupportedFormat(path, "is not a regular file", "Pass a recording saved to a file.")
+    return open(fd, "rb")
+
+
 def sniff(path: Path) -> str:
     """The kind of input at `path` (one of the constants above)."""
     if path.is_dir():
         return TRACE_DIRECTORY
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         magic = f.read(64)
     if magic.startswith(_SQLITE_MAGIC):
         return NSYS_SQLITE
@@ -224,8 +240,22 @@ def text_kind(text: str) -> str:
 
 
 def _is_tar(path: Path) -> bool:
+    """The gzip stream starts with a valid tar header (its checksum holds); only that first block is read."""
     try:
-        with tarfile.open(path, "r:gz") as archive:
-            return archive.next() is not None
-    except (tarfile.TarError, OSError, EOFError, zlib.error):
+        with open_regular(path) as raw, gunzip(raw, str(path)) as stream:
+            tarfile.TarInfo.frombuf(stream.read(tarfile.BLOCKSIZE), "utf-8", "surrogateescape")
+        return True
+    except (tarfile.HeaderError, CorruptInput, ResourceLimit, OSError, EOFError, zlib.error):
         return False
+
+
+class BoundedTarInfo(tarfile.TarInfo):
+    """A tar member whose header extension is refused past MAX_TAR_HEADER_BYTES before tarfile reads it (pass as
+    `tarfile.open(..., tarinfo=BoundedTarInfo)`)."""
+
+    def _proc_member(self, archive: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _TAR_EXTENSIONS and self.size > MAX_TAR_HEADER_BYTES:
+            raise ResourceLimit(os.fsdecode(archive.name or ""), f"a header of the archive declares {self.size} bytes of name or "
+                                f"attributes (tar writes a few hundred; at most {MAX_TAR_HEADER_BYTES} are read)",
+                                "Create the archive again with tar -czf.")
+        return super()._proc_member(archive)  # type: ignore[misc]

@@ -28,9 +28,11 @@ _MARKUP = re.compile(r"([\\`*_\[\]<>!&~|$]|:(?=\S))")
 
 def md_text(value: object) -> str:
     """Plain text on one line: Markdown punctuation backslash-escaped; `www.` broken so that GitHub does not
-    make it a link; a zero-width space after `@` and `#` so that no one is mentioned and no issue is linked."""
+    make it a link; a zero-width space after `@` and `#`, and inside `GH-1`, so that no one is mentioned and no
+    issue is linked."""
     text = _MARKUP.sub(r"\\\1", " ".join(visible(str(value)).split()))
     text = re.sub(r"(?i)\b(www)\.", r"\1\\.", text)
+    text = re.sub(r"(?i)\b(gh)-(?=\d)", "\\1-\u200b", text)
     return text.replace("@", "@\u200b").replace("#", "#\u200b")
 
 

@@ -11,14 +11,17 @@ never interleave (POSIX appends each write whole at the end). Reading skips a ma
 """
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from analyzer import __version__
 from analyzer.diagnose.remedies import LAYOUT_ONLY
@@ -26,6 +29,9 @@ from analyzer.errors import CorruptInput, InputNotFound, OutputError
 from analyzer.report.job_report import JobReport, Report
 
 SCHEMA = "analyzer-run-log/1"
+#: bytes of one line of the log past which it is skipped unread (a run's line is a few KiB; a job of 512 ranks
+#: some hundreds)
+MAX_LINE_BYTES = 16 << 20
 ENV_VAR = "ANALYZER_RUN_LOG"   # the log `analyze FILE` appends to when --log is not given
 #: the configuration a recording reveals, compared between runs (analyzer.report.run_pairs)
 CONFIG_VARIABLES = ("gpus", "precision", "autocast", "workload", "frozen_share")
@@ -90,11 +96,17 @@ def _device(d: dict[str, Any]) -> dict[str, Any]:
 @contextmanager
 def appending(path: Path) -> Iterator[Callable[[dict[str, Any]], None]]:
     """Open the log before the analysis (a path that cannot be written fails at once, not after a long analysis);
-    the function it yields appends one line with one write."""
+    the function it yields appends one line with one write. A symbolic link at the log's path is never followed
+    (a planted `runs.jsonl` -> `~/.bashrc` would get input strings appended), and only a regular file is
+    appended to (a FIFO would block, a device is no log)."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as error:
         raise _log_error(path, error) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OutputError(path, "is not a regular file; nothing was appended",
+                          f"Pass --log a file in a folder you can write, or unset {ENV_VAR}.")
 
     def append(line: dict[str, Any]) -> None:
         data = (json.dumps(line, separators=(",", ":")) + "\n").encode("utf-8")
@@ -115,6 +127,10 @@ def appending(path: Path) -> Iterator[Callable[[dict[str, Any]], None]]:
 def _log_error(path: Path, error: OSError) -> OutputError:
     if isinstance(error, IsADirectoryError):
         problem = "is a directory, not a run log"
+    elif error.errno == errno.ELOOP:
+        problem = "is a symbolic link; it was not followed and nothing was appended"
+    elif error.errno == errno.ENXIO:
+        problem = "is not a regular file (a FIFO nobody reads); nothing was appended"
     elif isinstance(error, (FileNotFoundError, NotADirectoryError)):
         problem = f"the folder {path.parent} does not exist"
     elif isinstance(error, PermissionError):
@@ -155,11 +171,22 @@ class RunLog:
 
 def read_log(path: Path) -> RunLog:
     """Every well-formed run of the log, in the order logged; a malformed line is skipped and named. A log
-    without any run is one error."""
+    without any run is one error. Only a regular file is read (`/dev/zero`, a FIFO never end), line by line, and a
+    line longer than MAX_LINE_BYTES is skipped unread (a run's line is a few KiB)."""
     runs, skipped, lines = [], [], 0
     try:
-        with open(path, "rb") as f:
-            for lines, raw in enumerate(f, start=1):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, "rb") as f:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError
+            if not stat.S_ISREG(mode):
+                raise InputNotFound(path, "is not a regular file, not a run log", "Pass the .jsonl file `analyze "
+                                    "FILE --log` appends to.")
+            for lines, raw in enumerate(_lines(f), start=1):
+                if raw is None:
+                    skipped.append(f"line {lines}: longer than {MAX_LINE_BYTES} bytes")
+                    continue
                 if not raw.strip():
                     continue
                 record, problem = _parse(raw)
@@ -181,14 +208,48 @@ def read_log(path: Path) -> RunLog:
     return RunLog(runs, skipped)
 
 
+def _lines(f: BinaryIO) -> Iterator[bytes | None]:
+    """The file's lines, None for one longer than MAX_LINE_BYTES (read past in chunks, never held)."""
+    while True:
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        if len(raw) <= MAX_LINE_BYTES or raw.endswith(b"\n"):
+            yield raw
+            continue
+        while raw and not raw.endswith(b"\n"):
+            raw = f.readline(1 << 20)
+        yield None
+
+
 def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
     """The run a line holds, or why it holds none."""
     try:
-        record = json.loads(raw)
+        record = json.loads(raw, parse_constant=_not_json, parse_int=_int64, parse_float=_finite)
     except (ValueError, RecursionError):
         return None, "not JSON (a cut or edited line)"
+    except OverflowError:
+        return None, "a number beyond 64 bits"
     problem = _problem(record)
     return (record, None) if problem is None else (None, problem)
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise OverflowError(text[:20])
+    return value
+
+
+def _int64(text: str) -> int:
+    """A JSON integer, refused past int64 (every count and size the analyzer logs fits)."""
+    if len(text) > 20 or not -(2**63) <= (value := int(text)) < 2**63:
+        raise OverflowError(text[:20])
+    return value
 
 
 def _problem(record: Any) -> str | None:

@@ -65,7 +65,8 @@ def test_the_worst_rank_comes_first_with_why(job):
 def test_a_cluster_the_user_runs_is_used(job_dir, job, monkeypatch):
     from dask.distributed import LocalCluster
 
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://",
+                      dashboard_address=None) as cluster:   # a tcp:// address, as a cluster of the user's has
         monkeypatch.setenv(SCHEDULER_VARIABLE, cluster.scheduler_address)
         again = analyze_job(job_dir)
     assert [p for r in again.ranks for p in r.peaks] == [p for r in job.ranks for p in r.peaks]

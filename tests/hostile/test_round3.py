@@ -1,0 +1,336 @@
+"""Issue 37: the run log, the Dask cluster, the files beside the report, archive headers and quadratic paths. Each
+hostile input ends in exit 0 with the safe behaviour or in one exit-2 line; scaling is measured by sizes and
+operation counts at N and 2N, never by wall time alone."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from analyzer.core.printable import printable, visible
+from analyzer.report import run_pairs
+from analyzer.report.markdown import md_text
+from analyzer.report.run_log import MAX_LINE_BYTES, read_log
+from tests.hostile import round3
+from tests.hostile.test_round2 import FIXTURE, _cli, _one_error_line
+
+
+# ---- the run log: planted links, special files, huge lines, numbers ----------------------------------------
+def _log_line(i: int = 0, **change: object) -> str:
+    return json.dumps({**round3.run_record(i), **change})
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_planted_link_at_the_log_is_not_followed(tmp_path: Path, dangling: bool) -> None:
+    victim = tmp_path / "bashrc"
+    if not dangling:
+        victim.write_text("keep\n")
+    (tmp_path / "runs.jsonl").symlink_to(victim)
+    _one_error_line(_cli(FIXTURE, "-q", "-o", tmp_path / "r.json", "--log", tmp_path / "runs.jsonl"),
+                    "runs.jsonl", "symbolic link", "nothing was appended")
+    assert victim.read_text() == "keep\n" if not dangling else not victim.exists()
+    assert not (tmp_path / "r.json").exists()   # refused before the analysis
+    plain = tmp_path / "plain.jsonl"            # the other side: a regular file is appended to
+    assert _cli(FIXTURE, "-q", "-o", tmp_path / "r.json", "--log", plain).returncode == 0
+    assert len(plain.read_text().splitlines()) == 1
+
+
+def test_a_fifo_as_the_log_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "runs.jsonl"
+    os.mkfifo(fifo)
+    _one_error_line(_cli(FIXTURE, "-q", "-o", tmp_path / "r.json", "--log", fifo), "runs.jsonl", "not a regular file")
+    _one_error_line(_cli("log", fifo), "runs.jsonl", "not a regular file")
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom", "/dev/null"])
+def test_a_device_as_the_log_is_refused(device: str) -> None:
+    _one_error_line(_cli("log", device), device, "not a regular file")
+
+
+def test_a_line_past_the_cap_is_skipped_unread(tmp_path: Path) -> None:
+    path = tmp_path / "runs.jsonl"
+    with path.open("w") as f:
+        f.write(_log_line(0) + "\n")
+        f.write('{"note": "' + "x" * (MAX_LINE_BYTES + 10) + '"}\n')
+        f.write(_log_line(2) + "\n")
+    log = read_log(path)
+    assert [r.line for r in log.runs] == [1, 3]
+    assert log.skipped == [f"line 2: longer than {MAX_LINE_BYTES} bytes"]
+    path.write_text(_log_line(0) + "\n" + "y" * MAX_LINE_BYTES + "\n")   # the other side: at the cap, read (not JSON)
+    assert read_log(path).skipped == ["line 2: not JSON (a cut or edited line)"]
+
+
+@pytest.mark.parametrize("value,problem", [("1" + "0" * 400, "a number beyond 64 bits"),
+                                           ("NaN", "not JSON"), ("Infinity", "not JSON"), ("1e400", "beyond 64 bits")])
+def test_numbers_no_analysis_writes_are_skipped(tmp_path: Path, value: str, problem: str) -> None:
+    bad = _log_line(1).replace('"needed_bytes": 8589934592', f'"needed_bytes": {value}', 1)
+    assert bad != _log_line(1)
+    path = tmp_path / "runs.jsonl"
+    path.write_text(_log_line(0) + "\n" + bad + "\n")
+    log = read_log(path)
+    assert [r.line for r in log.runs] == [1] and problem in log.skipped[0]
+    run = _cli("log", path, "--format", "json")
+    assert run.returncode == 0, run.stderr
+    json.loads(run.stdout, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    edge = _log_line(1).replace('"needed_bytes": 8589934592', f'"needed_bytes": {2**63 - 1}', 1)
+    path.write_text(_log_line(0) + "\n" + edge + "\n")   # the other side: the largest int64 is read
+    assert len(read_log(path).runs) == 2
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "html"])
+def test_a_lone_surrogate_in_a_note_is_shown_escaped(tmp_path: Path, fmt: str) -> None:
+    path = tmp_path / "runs.jsonl"
+    path.write_text(_log_line(0, note="a\\udc80b" + "".join(round3.INVISIBLE)).replace("\\\\udc80", "\\udc80") + "\n")
+    assert read_log(path).runs[0].record["note"].startswith("a\udc80b")
+    run = _cli("log", path, "--format", fmt, "-o", tmp_path / f"out.{fmt}")
+    assert run.returncode == 0, run.stderr
+    text = (tmp_path / f"out.{fmt}").read_text(encoding="utf-8")
+    if fmt == "json":
+        assert json.loads(text)["runs"][0]["note"].startswith("a\udc80b")
+    else:
+        assert "a\\udc80b\\u200b" in text and not set(text) & set("".join(round3.INVISIBLE))
+
+
+def _pairing_calls(n: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    calls = [0]
+    real = run_pairs._one_apart
+
+    def counting(before: tuple, after: tuple) -> bool:
+        calls[0] += 1
+        return real(before, after)
+
+    monkeypatch.setattr(run_pairs, "_one_apart", counting)
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"runs-{os.getpid()}-{n}.jsonl"
+    try:
+        path.write_bytes(round3.many_runs(n))
+        assert run_pairs.pair_runs(read_log(path).runs) == []
+    finally:
+        path.unlink()
+    return calls[0]
+
+
+def test_pairing_runs_is_linear(monkeypatch: pytest.MonkeyPatch) -> None:
+    window = run_pairs.PAIR_WINDOW
+    for n in (4 * window, 8 * window):   # each run compared with at most the window before it: was n²/2 (24 s for 4,000)
+        assert _pairing_calls(n, monkeypatch) == n * window - window * (window + 1) // 2
+
+
+def test_a_pair_is_found_within_the_window_and_not_beyond(tmp_path: Path) -> None:
+    window = run_pairs.PAIR_WINDOW
+    for gap, pairs in ((window, 1), (window + 1, 0)):
+        lines = [round3.run_record(0, gpus=1)] + [round3.run_record(i, gpus=None) for i in range(1, gap)] + \
+            [round3.run_record(gap, gpus=2)]   # between them, runs that know no GPU count: one change from neither
+        path = tmp_path / f"gap{gap}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+        runs = read_log(path).runs
+        found = run_pairs.pair_runs(runs)
+        assert len([p for p in found if p.after is runs[-1]]) == pairs, gap
+
+
+# ---- strings: lone surrogates, invisible characters, GH-1 ------------------------------------------------
+def test_invisible_characters_and_surrogates_are_escaped() -> None:
+    for char in [*round3.INVISIBLE, round3.SURROGATE]:
+        for shown in (printable(f"a{char}b"), visible(f"a{char}b")):
+            assert not set(shown) & set(char) and shown.startswith("a\\") and shown.endswith("b"), repr(shown)
+    assert printable("naïve café → 東京 🙂") == "naïve café → 東京 🙂"
+
+
+def test_gh_references_are_not_linked_in_markdown() -> None:
+    assert md_text("see GH-12 and gh-3") == "see GH-\u200b12 and gh-\u200b3"
+    assert md_text("GHX-1 and GH-x") == "GHX-1 and GH-x"
+
+
+@pytest.mark.parametrize("fmt", ["html", "md", "json"])
+def test_a_lone_surrogate_and_invisible_characters_in_a_snapshot(tmp_path: Path, fmt: str) -> None:
+    text = "a" + round3.SURROGATE + "".join(round3.INVISIBLE) + "b"
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(round3.snapshot_with(text)))
+    out = tmp_path / f"r.{fmt}"
+    run = _cli(path, "-o", out, "--format", fmt, env={"COLUMNS": "300"})
+    assert run.returncode == 0, run.stderr
+    report = out.read_text(encoding="utf-8")
+    assert not set(report + run.stdout) & set("".join([*round3.INVISIBLE, round3.SURROGATE]).replace("\u200b", "")
+                                              if fmt == "md" else text[1:-1])
+    if fmt == "json":
+        json.loads(report, parse_constant=lambda c: pytest.fail(c))
+    elif fmt == "html":   # shown, escaped (the Markdown summary names no frame)
+        assert "a\\udc80\\u200b" in report
+
+
+# ---- the Dask cluster --------------------------------------------------------------------------------------
+def test_the_local_cluster_is_on_loopback_and_refuses_clients_without_its_credentials() -> None:
+    import socket
+    import ssl
+
+    import psutil
+    from dask.distributed import Client
+    from distributed.security import Security
+
+    from analyzer.job import local_cluster
+
+    cluster, security = local_cluster(1)
+    try:
+        me = psutil.Process()
+        listening = [c.laddr for p in [me, *me.children(recursive=True)] for c in p.net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN]
+        assert len(listening) >= 3 and {a.ip for a in listening} == {"127.0.0.1"}, listening  # scheduler, HTTP, worker
+        address = cluster.scheduler_address
+        assert address.startswith("tls://127.0.0.1:")
+        host, port = address.removeprefix("tls://").rsplit(":", 1)
+        with pytest.raises(Exception):                       # plain TCP
+            Client(address.replace("tls://", "tcp://"), timeout=3)
+        with pytest.raises(Exception):                       # other credentials: neither side trusts the other
+            Client(address, security=Security.temporary(), timeout=3)
+        anyone = ssl.create_default_context()                # TLS that trusts the server but shows no certificate
+        anyone.check_hostname, anyone.verify_mode = False, ssl.CERT_NONE
+        with pytest.raises((ssl.SSLError, OSError)):
+            with socket.create_connection((host, int(port)), timeout=3) as raw, anyone.wrap_socket(raw) as tls:
+                tls.sendall(b"\0" * 64)
+                assert tls.recv(64), "the scheduler closed the connection"
+        with Client(cluster, security=security) as client:  # the other side: the analyzer's own client works
+            assert client.submit(sum, [6, 36]).result() == 42
+    finally:
+        cluster.close()
+
+
+@pytest.mark.parametrize("address", ["not a url", "[::1", "tcp://127.0.0.1:" + "9" * 5000, "inproc://x",
+                                     "tcp://127.0.0.1:0", "ucx://127.0.0.1:8786"])
+def test_an_address_that_does_not_parse_is_refused(address: str) -> None:
+    from analyzer.errors import AnalyzerError
+    from analyzer.job import check_scheduler
+
+    with pytest.raises(AnalyzerError, match="is not a Dask scheduler address"):
+        check_scheduler(address)
+    for good in ("tcp://127.0.0.1:8786", "tls://[::1]:8786", "scheduler.example:65535"):   # the other side
+        assert check_scheduler(good) == good
+
+
+def test_the_cli_refuses_an_address_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "rank0.pickle").write_bytes(FIXTURE.read_bytes())
+    line = _one_error_line(_cli(tmp_path / "job", "-q", "-o", tmp_path / "r.json", "--scheduler", "[::1"),
+                           "is not a Dask scheduler address")
+    assert len(line) < 300
+
+
+def test_a_silent_scheduler_is_told_within_seconds() -> None:
+    import socket
+
+    from analyzer.errors import AnalyzerError
+    from analyzer.job import CONNECT_SECONDS, _connect
+
+    with socket.socket() as silent:   # accepts connections (the kernel's backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        started = time.monotonic()
+        with pytest.raises(AnalyzerError, match=f"did not answer as one within {CONNECT_SECONDS} s"):
+            _connect(f"tcp://127.0.0.1:{silent.getsockname()[1]}")
+        assert time.monotonic() - started < CONNECT_SECONDS + 5   # Dask alone waited for its handshake forever
+
+
+# ---- files beside the report ----------------------------------------------------------------------------------
+def test_the_chart_never_replaces_a_file_beside_the_report(tmp_path: Path) -> None:
+    recording = tmp_path / "notes.png"   # formats are told by their bytes: a snapshot may be called notes.png
+    recording.write_bytes(FIXTURE.read_bytes())
+    (tmp_path / "other.png").write_bytes(b"keep")
+    for target, chart in (("notes.md", "notes-1.png"), ("other.md", "other-1.png"), ("fresh.md", "fresh.png")):
+        run = _cli(recording, "-o", tmp_path / target, env={"COLUMNS": "1000"})
+        assert run.returncode == 0, run.stderr
+        assert f"report written to {tmp_path / chart}\n" in run.stdout
+        assert f"]({chart})" in (tmp_path / target).read_text() or f'"{chart}"' in (tmp_path / target).read_text()
+        assert (tmp_path / chart).read_bytes()[:4] == b"\x89PNG"
+    assert recording.read_bytes() == FIXTURE.read_bytes() and (tmp_path / "other.png").read_bytes() == b"keep"
+
+
+def test_the_report_never_replaces_its_input(tmp_path: Path) -> None:
+    recording = tmp_path / "notes.png"
+    recording.write_bytes(FIXTURE.read_bytes())
+    _one_error_line(_cli(recording, "-q", "-o", tmp_path / "." / "notes.png", "--format", "md"), "is the input itself")
+    assert recording.read_bytes() == FIXTURE.read_bytes()
+
+
+# ---- archives and folders of ranks ----------------------------------------------------------------------------
+KINETO = FIXTURE.parents[1] / "kineto" / "train.pt.trace.json.gz"
+
+
+def _limit_memory() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+
+@pytest.mark.parametrize("kind", ["L", "x"])
+def test_an_archive_header_declaring_gigabytes_is_refused_unread(tmp_path: Path, kind: str) -> None:
+    """A GNU long name ('L') or pax header ('x') declaring 4 GiB in an 8 KB .tar.gz: tarfile read it whole while
+    sniffing (past 3 GB), so the parent runs here under a 3 GiB address-space limit."""
+    import tarfile
+
+    path = tmp_path / "ranks.tar.gz"
+    path.write_bytes(round3.tar_with_huge_first_header(kind.encode(), 4 << 30, 8 << 20))
+    assert path.stat().st_size < 20_000
+    run = subprocess.run([sys.executable, "-m", "analyzer", str(path), "-q", "-o", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, timeout=120, preexec_fn=_limit_memory)
+    _one_error_line(run, "ranks.tar.gz", "declares 4294967296 bytes of name or attributes")
+    (tmp_path / "job").mkdir()   # inside a folder of ranks, the archive is sniffed and skipped
+    path.rename(tmp_path / "job" / "ranks.tar.gz")
+    (tmp_path / "job" / "rank0.pickle").write_bytes(FIXTURE.read_bytes())
+    from analyzer.ingest.ranks import find_rank_files
+
+    assert [f.path.name for f in find_rank_files(tmp_path / "job").files] == ["rank0.pickle"]
+    legit = tmp_path / "long.tar.gz"   # the other side: a long member name (a GNU long-name header) is read
+    with tarfile.open(legit, "w:gz", format=tarfile.GNU_FORMAT) as archive:
+        archive.add(KINETO, arcname="r" * 300 + ".pt.trace.json.gz")
+    from analyzer.ingest import load
+
+    assert len(load(legit).traces) == 1
+
+
+def test_a_fifo_put_in_a_rank_files_place_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from analyzer.ingest import ranks
+
+    (tmp_path / "rank0.pickle").write_bytes(FIXTURE.read_bytes())
+    os.mkfifo(tmp_path / "rank1.pickle")
+    listed = [tmp_path / "rank0.pickle", tmp_path / "rank1.pickle"]   # as if rank1 was a file when listed
+    monkeypatch.setattr(ranks, "_walk", lambda root, warnings: listed)
+    found = ranks.find_rank_files(tmp_path)   # opening the FIFO for reading blocked for ever
+    assert [f.rank for f in found.files] == [0]
+    assert found.warnings == ["skipped rank1.pickle: is not a regular file"]
+
+
+def _skipped_warnings(n: int, folder: Path) -> list[str]:
+    from analyzer.ingest.ranks import find_rank_files
+
+    folder.mkdir()
+    (folder / "rank0.pickle").write_bytes(FIXTURE.read_bytes())
+    for i in range(n):
+        (folder / f"e{i:06d}").touch()
+    return find_rank_files(folder).warnings
+
+
+def test_a_folder_of_empty_files_names_only_a_few(tmp_path: Path) -> None:
+    from analyzer.ingest.limits import SKIPPED_NAMED
+
+    for n in (2_000, 4_000):   # the report's warnings stay the same size: was one line a file (6 MB at 100,000)
+        warnings = _skipped_warnings(n, tmp_path / str(n))
+        assert len(warnings) == SKIPPED_NAMED + 1 and warnings[0] == "skipped e000000: empty"
+        assert warnings[-1] == f"skipped {n - SKIPPED_NAMED} more files (not recordings of one rank, empty, or " \
+            "unreadable)"
+    assert len(_skipped_warnings(SKIPPED_NAMED, tmp_path / "few")) == SKIPPED_NAMED   # the other side: all named
+
+
+def test_junk_members_of_an_archive_are_counted_not_named(tmp_path: Path) -> None:
+    from analyzer.ingest import load
+    from analyzer.ingest.limits import SKIPPED_NAMED
+
+    for n, lines in ((2_000, SKIPPED_NAMED + 1), (SKIPPED_NAMED, SKIPPED_NAMED)):
+        path = tmp_path / f"junk{n}.tar.gz"
+        path.write_bytes(round3.junk_tar(n, KINETO.read_bytes()))
+        loaded = load(path)
+        assert len(loaded.traces) == 1
+        assert len([w for w in loaded.warnings if w.startswith("skipped ")]) == lines, loaded.warnings[-1]
