@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import IO
 
 from analyzer.errors import CorruptInput, InputNotFound, ResourceLimit, UnsupportedFormat
+from analyzer.ingest.log.detect import json_list, text_log
 
 #: decompressed bytes we accept from one gzip member stream; set ANALYZER_MAX_DECOMPRESSED_BYTES to change
 DEFAULT_MAX_DECOMPRESSED_BYTES = 32 * 2**30
@@ -33,6 +34,7 @@ NSYS_SQLITE = "nsys_sqlite"
 NSYS_REP = "nsys_rep"
 TRACE_ARCHIVE = "trace_archive"
 TRACE_DIRECTORY = "trace_directory"
+LOG = "log"  # a text log: analyzer.log_result reads it
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -157,11 +159,15 @@ def sniff(path: Path) -> str:
     if not head:
         raise CorruptInput(path, "the file is empty once decompressed")
     first = head.lstrip()[:1]
+    if first not in (b"{", b"[") and head[:1] != b"\x80" and text_log(head):
+        return LOG
     if head[:1] == b"\x80" or (head[:1] and head[0] in _PICKLE_V0_FIRST and first not in (b"{", b"[")):
         return SNAPSHOT
     if first == b"{":
         return KINETO
     if first == b"[":
+        if not json_list(head) and text_log(head):
+            return LOG
         return MEMORY_TIMELINE_RAW if _RAW_TIMELINE_ROW.match(head) else MEMORY_TIMELINE
     raise UnsupportedFormat(path, "not a memory snapshot, profiler trace, memory timeline or Nsight export",
                             "Pass a torch.cuda.memory._dump_snapshot pickle, a Kineto .json(.gz), or an nsys .sqlite export.")
