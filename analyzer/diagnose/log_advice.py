@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.core.units import gib
+from analyzer.core.units import human_bytes
 from analyzer.diagnose.log_cause import CAPACITY, FRAGMENTATION, OTHER_PROCESS, Cause
 from analyzer.ingest.log.oom_message import OomText
 from analyzer.ingest.log.reading import AllocatorSetting
@@ -39,7 +39,7 @@ def remedies(o: OomText, cause: Cause, settings: list[AllocatorSetting], framewo
         on = expandable_segments_on(settings)
         if on is None:
             out.append(_remedy("expandable_segments", "Turn on expandable segments",
-                               f"{gib(o.unallocated_bytes)} sat reserved but unallocated; expandable segments let the "
+                               f"{human_bytes(o.unallocated_bytes)} sat reserved but unallocated; expandable segments let the "
                                "allocator grow one segment instead of needing a free block the size of the request "
                                "(the log does not show it on)", o.unallocated_bytes,
                                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python train.py"))
@@ -49,37 +49,37 @@ def remedies(o: OomText, cause: Cause, settings: list[AllocatorSetting], framewo
                                "request's size whole, and release cached blocks earlier", o.unallocated_bytes,
                                f"PYTORCH_CUDA_ALLOC_CONF={on.value},garbage_collection_threshold:0.8"))
     if cause.cause == OTHER_PROCESS:
-        holders = ", ".join(f"process {pid} ({gib(b)})" for pid, b in cause.other_processes) or \
-            f"memory outside PyTorch's cache ({gib(cause.outside_bytes)})"
+        holders = ", ".join(f"process {pid} ({human_bytes(b)})" for pid, b in cause.other_processes) or \
+            f"memory outside PyTorch's cache ({human_bytes(cause.outside_bytes)})"
         if "vllm" in frameworks:
             out.append(_remedy("gpu_memory_utilization", "Lower vLLM's gpu_memory_utilization",
                                "vLLM takes that fraction of the whole GPU up front for weights and KV cache; the other "
-                               f"work on the GPU needed {gib(must)} more", must, "vllm serve MODEL --gpu-memory-utilization 0.80"))
+                               f"work on the GPU needed {human_bytes(must)} more", must, "vllm serve MODEL --gpu-memory-utilization 0.80"))
         if "sglang" in frameworks:
             out.append(_remedy("mem_fraction_static", "Lower SGLang's mem_fraction_static",
                                "SGLang reserves that fraction of the GPU for weights and KV cache; a lower one leaves "
-                               f"the {gib(must)} the request needed", must,
+                               f"the {human_bytes(must)} the request needed", must,
                                "python -m sglang.launch_server ... --mem-fraction-static 0.80"))
         out.append(_remedy("other_processes", "Free the GPU of the other work",
                            f"{holders} held the room; stop it, or run on a GPU of its own (CUDA_VISIBLE_DEVICES)", must,
                            "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv"))
         if cause.non_pytorch_bytes and cause.non_pytorch_bytes > (1 << 30) and not cause.other_processes:
             out.append(_remedy("non_pytorch_memory", "Look at this process's memory outside PyTorch",
-                               f"{gib(cause.non_pytorch_bytes)} of this process is not PyTorch's cache: NCCL buffers "
+                               f"{human_bytes(cause.non_pytorch_bytes)} of this process is not PyTorch's cache: NCCL buffers "
                                "(NCCL_BUFFSIZE), cuDNN/cuBLAS workspaces, another library's own allocations", cause.non_pytorch_bytes))
     if cause.limit == "allowed":
         out.append(_remedy("memory_fraction", "Raise or remove the allowed fraction",
-                           f"torch.cuda.set_per_process_memory_fraction capped this process at {gib(o.allowed_bytes)} "
-                           f"of {gib(o.capacity_bytes)}", must, "torch.cuda.set_per_process_memory_fraction(0.95)"))
+                           f"torch.cuda.set_per_process_memory_fraction capped this process at {human_bytes(o.allowed_bytes)} "
+                           f"of {human_bytes(o.capacity_bytes)}", must, "torch.cuda.set_per_process_memory_fraction(0.95)"))
     if cause.cause in (CAPACITY, FRAGMENTATION) and cause.limit is None:
         if o.requested_bytes is not None and o.capacity_bytes is not None and o.requested_bytes > o.capacity_bytes:
             out.append(_remedy("split_operation", "Split the operation that asked for it",
-                               f"one allocation of {gib(o.requested_bytes)} cannot fit a {gib(o.capacity_bytes)} device at "
+                               f"one allocation of {human_bytes(o.requested_bytes)} cannot fit a {human_bytes(o.capacity_bytes)} device at "
                                "any batch size that keeps this shape: process it in chunks (smaller sequence or "
                                "image, chunked attention, a smaller batch)", o.requested_bytes - o.capacity_bytes))
         else:
             out.append(_remedy("reduce_memory", "Make the step need less memory",
-                               f"at least {gib(must)} of this process's GPU memory must go: a smaller micro-batch "
+                               f"at least {human_bytes(must)} of this process's GPU memory must go: a smaller micro-batch "
                                "(with gradient accumulation to keep the batch), activation checkpointing, bf16 "
                                "autocast", must, "model.gradient_checkpointing_enable()  # Hugging Face models"))
     return out

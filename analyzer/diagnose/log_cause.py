@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from analyzer.core.units import gib
+from analyzer.core.units import human_bytes
 from analyzer.ingest.log.oom_message import Era, OomText
 
 #: device memory any CUDA process holds outside PyTorch's cache (context, cuBLAS/cuDNN workspaces, NCCL
@@ -67,15 +67,15 @@ def _contradictions(o: OomText, others: list[tuple[int, int]]) -> list[str]:
                             ("free", o.free_bytes), ("this process's use", o.this_process_bytes),
                             ("the other processes' use", sum(b for _, b in others) if others else None)):
             if value is not None and value > total + tol:
-                out.append(f"{name} ({gib(value)}) is more than the device's total capacity ({gib(total)})")
+                out.append(f"{name} ({human_bytes(value)}) is more than the device's total capacity ({human_bytes(total)})")
         if not out and o.reserved_bytes is not None and o.free_bytes is not None \
                 and o.reserved_bytes + o.free_bytes > total + tol:
-            out.append(f"reserved ({gib(o.reserved_bytes)}) plus free ({gib(o.free_bytes)}) is more than the "
-                       f"total capacity ({gib(total)})")
+            out.append(f"reserved ({human_bytes(o.reserved_bytes)}) plus free ({human_bytes(o.free_bytes)}) is more than the "
+                       f"total capacity ({human_bytes(total)})")
     if o.this_process_bytes is not None and o.reserved_bytes and o.era != Era.MPS \
             and o.this_process_bytes + tol < o.reserved_bytes:
-        out.append(f"this process is said to use {gib(o.this_process_bytes)} while PyTorch alone reserves "
-                   f"{gib(o.reserved_bytes)} (a container or WSL hides the process from NVML)")
+        out.append(f"this process is said to use {human_bytes(o.this_process_bytes)} while PyTorch alone reserves "
+                   f"{human_bytes(o.reserved_bytes)} (a container or WSL hides the process from NVML)")
     return out
 
 
@@ -89,20 +89,20 @@ def judge(o: OomText) -> Cause:
     R, T, F, U = o.requested_bytes, o.capacity_bytes, o.free_bytes, o.unallocated_bytes
     others = sorted(o.processes, key=lambda p: -p[1])
     notes: list[str] = []
-    if o.this_process_bytes is None and o.reserved_bytes and others and others[0][1] + o.tolerance_bytes >= o.reserved_bytes:
-        pid, held = others.pop(0)
-        notes.append(f"process {pid} ({gib(held)}) holds at least what PyTorch reserves and no line names this "
-                     "process: it is taken to be this process (a container renumbers its processes)")
+    this = o.this_process_bytes
+    if this is None and o.reserved_bytes and others and others[0][1] + o.tolerance_bytes >= o.reserved_bytes:
+        pid, this = others.pop(0)
+        notes.append(f"process {pid} ({human_bytes(this)}) holds at least what PyTorch reserves and no line names "
+                     "this process: it is taken to be this process (a container renumbers its processes)")
     contradictions = _contradictions(o, others)
     if contradictions:
         return Cause(cause=UNKNOWN, reason="the message's numbers contradict each other: " + "; ".join(contradictions),
                      inconsistent=contradictions, notes=notes)
-    non_pytorch = o.this_process_bytes - (o.reserved_bytes or 0) if o.this_process_bytes is not None and o.era != Era.MPS \
-        else (o.this_process_bytes - (o.allocated_bytes or 0) if o.era == Era.MPS and o.this_process_bytes is not None else None)
-    if o.era == Era.OF_WHICH and (o.this_process_bytes is not None or others):
+    # this process's memory outside PyTorch's cache: NVML's figure less what PyTorch reserves (MPS: less allocated)
+    own = o.allocated_bytes if o.era == Era.MPS else o.reserved_bytes
+    non_pytorch = this - (own or 0) if this is not None else None
+    if o.era in (Era.OF_WHICH, Era.MPS) and (this is not None or others):
         outside: int | None = sum(b for _, b in others) + max(non_pytorch or 0, 0)
-    elif o.era == Era.MPS:
-        outside = non_pytorch
     elif F is not None and o.reserved_bytes is not None:
         outside = max(T - F - o.reserved_bytes, 0)
     else:
@@ -112,26 +112,26 @@ def judge(o: OomText) -> Cause:
                                 other_processes=others, notes=notes)
     limit = o.allowed_bytes if o.allowed_bytes is not None and o.era != Era.MPS else None
     if R > T:
-        return Cause(cause=CAPACITY, reason=f"the request alone ({gib(R)}) is larger than the device ({gib(T)})", **base)
+        return Cause(cause=CAPACITY, reason=f"the request alone ({human_bytes(R)}) is larger than the device ({human_bytes(T)})", **base)
     if limit is not None and o.reserved_bytes is not None and o.reserved_bytes + R > limit:
-        return Cause(cause=CAPACITY, limit="allowed", reason=f"reserved ({gib(o.reserved_bytes)}) plus the request "
-                     f"({gib(R)}) is more than the allowed {gib(limit)} (set_per_process_memory_fraction) of {gib(T)}", **base)
+        return Cause(cause=CAPACITY, limit="allowed", reason=f"reserved ({human_bytes(o.reserved_bytes)}) plus the request "
+                     f"({human_bytes(R)}) is more than the allowed {human_bytes(limit)} (set_per_process_memory_fraction) of {human_bytes(T)}", **base)
     if F is None:
         return Cause(cause=UNKNOWN, reason="the message does not print the device's free memory", **base)
     if F >= R + FREE_SLACK:
-        return Cause(cause=UNKNOWN, reason=f"the driver reported {gib(F)} free, enough for the {gib(R)} requested: the "
+        return Cause(cause=UNKNOWN, reason=f"the driver reported {human_bytes(F)} free, enough for the {human_bytes(R)} requested: the "
                      "numbers do not explain the failure (a driver or per-allocation limit, or memory taken by "
                      "another process in that moment)", **base)
     if U is not None and U >= R:
-        return Cause(cause=FRAGMENTATION, reason=f"PyTorch held {gib(U)} reserved but unallocated, more than the "
-                     f"{gib(R)} requested, but in pieces too small for it", **base)
+        return Cause(cause=FRAGMENTATION, reason=f"PyTorch held {human_bytes(U)} reserved but unallocated, more than the "
+                     f"{human_bytes(R)} requested, but in pieces too small for it", **base)
     if outside is not None and must is not None and outside - CONTEXT_ALLOWANCE >= must:
         who = "other processes" if others else "memory outside PyTorch's cache"
-        return Cause(cause=OTHER_PROCESS, reason=f"{who} held {gib(outside)}; without them the {gib(R)} requested "
-                     f"would fit ({gib(must)} had to be freed)", **base)
-    return Cause(cause=CAPACITY, reason=f"PyTorch's own memory fills the device: {gib(o.reserved_bytes)} reserved of "
-                 f"{gib(T)}, {gib(F)} free for a {gib(R)} request", **base) if o.reserved_bytes is not None else \
-        Cause(cause=CAPACITY, reason=f"{gib(F)} free for a {gib(R)} request of {gib(T)}", **base)
+        return Cause(cause=OTHER_PROCESS, reason=f"{who} held {human_bytes(outside)}; without them the {human_bytes(R)} requested "
+                     f"would fit ({human_bytes(must)} had to be freed)", **base)
+    return Cause(cause=CAPACITY, reason=f"PyTorch's own memory fills the device: {human_bytes(o.reserved_bytes)} reserved of "
+                 f"{human_bytes(T)}, {human_bytes(F)} free for a {human_bytes(R)} request", **base) if o.reserved_bytes is not None else \
+        Cause(cause=CAPACITY, reason=f"{human_bytes(F)} free for a {human_bytes(R)} request of {human_bytes(T)}", **base)
 
 
 _OUTSIDE = {"cuda_error": "CUDA error: out of memory", "cublas": "cuBLAS could not allocate its workspace",

@@ -6,7 +6,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from analyzer.core.units import gib
+from analyzer.core.units import human_bytes
 from analyzer.ingest.log.reading import Reading
 
 #: readings of one series needed before growth says anything
@@ -48,7 +48,7 @@ def leaks(readings: list[Reading]) -> list[dict[str, Any]]:
                           "first_bytes": values[0], "last_bytes": values[-1], "growth_bytes": growth,
                           "per_reading_bytes": growth // (len(values) - 1),
                           "summary": f"{key} memory grows in every one of {len(values)} {source} readings"
-                                     f"{' (' + where + ')' if where else ''}: {gib(values[0])} to {gib(values[-1])}"})
+                                     f"{' (' + where + ')' if where else ''}: {human_bytes(values[0])} to {human_bytes(values[-1])}"})
     return found
 
 
@@ -69,7 +69,7 @@ def imbalance(readings: list[Reading]) -> dict[str, Any] | None:
         return None
     return {"kind": "imbalance", "rank": rank, "peak_bytes": top, "median_bytes": int(median),
             "ranks": dict(sorted(peaks.items())),
-            "summary": f"rank {rank} peaks at {gib(top)}, {top / median:.2f}× the median rank ({gib(median)})"}
+            "summary": f"rank {rank} peaks at {human_bytes(top)}, {top / median:.2f}× the median rank ({human_bytes(median)})"}
 
 
 def gpu_peaks(readings: list[Reading]) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ Frame = tuple[str, int, str, str]  # (file, line, function, code)
 _FILE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
 _HEADER = re.compile(r"^\s*Traceback \(most recent call last\):")
 _LIBRARY = re.compile(r"site-packages|dist-packages|[/\\]lib[/\\]python\d|[/\\]Lib[/\\]|^<frozen|^<string>|"
-                      r"[/\\]torch[/\\]|[/\\]conda[/\\]pkgs[/\\]")
+                      r"[/\\]conda[/\\]pkgs[/\\]")
 
 #: (phase, pattern over "file function code" of one frame), most telling first
 _PHASE_RULES: list[tuple[str, re.Pattern[str]]] = [
