@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 
-_PICKLE_V0_LINE = re.compile(rb"^(?:\((?:[dlt]p?\d*)?|c[\w.]+|[}\]]q?.*|[IJKLFSVNGhgpa]\S*|\.)\r?$")
+# MARK then any opcode ("(dp0", "(S'x'", "(cos"), unless it is a Ray/vLLM worker prefix "(Name pid=1)"
+_PICKLE_V0_LINE = re.compile(rb"^(?:\((?![A-Za-z_]\w*\s+pid=\d).*|c[\w.]+|[}\]]q?.*|[IJKLFSVNGhgpa]\S*|\.)\r?$")
 _JSON_LIST = re.compile(rb"^\s*\[\s*(?:\[|\{|\]|\"|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?\s*[,\]])")
 
 
