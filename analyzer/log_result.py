@@ -4,7 +4,7 @@ renderers (analyzer.report.log_*), not an `Analysis`: `capabilities` says what a
 
 `to_json()` writes the analyzer/1 contract's common keys (`schema`, `source`, `warnings`, `devices`, which
 is empty: no device was recorded) and the log's own: `ooms`, `findings`, `gpu_peaks`, `readings`, `verdict`,
-`record_next`. Every size is bytes.
+`gpu_processes`, `record_next`. Every size is bytes.
 """
 from __future__ import annotations
 
@@ -75,11 +75,14 @@ class LogAnalysis:
     ooms: list[LogOom]
     findings: list[dict[str, Any]]
     gpu_peaks: list[dict[str, Any]]
+    gpu_processes: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
         """The last OOM's sentence (the one that ended the run), or what the log shows without one."""
+        if self.ooms and self.findings and self.findings[0]["kind"] == "serving_startup":
+            return self.ooms[-1].sentence() + " " + self.findings[0]["summary"] + "."
         if self.ooms:
             more = f" ({len(self.ooms)} OOMs in this log; the last is shown.)" if len(self.ooms) > 1 else ""
             return self.ooms[-1].sentence() + more
@@ -99,6 +102,7 @@ class LogAnalysis:
             "ooms": [o.to_json() for o in self.ooms],
             "findings": self.findings,
             "gpu_peaks": self.gpu_peaks,
+            "gpu_processes": self.gpu_processes,
             "readings": {"count": len(r.readings), "by_source": dict(Counter(x.source for x in r.readings))},
             "record_next": log_advice.record_next(),
         }
@@ -121,8 +125,9 @@ def analyze_reading(reading: LogReading) -> LogAnalysis:
                            log_advice.remedies(o, cause, reading.settings, reading.frameworks)))
     trend = log_trends.leaks(reading.readings)
     balance = log_trends.imbalance(reading.readings)
-    findings = trend + ([balance] if balance else [])
-    return LogAnalysis(reading, ooms, findings, log_trends.gpu_peaks(reading.readings), list(reading.warnings))
+    findings = log_advice.serving_findings(reading.readings) + trend + ([balance] if balance else [])
+    return LogAnalysis(reading, ooms, findings, log_trends.gpu_peaks(reading.readings),
+                       log_trends.gpu_processes(reading.readings), list(reading.warnings))
 
 
 def analyze_log(path: str | Path) -> LogAnalysis:

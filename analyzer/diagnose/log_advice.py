@@ -2,12 +2,13 @@
 record next so that the next run can be analysed in full."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from analyzer.core.units import human_bytes
 from analyzer.diagnose.log_cause import CAPACITY, FRAGMENTATION, OTHER_PROCESS, Cause
 from analyzer.ingest.log.oom_message import OomText
-from analyzer.ingest.log.reading import AllocatorSetting
+from analyzer.ingest.log.reading import AllocatorSetting, Reading
 
 #: the lines that make the next run's OOM analysable in full (a snapshot with history and stacks)
 RECORD_NEXT = """import torch
@@ -82,6 +83,23 @@ def remedies(o: OomText, cause: Cause, settings: list[AllocatorSetting], framewo
                                f"at least {human_bytes(must)} of this process's GPU memory must go: a smaller micro-batch "
                                "(with gradient accumulation to keep the batch), activation checkpointing, bf16 "
                                "autocast", must, "model.gradient_checkpointing_enable()  # Hugging Face models"))
+    return out
+
+
+def serving_findings(readings: list[Reading]) -> list[dict[str, Any]]:
+    """vLLM's refusal to start: the GPU's free memory at start-up is under the fraction it was told to take, so
+    other processes hold the difference; the highest gpu_memory_utilization that fits is free / total."""
+    out = []
+    for r in readings:
+        if r.source == "vllm" and r.label == "startup_refused":
+            free, total, budget = r.bytes["free"], r.bytes["total"], r.bytes["budget"]
+            fits = math.floor(free / total * 100) / 100
+            device = f"cuda:{r.device}" if r.device is not None else "the GPU"
+            out.append({"kind": "serving_startup", "cause": "other_process", "line": r.line, "device": r.device,
+                        "free_bytes": free, "total_bytes": total, "wanted_bytes": budget, "held_elsewhere_bytes": total - free,
+                        "summary": f"vLLM refused to start on {device}: {human_bytes(free)} free of {human_bytes(total)}, "
+                                   f"it wants {human_bytes(budget)}; other processes hold {human_bytes(total - free)}",
+                        "remedy": f"--gpu-memory-utilization {fits:.2f} (at most free / total), or free the GPU"})
     return out
 
 

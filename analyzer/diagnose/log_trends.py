@@ -84,3 +84,12 @@ def gpu_peaks(readings: list[Reading]) -> list[dict[str, Any]]:
             else:
                 best["readings"] += 1
     return [peaks[d] for d in sorted(peaks)]
+
+
+def gpu_processes(readings: list[Reading]) -> list[dict[str, Any]]:
+    """The processes nvidia-smi or list_gpu_processes() listed, the last reading of each (device, process)."""
+    last: dict[tuple[int | None, str | None], dict[str, Any]] = {}
+    for r in readings:
+        if r.source == "nvidia_smi_process":
+            last[(r.device, r.label)] = {"device": r.device, "process": r.label, "used_bytes": r.bytes["used"], "line": r.line}
+    return sorted(last.values(), key=lambda p: (p["device"] is None, p["device"] or 0, -p["used_bytes"]))

@@ -57,7 +57,7 @@ def print_log_summary(report: LogAnalysis, console: Console) -> None:
     for i, oom in enumerate(report.ooms, 1):
         console.print()
         _oom(console, oom, i)
-    if report.findings or report.gpu_peaks:
+    if report.findings or report.gpu_peaks or report.gpu_processes:
         console.print()
         console.print(Text("across the log", style="dim"))
     for f in report.findings:
@@ -66,6 +66,8 @@ def print_log_summary(report: LogAnalysis, console: Console) -> None:
         total = f" of {human_bytes(p['total_bytes'])}" if p["total_bytes"] else ""
         console.print(Text(f"  GPU {p['device']}: at most {human_bytes(p['used_bytes'])}{total} used "
                            f"(nvidia-smi, {p['readings']} readings)"))
+    for p in report.gpu_processes:
+        console.print(Text(printable(f"  GPU {p['device']}: {p['process']} uses {human_bytes(p['used_bytes'])}")))
     for w in report.warnings:
         console.print(Text(printable(f"warning: {w}"), style="yellow"))
     console.print()

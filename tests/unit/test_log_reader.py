@@ -272,3 +272,68 @@ def test_reports_escape_the_log(tmp_path) -> None:  # type: ignore[no-untyped-de
         assert "alert" in text and raw not in text.replace("in [x](http://evil)`", "")  # md: only in a code span
     term = _analyze(str(hostile))
     assert term.returncode == 0 and b"\x1b]0;" not in term.stdout and b"\x07" not in term.stdout
+
+
+def test_old_fragment_without_prefix_is_an_other_process_oom() -> None:
+    # 7.92 GiB - 24.56 MiB free - 86.00 MiB reserved = 7.81 GiB outside the cache; 216 MiB + 64 MiB - 24.56 MiB
+    # had to go: a zombie process held the GPU (the thread's maintainer killed it)
+    o = analyze_log(LOGS / "reserved_other_process_fastmri_238.log").ooms[0]
+    assert (o.text.era, o.cause.cause) == (Era.RESERVED, "other_process")
+    assert o.cause.outside_bytes == g(7.92) - m(24.56) - m(86)
+    assert o.cause.must_free_bytes == m(216) + 64 * MiB - m(24.56)
+
+
+def test_vllm_startup_refusal() -> None:
+    (f,) = analyze_log(LOGS / "vllm_startup_refused_pytorch_175666.log").findings
+    assert (f["device"], f["free_bytes"], f["total_bytes"], f["wanted_bytes"]) == (1, g(19.77), g(22.05), g(19.84))
+    assert f["held_elsewhere_bytes"] == g(22.05) - g(19.77) and "0.89" in f["remedy"]  # floor(19.77/22.05, 2)
+
+
+def test_nvidia_smi_process_tables_and_list_gpu_processes() -> None:
+    procs = analyze_log(LOGS / "nvidia_smi_processes_nvitop_152.log").gpu_processes
+    assert [(p["device"], p["process"].split()[1], p["used_bytes"]) for p in procs] == [
+        (0, "10734", 160 * MiB), (0, "58661", 3 * MiB), (1, "10734", 160 * MiB), (2, "18243", 64 * MiB),
+        (2, "22720", 34 * MiB)]
+    (p,) = analyze_log(LOGS / "list_gpu_processes_pytorch_44616.log").gpu_processes
+    assert (p["device"], p["process"], p["used_bytes"]) == (0, "pid 79749", 601 * MiB)
+    peaks = analyze_log(LOGS / "nvidia_smi_screen_550_rlinf_255.log").gpu_peaks
+    assert [(x["device"], x["used_bytes"], x["total_bytes"]) for x in peaks] == [(0, 507 * MiB, 24564 * MiB),
+                                                                               (1, 459 * MiB, 24564 * MiB)]
+
+
+def test_nvidia_smi_csv_log_peaks() -> None:
+    text = (b"timestamp, index, memory.used [MiB], memory.total [MiB]\n"
+            b"2024/01/01 00:00:00.000, 0, 1000 MiB, 81920 MiB\n2024/01/01 00:00:01.000, 0, 79000 MiB, 81920 MiB\n"
+            b"2024/01/01 00:00:02.000, 0, 500 MiB, 81920 MiB\n")  # the format of --query-gpu=... --format=csv
+    from analyzer.log_result import analyze_reading
+    peaks = analyze_reading(read_log(io.BytesIO(text), "csv")).gpu_peaks
+    assert peaks == [{"device": 0, "used_bytes": 79000 * MiB, "total_bytes": 81920 * MiB, "line": 3, "readings": 3}]
+
+
+def test_megatron_lines_and_a_leak_across_them() -> None:
+    # Megatron's report_memory format (megatron/training/utils.py), "MB" being MiB; 300 MiB more each report
+    lines = "".join(f"[Rank 0] (after {i * 10} iterations) memory (MB) | allocated: {1000 + 300 * i}.0 | max allocated: "
+                    f"{2000 + 300 * i}.0 | reserved: 3000.0 | max reserved: 3000.0\n" for i in range(1, 6))
+    from analyzer.log_result import analyze_reading
+    a = analyze_reading(read_log(io.BytesIO(lines.encode()), "megatron"))
+    assert [r.step for r in a.reading.readings] == [10, 20, 30, 40, 50]
+    (leak,) = a.findings
+    assert leak["growth_bytes"] == 1200 * MiB and leak["per_reading_bytes"] == 300 * MiB
+
+
+def test_memory_stats_dict_with_module_bytes() -> None:
+    text = (b"OrderedDict([('active.all.allocated', 10), ('allocated_bytes.all.current', 1048576), "
+            b"('allocated_bytes.all.peak', 4194304), ('num_alloc_retries', 2), ('num_ooms', 1), "
+            b"('reserved_bytes.all.current', 8388608), ('module_bytes.layers.0', 2048)])\n")
+    (r,) = read_log(io.BytesIO(text), "stats").readings
+    assert r.bytes == {"allocated": MiB, "allocated_peak": 4 * MiB, "reserved": 8 * MiB, "module_bytes.layers.0": 2048}
+    assert r.counts == {"alloc_retries": 2, "ooms": 1}
+
+
+def test_expandable_segments_already_on_changes_the_remedy() -> None:
+    base = (LOGS / "ofwhich_fragmentation_lerf_73.log").read_bytes()
+    from analyzer.log_result import analyze_reading
+    off = analyze_reading(read_log(io.BytesIO(base), "a")).ooms[0].remedies[0]["id"]
+    on = analyze_reading(read_log(io.BytesIO(b"export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n" + base), "b"))
+    assert off == "expandable_segments" and on.ooms[0].remedies[0]["id"] == "max_split_size"
+    assert on.reading.settings[0].value == "expandable_segments:True"

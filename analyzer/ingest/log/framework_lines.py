@@ -35,7 +35,7 @@ _VLLM_SPLIT = re.compile(r"model weights take " + SIZE + r"; non_torch_memory ta
                          + r"; PyTorch activation peak memory takes " + SIZE
                          + r"; the rest of the memory reserved for KV Cache is " + SIZE)
 _VLLM_KV = re.compile(r"Available KV cache memory: " + SIZE)
-_VLLM_STARTUP = re.compile(r"Free memory on device \(" + _N + r"/" + _N + r" GiB\) on startup is less than desired "
+_VLLM_STARTUP = re.compile(r"Free memory on device(?: \w+:(\d+))? \(" + _N + r"/" + _N + r" GiB\) on startup is less than desired "
                            r"GPU memory utilization \(" + _N + r", " + _N + r" GiB\)")
 _SGLANG_LOAD = re.compile(r"Load weight end\..*?avail mem=" + _N + r" GB, mem usage=" + _N + r" GB")
 _SGLANG_KV = re.compile(r"KV Cache is allocated\..*?K size: " + _N + r" GB, V size: " + _N + r" GB")
@@ -105,8 +105,9 @@ class FrameworkLinesReader:
                            bytes={"kv_cache": to_bytes(m.group(1), m.group(2))})
         if (m := _VLLM_STARTUP.search(text)):
             return Reading(line=number, source="vllm", rank=rank, label="startup_refused",
-                           bytes={"free": _g(m.group(1)), "total": _g(m.group(2)), "budget": _g(m.group(4))},
-                           counts={"gpu_memory_utilization_percent": round(float(m.group(3)) * 100)})
+                           device=int(m.group(1)) if m.group(1) else None,
+                           bytes={"free": _g(m.group(2)), "total": _g(m.group(3)), "budget": _g(m.group(5))},
+                           counts={"gpu_memory_utilization_percent": round(float(m.group(4)) * 100)})
         if (m := _SGLANG_LOAD.search(text)):
             return Reading(line=number, source="sglang", rank=rank, label="weights_loaded",
                            bytes={"available": _g(m.group(1)), "weights": _g(m.group(2))})

@@ -36,8 +36,9 @@ from analyzer.ingest.log.sizes import SIZE, rounding, to_bytes
 #: continuation lines joined to a message wrapped by a terminal, a mail or an issue
 MAX_WRAPPED_LINES = 6
 
-_START = re.compile(r"(?P<kind>CUDA|HIP|XPU) out of memory\.\s*Tried to allocate\s+" + SIZE
-                    + r"|MPS backend out of memory\s*\(")
+# the message, or its fragment from "Tried to allocate" when it goes on with the "(GPU n; ..." of torch <= 2.0
+_START = re.compile(r"(?:(?P<kind>CUDA|HIP|XPU) out of memory\.\s*)?Tried to allocate\s+" + SIZE
+                    + r"(?(kind)|(?=\s*\(\s*GPU))|MPS backend out of memory\s*\(")
 _OUTSIDE = re.compile(
     r"(?P<cuda_error>CUDA error: out of memory)"
     r"|(?P<cublas>CUBLAS_STATUS_ALLOC_FAILED)"
@@ -154,9 +155,9 @@ def parse(text: str, line: int, rank: int | None) -> OomText | None:
         source = next(k for k, v in outside.groupdict().items() if v)
         return OomText(line=line, rank=rank, era=Era.OUTSIDE, backend="CUDA", source=source, text=text[outside.start():])
     message = text[start.start():]
-    if start.group("kind") is None:
+    if start.group(2) is None:
         return _parse_mps(message, line, rank)
-    base = OomText(line=line, rank=rank, era=Era.PARTIAL, backend=start.group("kind").upper(), text=message,
+    base = OomText(line=line, rank=rank, era=Era.PARTIAL, backend=(start.group("kind") or "CUDA").upper(), text=message,
                    requested_bytes=to_bytes(start.group(2), start.group(3)))
     tolerance = rounding(start.group(2), start.group(3))
     malloc = _MALLOC_AT.search(message)
