@@ -25,7 +25,7 @@ from analyzer.report import REPORTERS, SUFFIXES, reporter
 from analyzer.report.job_report import Report
 from analyzer.report.run_log import ENV_VAR as RUN_LOG_ENV, appending, document_of, log_line
 
-_STRIP_SUFFIXES = (".gz", ".json", ".pickle", ".pkl", ".sqlite", ".tar")
+_STRIP_SUFFIXES = (".gz", ".json", ".pickle", ".pkl", ".sqlite", ".tar", ".log", ".txt")
 #: names tried for the files a report writes beside itself before giving up (`notes.png`, `notes-1.png`, ...)
 _FREE_NAME_ATTEMPTS = 100
 
@@ -50,7 +50,9 @@ class AnalyzeCommand:
 
         parser.formatter_class = argparse.HelpFormatter
         parser.epilog = "Subcommands: " + ", ".join(sorted(COMMANDS)) + " (analyze SUBCOMMAND --help)."
-        parser.add_argument("file", type=Path, help="the recording to analyse")
+        parser.add_argument("file", type=Path, help="the recording to analyse, or a text log (the OOM message, "
+                                                    "memory_summary(), nvidia-smi, framework memory lines); - reads "
+                                                    "the text from standard input")
         parser.add_argument("companion", type=Path, nargs="?",
                             help="an Nsight Systems export (.sqlite) of the same run, to measure memory outside PyTorch")
         parser.add_argument("-o", "--output", type=Path, help="where to write the report (default: beside the input; "
@@ -89,6 +91,8 @@ class AnalyzeCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         args.format = args.format or format_for(args.output)
+        if _is_log(args.file):
+            return self._log(args)
         json_to_stdout = args.format == "json" and args.output is None
         console = Console(stderr=json_to_stdout, quiet=args.quiet or json_to_stdout, highlight=False)
         with _run_log(args.log or (Path(os.environ[RUN_LOG_ENV]) if os.environ.get(RUN_LOG_ENV) else None),
@@ -103,6 +107,33 @@ class AnalyzeCommand:
                 written = reporter(args.format)(report, None)
             log(report)
         _summary(report, console)
+        for path in written:
+            _written(console, "\nreport written to", path)
+        return 0
+
+    @staticmethod
+    def _log(args: argparse.Namespace) -> int:
+        """A text log (or standard input): read streamed, judged per OOM, reported by the log reporters."""
+        from analyzer.log_result import analyze_log
+        from analyzer.report import LOG_REPORTERS
+        from analyzer.report.log_text import print_log_summary
+
+        source = None if str(args.file) == "-" else args.file
+        if args.format not in LOG_REPORTERS:
+            raise UnsupportedFormat(source, f"a log's report is {', '.join(sorted(LOG_REPORTERS))}, not {args.format}",
+                                    "Pass --format html, md or json.")
+        if args.companion is not None or args.export_trace is not None or args.log is not None or args.note is not None:
+            raise UnsupportedFormat(source, "a text log is analysed alone (no Nsight export, --export-trace or run "
+                                    "log)", "Drop those options for a log.")
+        json_to_stdout = args.format == "json" and args.output is None
+        console = Console(stderr=json_to_stdout, quiet=args.quiet or json_to_stdout, highlight=False)
+        report = analyze_log(args.file)
+        write = reporter(args.format, LOG_REPORTERS)
+        out = args.output if args.output or json_to_stdout or source is None else default_output(source, args.format)
+        written = write_report(partial(write, report), out, args.output is None) if out else \
+            (write(report, None) if json_to_stdout else [])
+        if not console.quiet:
+            print_log_summary(report, console)
         for path in written:
             _written(console, "\nreport written to", path)
         return 0
@@ -146,6 +177,13 @@ class AnalyzeCommand:
             job = analyze_job(args.file, options, scheduler=args.scheduler, workers=args.workers,
                               on_done=lambda _, total: progress.update(task, total=total, advance=1))
         return job_report(job)
+
+
+def _is_log(path: Path) -> bool:
+    """`-` (standard input) or a file whose bytes are a text log (analyzer.ingest.sniff decides)."""
+    from analyzer.ingest import sniff
+
+    return str(path) == "-" or (not path.is_dir() and sniff.sniff(sniff.check_path(path)) == sniff.LOG)
 
 
 @contextmanager

@@ -31,6 +31,7 @@ READERS: dict[str, str] = {
 }
 
 _NOT_YET: dict[str, str] = {
+    formats.LOG: "a text log as a MemoryTrace (it holds no allocation history; `analyze FILE` diagnoses it)",
 }
 
 

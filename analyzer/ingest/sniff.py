@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import IO
 
 from analyzer.errors import CorruptInput, InputNotFound, ResourceLimit, UnsupportedFormat
+from analyzer.ingest.log.detect import json_list, text_log
 
 #: decompressed bytes we accept from one gzip member stream; set ANALYZER_MAX_DECOMPRESSED_BYTES to change
 DEFAULT_MAX_DECOMPRESSED_BYTES = 32 * 2**30
@@ -39,6 +40,7 @@ NSYS_SQLITE = "nsys_sqlite"
 NSYS_REP = "nsys_rep"
 TRACE_ARCHIVE = "trace_archive"
 TRACE_DIRECTORY = "trace_directory"
+LOG = "log"  # a text log: analyzer.log_result reads it
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -175,21 +177,26 @@ def sniff(path: Path) -> str:
     first = head.lstrip()[:1]
     if head[:1] != b"\x80" and first not in (b"{", b"["):
         looks = looks_like(head)
-        if looks is not None:
-            raise UnsupportedFormat(path, f"looks like {looks}, not a recording of GPU memory", ACCEPTED)
+        if looks is not None and not looks.startswith(TEXT_KINDS):   # an image, a page: not a log either
+            raise UnsupportedFormat(path, f"looks like {looks}, not a recording of GPU memory or a log", ACCEPTED)
+        if text_log(head):
+            return LOG   # text, CSV (nvidia-smi's): the log reader says what it finds, or what it looked for
     if head[:1] == b"\x80" or (head[:1] and head[0] in _PICKLE_V0_FIRST and first not in (b"{", b"[")):
         return SNAPSHOT
     if first == b"{":
         return KINETO
     if first == b"[":
+        if not json_list(head) and text_log(head):
+            return LOG
         return MEMORY_TIMELINE_RAW if _RAW_TIMELINE_ROW.match(head) else MEMORY_TIMELINE
     raise UnsupportedFormat(path, "not a memory snapshot, profiler trace, memory timeline or Nsight export", ACCEPTED)
 
 
 #: what `analyze` reads, said whenever a file is none of it
 ACCEPTED = ("analyze reads a CUDA memory snapshot (a torch.cuda.memory._dump_snapshot pickle), a PyTorch Profiler "
-            "trace (.json or .json.gz with traceEvents), an export_memory_timeline file, or an Nsight Systems .sqlite "
-            "export.")
+            "trace (.json or .json.gz with traceEvents), an export_memory_timeline file, an Nsight Systems .sqlite "
+            "export, or a training log holding an out-of-memory message, memory_summary(), nvidia-smi or framework "
+            "memory lines.")
 #: the first bytes of files people pass by mistake, and what they are
 _MAGIC = ((b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF87a", "a GIF image"),
           (b"GIF89a", "a GIF image"), (b"%PDF-", "a PDF document"),
@@ -223,6 +230,10 @@ def looks_like(head: bytes) -> str | None:
             return None
         text = head[: error.start].decode("utf-8")
     return text_kind(text)
+
+
+#: how text_kind names plain text: such a file goes to the log reader
+TEXT_KINDS = ("CSV", "tab-separated", "text")
 
 
 def text_kind(text: str) -> str:

@@ -15,10 +15,17 @@ REPORTERS: dict[str, str] = {
     "pdf": "analyzer.report.pdf:write_pdf",
 }
 
+#: the reporters of a text log's analysis (analyzer.log_result.LogAnalysis), by the same format names
+LOG_REPORTERS: dict[str, str] = {
+    "html": "analyzer.report.log_html:write_log_html",
+    "json": "analyzer.report.json_report:write_json",
+    "md": "analyzer.report.log_markdown:write_log_markdown",
+}
+
 #: the file suffix each format writes when the user names no output
 SUFFIXES: dict[str, str] = {"html": ".html", "json": ".json", "md": ".md", "pdf": ".pdf"}
 
 
-def reporter(fmt: str) -> Callable[..., list[Path]]:
-    module, function = REPORTERS[fmt].split(":")
+def reporter(fmt: str, registry: dict[str, str] = REPORTERS) -> Callable[..., list[Path]]:
+    module, function = registry[fmt].split(":")
     return getattr(importlib.import_module(module), function)

@@ -111,7 +111,7 @@ def test_a_log_that_cannot_be_written_is_one_line_and_exit_2(where, tmp_path, ca
                           capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert str(path) in err and {"missing folder": "does not exist", "a directory": "is a directory",
-                                 "a full disk": "cannot be written"}[where] in err
+                                 "a full disk": "is not a regular file"}[where] in err
 
 
 def test_log_wins_over_the_environment_and_an_empty_variable_is_unset(tmp_path, capsys, monkeypatch):

@@ -1,0 +1,95 @@
+"""What a log's repeated memory lines show across time and ranks: growth step over step (a leak), one rank far
+above the others (imbalance), and each GPU's highest use in an nvidia-smi log."""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from analyzer.core.units import human_bytes
+from analyzer.ingest.log.reading import Reading
+
+#: readings of one series needed before growth says anything
+LEAK_MIN_READINGS = 5
+#: growth from the first reading to the last of a series that is a leak (and it never goes down)
+LEAK_MIN_GROWTH = 256 << 20
+#: a rank whose peak is this many times the median rank's is out of balance
+IMBALANCE_RATIO = 1.2
+
+_SERIES_KEYS = ("allocated", "used")
+_PEAK_KEYS = ("allocated_peak", "reserved_peak", "used", "allocated")
+
+
+def _series(readings: list[Reading]) -> dict[tuple[Any, ...], list[tuple[int, int]]]:
+    """(source, rank, device, label, key) -> [(line, bytes)] in order, for the keys that grow with a leak."""
+    out: dict[tuple[Any, ...], list[tuple[int, int]]] = defaultdict(list)
+    for r in readings:
+        if r.source in ("nvidia_smi_process", "vllm", "sglang"):
+            continue
+        label = r.label if r.source != "nvidia_smi_csv" else None
+        for key in _SERIES_KEYS:
+            if key in r.bytes:
+                out[(r.source, r.rank, r.device, label, key)].append((r.line, r.bytes[key]))
+                break
+    return out
+
+
+def leaks(readings: list[Reading]) -> list[dict[str, Any]]:
+    """Series that never go down over at least LEAK_MIN_READINGS readings and grow by LEAK_MIN_GROWTH or more."""
+    found = []
+    for (source, rank, device, label, key), points in _series(readings).items():
+        values = [v for _, v in points]
+        growth = values[-1] - values[0] if values else 0
+        if len(values) >= LEAK_MIN_READINGS and growth >= LEAK_MIN_GROWTH and all(b >= a for a, b in zip(values, values[1:])):
+            where = ", ".join(p for p in (f"rank {rank}" if rank is not None else "",
+                                          f"GPU {device}" if device is not None else "", label or "") if p)
+            found.append({"kind": "leak", "source": source, "rank": rank, "device": device, "label": label,
+                          "readings": len(values), "first_line": points[0][0], "last_line": points[-1][0],
+                          "first_bytes": values[0], "last_bytes": values[-1], "growth_bytes": growth,
+                          "per_reading_bytes": growth // (len(values) - 1),
+                          "summary": f"{key} memory grows in every one of {len(values)} {source} readings"
+                                     f"{' (' + where + ')' if where else ''}: {human_bytes(values[0])} to {human_bytes(values[-1])}"})
+    return found
+
+
+def imbalance(readings: list[Reading]) -> dict[str, Any] | None:
+    """The rank whose highest reading is IMBALANCE_RATIO times the median rank's or more, if any."""
+    peaks: dict[int, int] = {}
+    for r in readings:
+        if r.rank is None or r.source in ("nvidia_smi_process", "vllm", "sglang"):
+            continue
+        value = next((r.bytes[k] for k in _PEAK_KEYS if k in r.bytes), None)
+        if value is not None:
+            peaks[r.rank] = max(peaks.get(r.rank, 0), value)
+    if len(peaks) < 2:
+        return None
+    median = statistics.median(peaks.values())
+    rank, top = max(peaks.items(), key=lambda kv: kv[1])
+    if median <= 0 or top < IMBALANCE_RATIO * median:
+        return None
+    return {"kind": "imbalance", "rank": rank, "peak_bytes": top, "median_bytes": int(median),
+            "ranks": dict(sorted(peaks.items())),
+            "summary": f"rank {rank} peaks at {human_bytes(top)}, {top / median:.2f}× the median rank ({human_bytes(median)})"}
+
+
+def gpu_peaks(readings: list[Reading]) -> list[dict[str, Any]]:
+    """Each GPU's highest nvidia-smi use (screen or CSV) and its capacity, in device order."""
+    peaks: dict[int, dict[str, Any]] = {}
+    for r in readings:
+        if r.source in ("nvidia_smi", "nvidia_smi_csv") and r.device is not None and "used" in r.bytes:
+            best = peaks.get(r.device)
+            if best is None or r.bytes["used"] > best["used_bytes"]:
+                peaks[r.device] = {"device": r.device, "used_bytes": r.bytes["used"], "total_bytes": r.bytes.get("total"),
+                                   "line": r.line, "readings": (best or {}).get("readings", 0) + 1}
+            else:
+                best["readings"] += 1
+    return [peaks[d] for d in sorted(peaks)]
+
+
+def gpu_processes(readings: list[Reading]) -> list[dict[str, Any]]:
+    """The processes nvidia-smi or list_gpu_processes() listed, the last reading of each (device, process)."""
+    last: dict[tuple[int | None, str | None], dict[str, Any]] = {}
+    for r in readings:
+        if r.source == "nvidia_smi_process":
+            last[(r.device, r.label)] = {"device": r.device, "process": r.label, "used_bytes": r.bytes["used"], "line": r.line}
+    return sorted(last.values(), key=lambda p: (p["device"] is None, p["device"] or 0, -p["used_bytes"]))

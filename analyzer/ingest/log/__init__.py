@@ -1,0 +1,129 @@
+"""Read a text log (a training run's output, a pasted error, an issue's text) into a LogReading, streamed.
+
+One pass over cleaned lines (analyzer.ingest.log.lines) feeds every reader: the OOM messages with the
+traceback before each (oom_message, traceback), memory_summary() tables and memory_stats() dicts
+(memory_summary), nvidia-smi output (nvidia_smi) and framework memory lines (framework_lines). Only what was
+read is kept, bounded: a log of any size is read in constant memory but for its OOMs and readings.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import IO
+
+from analyzer.errors import CorruptInput
+from analyzer.ingest.log import oom_message
+from analyzer.ingest.log.framework_lines import FrameworkLinesReader
+from analyzer.ingest.log.lines import read_lines
+from analyzer.ingest.log.memory_summary import MemorySummaryReader
+from analyzer.ingest.log.nvidia_smi import NvidiaSmiReader
+from analyzer.ingest.log.oom_message import OomText
+from analyzer.ingest.log.reading import AllocatorSetting, LogReading, Reading
+from analyzer.ingest.log.traceback import Frame, TracebackWindow
+
+#: OOMs and readings kept; past these a log is still read to its end and the warnings say what was left out
+MAX_OOMS = 1000
+MAX_READINGS = 50_000
+#: the same OOM printed again within this many lines (a chained exception, a logger and the traceback) is one
+SAME_OOM_LINES = 200
+
+_SETTING = re.compile(r"PYTORCH_(?:CUDA_)?ALLOC_CONF\s*[=:]\s*['\"]?([\w:.,=\-]+)")
+_HINT = re.compile(r"try setting|If reserved|See documentation")
+_MARKERS = {"vllm": re.compile(r"\bvllm\b|VllmWorker|gpu_memory_utilization"),
+            "sglang": re.compile(r"\bsglang\b|mem[_-]fraction[_-]static|KV Cache is allocated")}
+
+
+class _OomCollector:
+    """Joins a wrapped message, parses it, attaches its traceback and folds repeats of the same OOM."""
+
+    def __init__(self) -> None:
+        self.ooms: list[OomText] = []
+        self.left_out = 0
+        self._buffer: tuple[int, int | None, str, tuple[Frame, ...], int] | None = None
+
+    def feed(self, number: int, text: str, rank: int | None, window: TracebackWindow) -> bool:
+        """Take `text` if it is (part of) an OOM message; True when it was."""
+        if self._buffer is not None:
+            start, r, joined, frames, extra = self._buffer
+            if extra < oom_message.MAX_WRAPPED_LINES and oom_message.continues(joined, text):
+                self._buffer = (start, r, f"{joined} {text.lstrip('# ').strip()}", frames, extra + 1)
+                return True
+            self.finish()
+        calloc = oom_message.nccl_calloc_bytes(text)
+        if calloc is not None and self.ooms and self.ooms[-1].source == "nccl" and number - self.ooms[-1].line < 8:
+            self.ooms[-1] = replace(self.ooms[-1], requested_bytes=calloc)
+            return True
+        if oom_message.starts(text):
+            self._buffer = (number, rank, text, window.take(number), 0)
+            return True
+        return False
+
+    def finish(self) -> None:
+        if self._buffer is None:
+            return
+        start, rank, joined, frames, _ = self._buffer
+        self._buffer = None
+        parsed = oom_message.parse(joined, start, rank)
+        if parsed is None:
+            return
+        parsed = replace(parsed, frames=frames)
+        last = self.ooms[-1] if self.ooms else None
+        if last is not None and last.same_event(parsed) and start - last.line <= SAME_OOM_LINES:
+            self.ooms[-1] = replace(last, repeats=last.repeats + 1, frames=last.frames or parsed.frames, line=start)
+        elif len(self.ooms) < MAX_OOMS:
+            self.ooms.append(parsed)
+        else:
+            self.left_out += 1
+
+
+def read_log(stream: IO[bytes], path: str) -> LogReading:
+    """Everything the readers find in `stream`, in one pass."""
+    window = TracebackWindow()
+    ooms = _OomCollector()
+    summaries, smi, frameworks = MemorySummaryReader(), NvidiaSmiReader(), FrameworkLinesReader()
+    readings: list[Reading] = []
+    settings: list[AllocatorSetting] = []
+    seen: set[str] = set()
+    dropped = lines = 0
+    for line in read_lines(stream):
+        lines = line.number
+        text, rank = line.text, line.rank
+        window.feed(line.number, text)
+        if ooms.feed(line.number, text, rank, window):
+            continue
+        if "ALLOC_CONF" in text and not _HINT.search(text) and (m := _SETTING.search(text)):
+            settings.append(AllocatorSetting(line.number, m.group(1)))
+        for name, marker in _MARKERS.items():
+            if name not in seen and marker.search(text):
+                seen.add(name)
+        found = summaries.feed(line.number, text, rank) + smi.feed(line.number, text, rank) + \
+            frameworks.feed(line.number, text, rank)
+        room = MAX_READINGS - len(readings)
+        readings += found[:room]
+        dropped += max(len(found) - room, 0)
+    ooms.finish()
+    readings += summaries.finish()
+    warnings = []
+    if ooms.left_out:
+        warnings.append(f"{ooms.left_out} more OOM messages after the first {MAX_OOMS} were not kept")
+    if dropped:
+        warnings.append(f"{dropped} memory readings after the first {MAX_READINGS} were not kept")
+    return LogReading(path=path, lines=lines, ooms=ooms.ooms, readings=readings, settings=settings,
+                      frameworks=sorted(seen | {s for s in frameworks.seen if s in ("vllm", "sglang", "deepspeed", "megatron")}),
+                      warnings=warnings)
+
+
+def read_log_file(path: Path | str) -> LogReading:
+    """`path` read as a log ("-" is standard input); gzip is opened as the other readers open it."""
+    if str(path) == "-":
+        return read_log(sys.stdin.buffer, "-")
+    from analyzer.ingest.sniff import open_input
+
+    p = Path(path)
+    try:
+        with open_input(p) as stream:
+            return read_log(stream, str(p))
+    except UnicodeError as error:  # decoding replaces, so only a codec bug lands here
+        raise CorruptInput(p, f"the text cannot be decoded ({error})") from None

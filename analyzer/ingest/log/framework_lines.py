@@ -1,0 +1,120 @@
+"""Memory lines that training and serving frameworks print, each as a Reading.
+
+- Megatron-LM `report_memory` (megatron/training/utils.py): `[Rank r] (after N iterations) memory (MB) |
+  allocated: a | max allocated: b | reserved: c | max reserved: d`, the "MB" being MiB (bytes / 1024 / 1024);
+  and its newer per-iteration `mem-allocated-gigabytes: x | mem-max-allocated-gigabytes: y | ...` (GiB).
+- DeepSpeed `see_memory_usage` (deepspeed/runtime/utils.py): the message line, then `MA a GB  Max_MA b GB
+  CA c GB  Max_CA d GB` (GiB; Max_CA rounded to a whole GiB).
+- Lightning/NeMo and hand-written logs: `max_memory_reserved`, `max_memory_allocated`, `memory_reserved`,
+  `memory_allocated` followed by `=` or `:` and a size with its unit.
+- vLLM's memory profiling (worker.py, gpu_worker.py): `total_gpu_memory (T) x gpu_memory_utilization (u) = B`,
+  `model weights take W; non_torch_memory takes N; PyTorch activation peak memory takes P; the rest of the
+  memory reserved for KV Cache is K`, `Available KV cache memory: K`, and the start-up refusal `Free memory on
+  device (F/T GiB) on startup is less than desired GPU memory utilization (u, B GiB)`.
+- SGLang (model_runner.py): `Load weight end. ... avail mem=A GB, mem usage=W GB`, `KV Cache is allocated.
+  ... K size: k GB, V size: v GB`, `Memory pool end. avail mem=A GB` (GB = 2**30 bytes there).
+"""
+from __future__ import annotations
+
+import re
+
+from analyzer.ingest.log.reading import Reading
+from analyzer.ingest.log.sizes import SIZE, to_bytes
+
+_N = r"(\d+(?:\.\d+)?)"
+_MEGATRON_MB = re.compile(r"(?:\[Rank (\d+)\] )?\((?:after (\d+) iterations|[^)]*)\) memory \(MB\) \| allocated: " + _N
+                          + r" \| max allocated: " + _N + r" \| reserved: " + _N + r" \| max reserved: " + _N)
+_MEGATRON_GB = re.compile(r"mem-([a-z\-]+)-(giga|mega)bytes:\s*" + _N)
+_ITERATION = re.compile(r"\biteration\s+(\d+)\s*/")
+_DEEPSPEED = re.compile(r"\bMA " + _N + r" GB\s+Max_MA " + _N + r" GB\s+CA " + _N + r" GB\s+Max_CA " + _N + r" GB")
+_DEEPSPEED_LABEL = re.compile(r"see_memory_usage\]\s*(.*\S)\s*$")
+_TORCH_CALLS = re.compile(r"\b(max_memory_reserved|max_memory_allocated|memory_reserved|memory_allocated)\b\(?\)?"
+                          r"\s*[=:]\s*" + SIZE)
+_VLLM_BUDGET = re.compile(r"total_gpu_memory \(" + SIZE + r"\) x gpu_memory_utilization \(" + _N + r"\) = " + SIZE)
+_VLLM_SPLIT = re.compile(r"model weights take " + SIZE + r"; non_torch_memory takes " + SIZE
+                         + r"; PyTorch activation peak memory takes " + SIZE
+                         + r"; the rest of the memory reserved for KV Cache is " + SIZE)
+_VLLM_KV = re.compile(r"Available KV cache memory: " + SIZE)
+_VLLM_STARTUP = re.compile(r"Free memory on device(?: \w+:(\d+))? \(" + _N + r"/" + _N + r" GiB\) on startup is less than desired "
+                           r"GPU memory utilization \(" + _N + r", " + _N + r" GiB\)")
+_SGLANG_LOAD = re.compile(r"Load weight end\..*?avail mem=" + _N + r" GB, mem usage=" + _N + r" GB")
+_SGLANG_KV = re.compile(r"KV Cache is allocated\..*?K size: " + _N + r" GB, V size: " + _N + r" GB")
+_SGLANG_POOL = re.compile(r"Memory pool end\. avail mem=" + _N + r" GB")
+
+_GIB, _MIB = 2**30, 2**20
+
+
+def _g(value: str) -> int:
+    return round(float(value) * _GIB)
+
+
+class FrameworkLinesReader:
+    """Reads the lines above; remembers DeepSpeed's message line for the numbers that follow it."""
+
+    def __init__(self) -> None:
+        self._deepspeed_label: str | None = None
+        self.seen: set[str] = set()
+
+    def feed(self, number: int, text: str, rank: int | None) -> list[Reading]:
+        read = self._read(number, text, rank)
+        if read:
+            self.seen.add(read.source)
+            return [read]
+        return []
+
+    def _read(self, number: int, text: str, rank: int | None) -> Reading | None:
+        if "MB)" in text and (m := _MEGATRON_MB.search(text)):
+            return Reading(line=number, source="megatron", rank=int(m.group(1)) if m.group(1) else rank,
+                           step=int(m.group(2)) if m.group(2) else None,
+                           bytes={"allocated": round(float(m.group(3)) * _MIB),
+                                  "allocated_peak": round(float(m.group(4)) * _MIB),
+                                  "reserved": round(float(m.group(5)) * _MIB),
+                                  "reserved_peak": round(float(m.group(6)) * _MIB)})
+        if "mem-" in text and (pairs := _MEGATRON_GB.findall(text)):
+            step = _ITERATION.search(text)
+            names = {"allocated": "allocated", "max-allocated": "allocated_peak", "reserved": "reserved",
+                     "max-reserved": "reserved_peak"}
+            values = {names[n]: round(float(v) * (_GIB if unit == "giga" else _MIB)) for n, unit, v in pairs if n in names}
+            return Reading(line=number, source="megatron", rank=rank, step=int(step.group(1)) if step else None,
+                           bytes=values) if values else None
+        if "see_memory_usage" in text and (label := _DEEPSPEED_LABEL.search(text)) and not _DEEPSPEED.search(text):
+            self._deepspeed_label = label.group(1) if not label.group(1).startswith("CPU Virtual") else self._deepspeed_label
+        if "Max_MA" in text and (m := _DEEPSPEED.search(text)):
+            return Reading(line=number, source="deepspeed", rank=rank, label=self._deepspeed_label,
+                           bytes={"allocated": _g(m.group(1)), "allocated_peak": _g(m.group(2)),
+                                  "reserved": _g(m.group(3)), "reserved_peak": _g(m.group(4))})
+        if "memory_" in text and (calls := _TORCH_CALLS.findall(text)):
+            names = {"max_memory_reserved": "reserved_peak", "max_memory_allocated": "allocated_peak",
+                     "memory_reserved": "reserved", "memory_allocated": "allocated"}
+            return Reading(line=number, source="torch_calls", rank=rank,
+                           bytes={names[n]: to_bytes(v, u) for n, v, u in calls})
+        return self._serving(number, text, rank)
+
+    def _serving(self, number: int, text: str, rank: int | None) -> Reading | None:
+        if (m := _VLLM_BUDGET.search(text)):
+            return Reading(line=number, source="vllm", rank=rank, label="budget",
+                           bytes={"total": to_bytes(m.group(1), m.group(2)), "budget": to_bytes(m.group(4), m.group(5))},
+                           counts={"gpu_memory_utilization_percent": round(float(m.group(3)) * 100)})
+        if (m := _VLLM_SPLIT.search(text)):
+            return Reading(line=number, source="vllm", rank=rank, label="profile",
+                           bytes={"weights": to_bytes(m.group(1), m.group(2)), "non_torch": to_bytes(m.group(3), m.group(4)),
+                                  "activation_peak": to_bytes(m.group(5), m.group(6)),
+                                  "kv_cache": to_bytes(m.group(7), m.group(8))})
+        if (m := _VLLM_KV.search(text)):
+            return Reading(line=number, source="vllm", rank=rank, label="kv_cache",
+                           bytes={"kv_cache": to_bytes(m.group(1), m.group(2))})
+        if (m := _VLLM_STARTUP.search(text)):
+            return Reading(line=number, source="vllm", rank=rank, label="startup_refused",
+                           device=int(m.group(1)) if m.group(1) else None,
+                           bytes={"free": _g(m.group(2)), "total": _g(m.group(3)), "budget": _g(m.group(5))},
+                           counts={"gpu_memory_utilization_percent": round(float(m.group(4)) * 100)})
+        if (m := _SGLANG_LOAD.search(text)):
+            return Reading(line=number, source="sglang", rank=rank, label="weights_loaded",
+                           bytes={"available": _g(m.group(1)), "weights": _g(m.group(2))})
+        if (m := _SGLANG_KV.search(text)):
+            return Reading(line=number, source="sglang", rank=rank, label="kv_cache",
+                           bytes={"kv_cache": _g(m.group(1)) + _g(m.group(2))})
+        if (m := _SGLANG_POOL.search(text)):
+            return Reading(line=number, source="sglang", rank=rank, label="memory_pool",
+                           bytes={"available": _g(m.group(1))})
+        return None

@@ -1,0 +1,81 @@
+"""`nvidia-smi`: the default screen, `--query-gpu`/`--query-compute-apps` CSV, and `torch.cuda.list_gpu_processes()`.
+
+The screen: a GPU's first row `|   0  NVIDIA A100 ... On | 00000000:07:00.0 Off | 0 |` names its index, its
+second row holds `used MiB / total MiB`; under `Processes:` each row is `| GPU [GI CI] PID Type Name Used MiB |`
+(GI and CI since driver 450; older drivers print `N/A` or nothing there). CSV logs are read when their header
+says which column is which (`--format=csv`, with or without `nounits`); a `noheader` log has no names for its
+columns and is not read. `list_gpu_processes()` prints `GPU:n` then `process PID uses X MB GPU memory`.
+"""
+from __future__ import annotations
+
+import re
+
+from analyzer.ingest.log.reading import Reading
+from analyzer.ingest.log.sizes import to_bytes
+
+_GPU_ROW = re.compile(r"^\|\s*(\d+)\s+\S.*\|\s*[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d\s+\S+\s*\|")
+_MEMORY = re.compile(r"\|\s*(\d+)\s*MiB\s*/\s*(\d+)\s*MiB\s*\|")
+_PROCESS = re.compile(r"^\|\s*(\d+)\s+(?:(?:N/A|\d+)\s+(?:N/A|\d+)\s+)?(\d+)\s+(C|G|C\+G|M|M\+C)\s+(\S.*?)\s+(\d+)\s*MiB\s*\|")
+_TORCH_GPU = re.compile(r"^GPU:(\d+)\s*$")
+_TORCH_PROCESS = re.compile(r"process\s+(\d+) uses\s+(\d+(?:\.\d+)?) MB GPU memory")
+_CSV_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(MiB|GiB|KiB|B)?\s*$")
+
+
+class NvidiaSmiReader:
+    """Reads the screen's GPU and process rows, headed CSV logs and list_gpu_processes() output."""
+
+    def __init__(self) -> None:
+        self._gpu: int | None = None
+        self._columns: list[str] | None = None
+        self._csv_rows = 0
+
+    def feed(self, number: int, text: str, rank: int | None) -> list[Reading]:
+        gpu = _GPU_ROW.match(text)
+        if gpu:
+            self._gpu = int(gpu.group(1))
+            return []
+        memory = _MEMORY.search(text)
+        if memory and self._gpu is not None and text.lstrip().startswith("|"):
+            device, self._gpu = self._gpu, None
+            return [Reading(line=number, source="nvidia_smi", rank=rank, device=device,
+                            bytes={"used": int(memory.group(1)) << 20, "total": int(memory.group(2)) << 20})]
+        process = _PROCESS.match(text)
+        if process:
+            return [Reading(line=number, source="nvidia_smi_process", rank=rank, device=int(process.group(1)),
+                            label=f"pid {process.group(2)} {process.group(4)}",
+                            bytes={"used": int(process.group(5)) << 20})]
+        torch_gpu = _TORCH_GPU.match(text.strip())
+        if torch_gpu:
+            self._gpu = int(torch_gpu.group(1))
+            return []
+        torch_process = _TORCH_PROCESS.search(text)
+        if torch_process:
+            return [Reading(line=number, source="nvidia_smi_process", rank=rank, device=self._gpu,
+                            label=f"pid {torch_process.group(1)}",
+                            bytes={"used": round(float(torch_process.group(2)) * 2**20)})]
+        return self._csv(number, text, rank)
+
+    def _csv(self, number: int, text: str, rank: int | None) -> list[Reading]:
+        if "," not in text:
+            self._columns = None
+            return []
+        cells = [c.strip() for c in text.split(",")]
+        if any(c.startswith(("memory.used", "used_gpu_memory", "memory.total")) for c in cells):
+            self._columns = [c.split(" [")[0] for c in cells]
+            return []
+        if self._columns is None or len(cells) != len(self._columns):
+            return []
+        row = dict(zip(self._columns, cells))
+        sizes = {}
+        for column, key in (("memory.used", "used"), ("memory.total", "total"), ("used_gpu_memory", "used")):
+            m = _CSV_SIZE.match(row.get(column, ""))
+            if m:
+                sizes[key] = to_bytes(m.group(1), m.group(2) or "MiB")
+        if not sizes:
+            return []
+        index = row.get("index", "")
+        pid = row.get("pid")
+        return [Reading(line=number, source="nvidia_smi_process" if pid else "nvidia_smi_csv", rank=rank,
+                        device=int(index) if index.isdigit() else None,
+                        label=f"pid {pid} {row.get('process_name', '')}".strip() if pid else row.get("timestamp"),
+                        bytes=sizes)]

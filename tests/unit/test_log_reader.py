@@ -1,0 +1,339 @@
+"""Text logs: each form read from real texts (fixtures/logs, sources in SOURCES.md) with its numbers computed by
+hand from the printed values, the cause rule on each side of every threshold, and the command on a log."""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from analyzer.diagnose.log_cause import CONTEXT_ALLOWANCE, FREE_SLACK, judge
+from analyzer.diagnose import log_trends
+from analyzer.ingest.log import read_log
+from analyzer.ingest.log.lines import clean
+from analyzer.ingest.log.oom_message import Era, OomText, parse
+from analyzer.ingest.log.reading import Reading
+from analyzer.log_result import analyze_log
+from tests.support.paths import ROOT
+
+LOGS = ROOT / "fixtures" / "logs"
+GiB, MiB, KiB = 2**30, 2**20, 2**10
+
+
+def g(x: float) -> int:
+    return round(x * GiB)
+
+
+def m(x: float) -> int:
+    return round(x * MiB)
+
+
+# fixture -> (era, cause, requested, capacity, free, allocated, reserved, unallocated), bytes from the printed sizes
+CASES = {
+    "cached_pytorch_16417.log": (Era.CACHED, "unknown", m(12.5), g(10.92), g(9.28), m(8.57), m(8.57) + m(4.68), m(4.68)),
+    "cached_pr13751_request_too_large.log": (Era.CACHED, "capacity", g(16), g(11.93), g(7.33), g(4), g(4) + round(179 * KiB), round(179 * KiB)),
+    "reserved_summary_pytorch_35901.log": (Era.RESERVED, "fragmentation", g(10.84), g(23.65), g(10.26), g(1.06), g(12.53), g(12.53) - g(1.06)),
+    "reserved_malloc_at_fairseq_2442.log": (Era.RESERVED, "unknown", m(246), g(31.75), m(460.38), g(26), g(27.88), g(27.88) - g(26)),
+    "reserved_free_enough_pytorch_59778.log": (Era.RESERVED, "unknown", g(2.26), g(6), g(3.03), m(781.59), g(1.24), g(1.24) - m(781.59)),
+    "reserved_capacity_zero_dce_52.log": (Era.RESERVED, "capacity", g(1.71), g(6), g(1.04), g(3.49), g(3.5), g(3.5) - g(3.49)),
+    "reserved_windows_inconsistent_ipassr_9.log": (Era.RESERVED, "unknown", g(10.73), g(8), 0, g(17.2), g(19.15), g(19.15) - g(17.2)),
+    "reserved_wrapped_comment.log": (Era.RESERVED, "fragmentation", m(36), g(7.93), m(47.06), m(130.35), m(188), m(188) - m(130.35)),
+    "ofwhich_capacty_mygirlgpt_11.log": (Era.OF_WHICH, "capacity", m(32), g(4), m(41.56), g(2.58), g(2.58) + m(1.9), m(1.9)),
+    "ofwhich_fragmentation_lerf_73.log": (Era.OF_WHICH, "fragmentation", g(3), g(23.65), g(1.66), g(12.09), g(12.09) + g(4.84), g(4.84)),
+    "ofwhich_capacity_chained_cads_4.log": (Era.OF_WHICH, "capacity", g(22.78), g(31.47), g(12.73), g(9.08), g(9.08) + g(9.35), g(9.35)),
+    "ofwhich_process_listed_langchain_3992.log": (Era.OF_WHICH, "capacity", g(128), g(23.65), g(7.95), g(8.13), g(8.13) + m(8.94), m(8.94)),
+    "ofwhich_no_nvml_neurolens_2.log": (Era.OF_WHICH, "capacity", g(55.57), g(12), g(9.02), m(984.52), m(984.52) + m(463.48), m(463.48)),
+    "ofwhich_other_process_fbgemm_5605.log": (Era.OF_WHICH, "other_process", g(122.07), g(255.98), g(50.64), g(123.74), g(123.74) + m(8.94), m(8.94)),
+    "hip_forward_pytorch_175431.log": (Era.OF_WHICH, "unknown", m(2), g(287.98), g(203.49), g(68.63), g(68.63) + g(14.93), g(14.93)),
+    "xpu_ofwhich_torch_xpu_ops_3011.log": (Era.OF_WHICH, "unknown", g(4.66), g(5.65), g(5.65), round(195.5 * KiB), round(195.5 * KiB) + m(1.81), m(1.81)),
+    "xpu_paren_ipex_629.log": (Era.RESERVED, "unknown", g(1.71), g(15.56), None, 0, 0, 0),
+    "mps_other_allocations_comfyui_7440.log": (Era.MPS, "other_process", m(292.5), g(27.2), g(27.2) - g(9.57) - g(17.35), g(9.57), None, None),
+    "mps_capacity_comfyui_7372.log": (Era.MPS, "capacity", m(1024), g(18.13), g(18.13) - g(17.68) - m(3.95), g(17.68), None, None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_real_oom_messages_read_and_judged(name: str) -> None:
+    era, cause, requested, capacity, free, allocated, reserved, unallocated = CASES[name]
+    a = analyze_log(LOGS / name)
+    o = a.ooms[-1]
+    assert (o.text.era, o.cause.cause) == (era, cause)
+    assert (o.text.requested_bytes, o.text.capacity_bytes, o.text.free_bytes) == (requested, capacity, free)
+    assert (o.text.allocated_bytes, o.text.reserved_bytes, o.text.unallocated_bytes) == (allocated, reserved, unallocated)
+
+
+def test_every_fixture_is_listed_in_sources() -> None:
+    sources = (LOGS / "SOURCES.md").read_text()
+    assert all(p.name in sources for p in LOGS.glob("*.log"))
+
+
+def test_2_1_form_reads_this_process_and_other_processes() -> None:
+    o = analyze_log(LOGS / "ofwhich_process_listed_langchain_3992.log").ooms[0]
+    assert o.text.processes == ((1957120, g(7.10)),) and o.text.this_process_bytes == g(8.58)
+    assert o.cause.non_pytorch_bytes == g(8.58) - (g(8.13) + m(8.94))
+    assert o.text.repeats == 2  # the logger's line and the exception's: one OOM
+
+
+def test_several_ooms_in_one_log_are_kept_apart() -> None:
+    a = analyze_log(LOGS / "cached_warnings_pytorch_31252.log")
+    # four lines, the third repeats the first's numbers but the second differs in between: four OOMs
+    assert [o.text.requested_bytes for o in a.ooms] == [g(1.72), g(1.68), g(1.72), g(1.64)]
+    assert [o.cause.cause for o in a.ooms] == ["fragmentation"] * 4   # 5.54/3.90/5.54/3.98 GiB cached >= request
+
+
+def test_malloc_at_suffix_and_summary_table() -> None:
+    a = analyze_log(LOGS / "reserved_malloc_at_fairseq_2442.log")
+    assert a.ooms[0].text.malloc_at == "CUDACachingAllocator.cpp:501"
+    (table,) = a.reading.readings
+    assert table.source == "memory_summary" and table.device == 0
+    assert table.counts == {"ooms": 1, "alloc_retries": 6}
+    assert table.bytes == {"allocated": 26377 * MiB, "allocated_peak": 26988 * MiB}
+
+
+def test_summary_table_reserved_row() -> None:
+    (table,) = analyze_log(LOGS / "reserved_summary_pytorch_35901.log").reading.readings
+    assert table.bytes["reserved"] == 12420 * MiB and table.bytes["active_peak"] == 4877 * MiB
+
+
+def test_outside_allocator_ooms_with_phase_and_rank_prefixes() -> None:
+    o = analyze_log(LOGS / "cublas_ranks_thunder_1296.log").ooms[0]
+    assert (o.text.source, o.cause.cause, o.text.rank, o.phase) == ("cublas", "unknown", 0, "backward")
+    assert o.user_frame == "/workspace/lightning-thunder/thunder/benchmarks/benchmark_litgpt.py:748 in train"
+    nccl = analyze_log(LOGS / "nccl_calloc_nccl_1235.log").ooms[0]
+    assert (nccl.text.source, nccl.text.requested_bytes) == ("nccl", 6291456)
+    assert analyze_log(LOGS / "cuda_error_moss_328.log").ooms[0].text.source == "cuda_error"
+
+
+def test_phase_and_user_frame_of_a_forward() -> None:
+    o = analyze_log(LOGS / "hip_forward_pytorch_175431.log").ooms[0]
+    assert (o.text.backend, o.text.device, o.phase) == ("HIP", 7, "forward")
+    assert o.user_frame == "/workspace/Quark/quark/torch/quantization/observer/observer.py:712 in forward"
+
+
+def test_framework_lines() -> None:
+    ds = analyze_log(LOGS / "deepspeed_see_memory_usage_522.log").reading.readings
+    assert [(r.label, r.bytes["allocated"], r.bytes["reserved_peak"]) for r in ds] == \
+        [("before forward 1", g(4.89), g(7)), ("before backward 1", g(5.19), g(7))]
+    vllm = analyze_log(LOGS / "vllm_profiling_14447.log")
+    assert "vllm" in vllm.reading.frameworks
+    assert vllm.reading.readings[0].bytes == {"weights": g(21.21), "non_torch": g(0.2), "activation_peak": g(0.37),
+                                              "kv_cache": g(1.57)}
+    assert vllm.reading.readings[1].bytes["budget"] == g(23.35)
+    sg = analyze_log(LOGS / "sglang_kv_cache_18039.log").reading.readings
+    assert [(r.rank, r.bytes["kv_cache"]) for r in sg] == [(1, g(8.38) + g(5.59)), (2, g(8.38) + g(5.59))]
+    pool = analyze_log(LOGS / "sglang_memory_pool_18263.log").reading.readings
+    assert [r.bytes for r in pool] == [{"available": g(230.2), "weights": g(56.98)},
+                                       {"kv_cache": g(76.44) * 2}, {"available": g(74.01)}]
+
+
+def test_nvidia_smi_screen() -> None:
+    a = analyze_log(LOGS / "nvidia_smi_screen_pytorch_5434.log")
+    assert a.gpu_peaks == [{"device": 0, "used_bytes": 1 * MiB, "total_bytes": 11439 * MiB, "line": 10, "readings": 1}]
+
+
+# --- the cause rule, each side of each threshold ------------------------------------------------------------
+
+def _oom(**kw: int | None) -> OomText:
+    base = dict(line=1, rank=None, era=Era.OF_WHICH, backend="CUDA", device=0, requested_bytes=g(2),
+                capacity_bytes=g(80), free_bytes=g(1), allocated_bytes=g(70), unallocated_bytes=g(1),
+                reserved_bytes=g(71), this_process_bytes=g(71.5))
+    base.update(kw)
+    return OomText(**base)  # type: ignore[arg-type]
+
+
+def test_fragmentation_when_unallocated_reaches_the_request() -> None:
+    assert judge(_oom(unallocated_bytes=g(2), reserved_bytes=g(72), this_process_bytes=g(72.5))).cause == "fragmentation"
+    assert judge(_oom(unallocated_bytes=g(2) - 1, reserved_bytes=g(72) - 1, this_process_bytes=g(72.5))).cause == "capacity"
+
+
+def test_free_slack_decides_whether_the_numbers_say_it_fits() -> None:
+    assert judge(_oom(free_bytes=g(2) + FREE_SLACK)).cause == "unknown"
+    assert judge(_oom(free_bytes=g(2) + FREE_SLACK - 1)).cause == "capacity"
+
+
+def test_other_process_needs_more_than_a_context_outside_the_cache() -> None:
+    must = g(2) + FREE_SLACK - g(1)
+    held = CONTEXT_ALLOWANCE + must
+    assert judge(_oom(this_process_bytes=g(71), processes=((7, held),))).cause == "other_process"
+    assert judge(_oom(this_process_bytes=g(71), processes=((7, held - 1),))).cause == "capacity"
+    # this process's own non-PyTorch memory counts too (torch >= 2.1: this process minus reserved)
+    assert judge(_oom(this_process_bytes=g(71) + held)).cause == "other_process"
+    assert judge(_oom(this_process_bytes=g(71) + held - 1)).cause == "capacity"
+
+
+def test_request_larger_than_the_device_and_allowed_limit() -> None:
+    assert judge(_oom(requested_bytes=g(80) + 1)).reason.startswith("the request alone")
+    assert judge(_oom(requested_bytes=g(80))).cause == "capacity"
+    limited = judge(_oom(allowed_bytes=g(73), free_bytes=g(8)))  # reserved 71 + 2 = 73 fits exactly
+    assert limited.cause == "unknown"
+    assert judge(_oom(allowed_bytes=g(73) - 1, free_bytes=g(8))).limit == "allowed"
+
+
+def test_inconsistent_numbers_get_no_verdict() -> None:
+    wsl = judge(_oom(this_process_bytes=17179869184 * GiB))   # WSL's NVML: 16 EiB "in use"
+    assert wsl.cause == "unknown" and "total capacity" in wsl.inconsistent[0]
+    container = judge(_oom(this_process_bytes=0))              # a container: "0 bytes" for this process
+    assert container.cause == "unknown" and "hides the process" in container.inconsistent[0]
+    assert judge(_oom(this_process_bytes=g(71))).cause == "capacity"  # exactly what PyTorch reserves: consistent
+
+
+def test_a_process_line_that_is_this_process() -> None:
+    cause = judge(_oom(this_process_bytes=None, processes=((42, g(71.5)),)))
+    assert cause.cause == "capacity" and cause.other_processes == [] and "taken to be this process" in cause.notes[0]
+
+
+def test_wsl_message_parsed_and_refused() -> None:
+    text = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of "
+            "8.00 GiB of which 0 bytes is free. Including non-PyTorch memory, this process has 17179869184.00 GiB "
+            "memory in use. Of the allocated memory 7.20 GiB is allocated by PyTorch, and 100.00 MiB is reserved by "
+            "PyTorch but unallocated.")  # the form of the issue's WSL example, built from the format string
+    o = parse(text, 1, None)
+    assert o is not None and o.this_process_bytes == 17179869184 * GiB and judge(o).cause == "unknown"
+
+
+def test_private_pools_and_allowed_clause() -> None:
+    text = ("CUDA out of memory. Tried to allocate 1.00 GiB. GPU 2 has a total capacity of 79.15 GiB of which "
+            "512.00 MiB is free. Including non-PyTorch memory, this process has 78.60 GiB memory in use. 60.00 GiB "
+            "allowed; Of the allocated memory 59.00 GiB is allocated by PyTorch, with 4.00 GiB allocated in private "
+            "pools (e.g., CUDA Graphs), and 200.00 MiB is reserved by PyTorch but unallocated.")
+    o = parse(text, 1, None)
+    assert o is not None and (o.device, o.allowed_bytes, o.private_pool_bytes) == (2, g(60), g(4))
+    assert o.reserved_bytes == g(59) + m(200)
+    assert judge(o).limit == "allowed"
+
+
+# --- across lines -----------------------------------------------------------------------------------------
+
+def _series(values: list[int]) -> list[Reading]:
+    return [Reading(line=i, source="megatron", rank=0, bytes={"allocated": v}) for i, v in enumerate(values)]
+
+
+def test_leak_needs_growth_in_every_reading_over_the_minimum() -> None:
+    n = log_trends.LEAK_MIN_READINGS
+    step = log_trends.LEAK_MIN_GROWTH // (n - 1)
+    grows = [g(10) + i * step for i in range(n)]
+    assert log_trends.leaks(_series(grows))[0]["growth_bytes"] == step * (n - 1)
+    assert log_trends.leaks(_series(grows[:-1])) == []                                  # one reading short
+    assert log_trends.leaks(_series(grows[:-1] + [grows[-1] - 1 - step * 0])) == [] or step * (n - 1) - 1 < log_trends.LEAK_MIN_GROWTH
+    assert log_trends.leaks(_series([grows[0], grows[2], grows[1], grows[3], grows[4]])) == []  # went down once
+
+
+def test_imbalance_ratio() -> None:
+    def ranks(top: int) -> list[Reading]:
+        return [Reading(line=r, source="megatron", rank=r, bytes={"allocated_peak": v})
+                for r, v in enumerate([g(10), g(10), top])]
+    assert log_trends.imbalance(ranks(g(12)))["rank"] == 2   # 1.2x the median exactly
+    assert log_trends.imbalance(ranks(g(12) - 1)) is None
+
+
+# --- lines and the command --------------------------------------------------------------------------------
+
+def test_clean_strips_colour_html_and_prefixes() -> None:
+    assert clean("\x1b[31m[rank3]: x &gt; y\x1b[0m\n") == ("x > y", 3)
+    assert clean("(VllmWorkerProcess pid=521) INFO hello") == ("INFO hello", None)
+    assert clean("0: [rank0]:   File") == ("  File", 0)
+    assert clean("[2026-01-31 13:50:39 TP2] KV Cache") == ("KV Cache", 2)
+
+
+def test_long_lines_are_read_in_bounded_pieces() -> None:
+    reading = read_log(io.BytesIO(b"x" * (3 << 16) + b"\nCUDA error: out of memory\n"), "mem")
+    # three full pieces, the newline that ended the long line, then the OOM: read, and nothing held whole
+    assert reading.lines == 5 and reading.ooms[0].line == 5
+
+
+def _analyze(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "analyzer", *args], input=stdin, capture_output=True, cwd=ROOT,
+                          timeout=120)
+
+
+def test_stdin_json_and_exit_2_on_text_without_memory(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    done = _analyze("-", "--format", "json", stdin=(LOGS / "ofwhich_fragmentation_lerf_73.log").read_bytes())
+    doc = json.loads(done.stdout)
+    assert done.returncode == 0 and doc["ooms"][0]["cause"] == "fragmentation"
+    assert doc["ooms"][0]["unallocated_bytes"] == g(4.84) and doc["source"]["kind"] == "log"
+    empty = tmp_path / "notes.txt"
+    empty.write_text("nothing to see here\n")
+    bad = _analyze(str(empty))
+    assert bad.returncode == 2 and b"looked for" in bad.stderr and bad.stderr.count(b"\n") == 1
+
+
+def test_reports_escape_the_log(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    hostile = tmp_path / "hostile.log"
+    hostile.write_text('  File "<script>alert(1)</script>.py", line 1, in [x](http://evil)\n'
+                       "    \x1b]0;owned\x07model(x)\n"
+                       "RuntimeError: CUDA error: out of memory\n")
+    for fmt, raw in (("html", "<script>alert"), ("md", "](http://evil)")):
+        out = tmp_path / f"r.{fmt}"
+        assert _analyze(str(hostile), "-o", str(out), "-q").returncode == 0
+        text = out.read_text()
+        assert "alert" in text and raw not in text.replace("in [x](http://evil)`", "")  # md: only in a code span
+    term = _analyze(str(hostile))
+    assert term.returncode == 0 and b"\x1b]0;" not in term.stdout and b"\x07" not in term.stdout
+
+
+def test_old_fragment_without_prefix_is_an_other_process_oom() -> None:
+    # 7.92 GiB - 24.56 MiB free - 86.00 MiB reserved = 7.81 GiB outside the cache; 216 MiB + 64 MiB - 24.56 MiB
+    # had to go: a zombie process held the GPU (the thread's maintainer killed it)
+    o = analyze_log(LOGS / "reserved_other_process_fastmri_238.log").ooms[0]
+    assert (o.text.era, o.cause.cause) == (Era.RESERVED, "other_process")
+    assert o.cause.outside_bytes == g(7.92) - m(24.56) - m(86)
+    assert o.cause.must_free_bytes == m(216) + 64 * MiB - m(24.56)
+
+
+def test_vllm_startup_refusal() -> None:
+    (f,) = analyze_log(LOGS / "vllm_startup_refused_pytorch_175666.log").findings
+    assert (f["device"], f["free_bytes"], f["total_bytes"], f["wanted_bytes"]) == (1, g(19.77), g(22.05), g(19.84))
+    assert f["held_elsewhere_bytes"] == g(22.05) - g(19.77) and "0.89" in f["remedy"]  # floor(19.77/22.05, 2)
+
+
+def test_nvidia_smi_process_tables_and_list_gpu_processes() -> None:
+    procs = analyze_log(LOGS / "nvidia_smi_processes_nvitop_152.log").gpu_processes
+    assert [(p["device"], p["process"].split()[1], p["used_bytes"]) for p in procs] == [
+        (0, "10734", 160 * MiB), (0, "58661", 3 * MiB), (1, "10734", 160 * MiB), (2, "18243", 64 * MiB),
+        (2, "22720", 34 * MiB)]
+    (p,) = analyze_log(LOGS / "list_gpu_processes_pytorch_44616.log").gpu_processes
+    assert (p["device"], p["process"], p["used_bytes"]) == (0, "pid 79749", 601 * MiB)
+    peaks = analyze_log(LOGS / "nvidia_smi_screen_550_rlinf_255.log").gpu_peaks
+    assert [(x["device"], x["used_bytes"], x["total_bytes"]) for x in peaks] == [(0, 507 * MiB, 24564 * MiB),
+                                                                               (1, 459 * MiB, 24564 * MiB)]
+
+
+def test_nvidia_smi_csv_log_peaks() -> None:
+    text = (b"timestamp, index, memory.used [MiB], memory.total [MiB]\n"
+            b"2024/01/01 00:00:00.000, 0, 1000 MiB, 81920 MiB\n2024/01/01 00:00:01.000, 0, 79000 MiB, 81920 MiB\n"
+            b"2024/01/01 00:00:02.000, 0, 500 MiB, 81920 MiB\n")  # the format of --query-gpu=... --format=csv
+    from analyzer.log_result import analyze_reading
+    peaks = analyze_reading(read_log(io.BytesIO(text), "csv")).gpu_peaks
+    assert peaks == [{"device": 0, "used_bytes": 79000 * MiB, "total_bytes": 81920 * MiB, "line": 3, "readings": 3}]
+
+
+def test_megatron_lines_and_a_leak_across_them() -> None:
+    # Megatron's report_memory format (megatron/training/utils.py), "MB" being MiB; 300 MiB more each report
+    lines = "".join(f"[Rank 0] (after {i * 10} iterations) memory (MB) | allocated: {1000 + 300 * i}.0 | max allocated: "
+                    f"{2000 + 300 * i}.0 | reserved: 3000.0 | max reserved: 3000.0\n" for i in range(1, 6))
+    from analyzer.log_result import analyze_reading
+    a = analyze_reading(read_log(io.BytesIO(lines.encode()), "megatron"))
+    assert [r.step for r in a.reading.readings] == [10, 20, 30, 40, 50]
+    (leak,) = a.findings
+    assert leak["growth_bytes"] == 1200 * MiB and leak["per_reading_bytes"] == 300 * MiB
+
+
+def test_memory_stats_dict_with_module_bytes() -> None:
+    text = (b"OrderedDict([('active.all.allocated', 10), ('allocated_bytes.all.current', 1048576), "
+            b"('allocated_bytes.all.peak', 4194304), ('num_alloc_retries', 2), ('num_ooms', 1), "
+            b"('reserved_bytes.all.current', 8388608), ('module_bytes.layers.0', 2048)])\n")
+    (r,) = read_log(io.BytesIO(text), "stats").readings
+    assert r.bytes == {"allocated": MiB, "allocated_peak": 4 * MiB, "reserved": 8 * MiB, "module_bytes.layers.0": 2048}
+    assert r.counts == {"alloc_retries": 2, "ooms": 1}
+
+
+def test_expandable_segments_already_on_changes_the_remedy() -> None:
+    base = (LOGS / "ofwhich_fragmentation_lerf_73.log").read_bytes()
+    from analyzer.log_result import analyze_reading
+    off = analyze_reading(read_log(io.BytesIO(base), "a")).ooms[0].remedies[0]["id"]
+    on = analyze_reading(read_log(io.BytesIO(b"export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n" + base), "b"))
+    assert off == "expandable_segments" and on.ooms[0].remedies[0]["id"] == "max_split_size"
+    assert on.reading.settings[0].value == "expandable_segments:True"
