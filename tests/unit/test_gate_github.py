@@ -64,7 +64,7 @@ def _peak(module: str = "layers.0", needed: int = 10 * GiB) -> DevicePeak:
 def test_a_failing_check_is_one_error_per_device_with_its_explanation_line_by_line():
     check = check_baseline(RunPeaks("new.pickle", "recording", (_peak(HOSTILE, 12 * GiB),)),
                            RunPeaks("old.json", "baseline", (_peak(needed=10 * GiB),)))
-    lines = github.annotations(check)
+    lines = github.annotation_lines(check)
     assert len(lines) == 1
     name, props, message = parse(lines[0])
     assert name == "error" and props == {"title": "GPU memory check failed on cuda:0"}
@@ -80,7 +80,7 @@ def test_a_stale_baseline_and_the_check_warnings_are_warnings():
     check = check_baseline(RunPeaks("new.pickle", "recording", (_peak(needed=8 * GiB),), ("a: warning, 100%",)),
                            RunPeaks("old.json", "baseline", (_peak(needed=10 * GiB),)))
     assert check.holds
-    parsed = [parse(line) for line in github.annotations(check)]
+    parsed = [parse(line) for line in github.annotation_lines(check)]
     assert [(n, p["title"]) for n, p, _ in parsed] == [("warning", "GPU memory baseline stale on cuda:0"),
                                                        ("warning", "GPU memory check")]
     assert parsed[1][2] == "a: warning, 100%"
@@ -88,7 +88,7 @@ def test_a_stale_baseline_and_the_check_warnings_are_warnings():
 
 def test_a_holding_check_says_nothing_in_annotations():
     check = check_budget(RunPeaks("run.pickle", "recording", (_peak(needed=8 * GiB),)), 8 * GiB)
-    assert github.annotations(check) == []
+    assert github.annotation_lines(check) == []
 
 
 def test_the_summary_renders_as_one_table_and_escapes_names_from_the_input():
