@@ -46,7 +46,7 @@ def read_run(path: str | Path, gpu_memory: int | None = None) -> RunPeaks:
             return from_golden_values(_document(p), str(p))
     from analyzer.pipeline import analyze
 
-    return from_document(analyze(p, gpu_memory).to_json(), str(p), kind="recording")
+    return from_document(analyze(p, gpu_memory).to_json(), str(p), kind="recording", gpu_memory=gpu_memory)
 
 
 def _head(path: Path) -> bytes:

@@ -99,20 +99,24 @@ class RunPeaks:
                 "devices": [asdict(d) for d in self.devices]}
 
 
-def from_document(document: dict[str, Any], source: str, kind: str = "analysis") -> RunPeaks:
-    """The peaks of an analyzer/1 document (`Analysis.to_json()`, `analyze --format json`): every device's."""
+def from_document(document: dict[str, Any], source: str, kind: str = "analysis",
+                  gpu_memory: int | None = None) -> RunPeaks:
+    """The peaks of an analyzer/1 document (`Analysis.to_json()`, `analyze --format json`): every GPU's (host
+    memory, device -1, is no GPU's). The plan is kept only for a recording analysed here, whose device memory is
+    known (`gpu_memory`, else the document's): a JSON result does not say which memory its plan was made for."""
     try:
-        devices = tuple(_device_of(d) for d in document["devices"] if int(d["device"]) >= 0)
+        devices = tuple(_device_of(d, kind == "recording", gpu_memory) for d in document["devices"]
+                        if int(d["device"]) >= 0)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise CorruptInput(source, f"an analyzer/1 result without the field {error} its devices need",
                            "Pass the unedited output of analyze FILE --format json.") from None
     return RunPeaks(source, kind, devices, tuple(str(w) for w in document.get("warnings", [])))
 
 
-def _device_of(d: dict[str, Any]) -> DevicePeak:
+def _device_of(d: dict[str, Any], analysed_here: bool, gpu_memory: int | None) -> DevicePeak:
     peak = d["peak"]
-    plan = d.get("plan")
-    capacity = d.get("capacity_bytes")
+    plan = d.get("plan") if analysed_here else None
+    capacity = gpu_memory or d.get("capacity_bytes")
     return DevicePeak(
         device=int(d["device"]), rank=d.get("rank"), needed_bytes=int(d["demand_bytes"]),
         peak_bytes=int(peak["allocated_bytes"]), reserved_bytes=_int(d.get("reserved_peak_bytes")),
