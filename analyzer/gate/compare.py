@@ -19,7 +19,7 @@ from enum import Enum
 from itertools import accumulate
 
 from analyzer.diagnose.remedies import FIT_HEADROOM, LAYOUT_ONLY
-from analyzer.gate.summary import FOLDED, DevicePeak, Option, RunPeaks, StepPeak
+from analyzer.gate.summary import FOLDED, DevicePeak, Kind, Option, RunPeaks, StepPeak
 
 DEFAULT_TOLERANCE = 0.05
 GREW = 0.01          # parameters or inputs at the peak grew by at least this share: the model or the batch changed
@@ -109,7 +109,7 @@ class Check:
     devices: tuple[DeviceCheck, ...]
     budget_bytes: int | None = None
     baseline: str | None = None
-    baseline_kind: str | None = None
+    baseline_kind: Kind | None = None
     tolerance: float | None = None
     warnings: tuple[str, ...] = ()
 

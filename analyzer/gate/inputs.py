@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.errors import CorruptInput, ResourceLimit, UnsupportedFormat
-from analyzer.gate.summary import BASELINE_PREFIX, DevicePeak, RunPeaks, StepPeak, from_baseline, from_document
+from analyzer.gate.summary import BASELINE_PREFIX, DevicePeak, Kind, RunPeaks, StepPeak, from_baseline, from_document
 from analyzer.ingest.sniff import KINETO, check_path, open_input, sniff
 
 MEGATRON_METRIC = "mem-max-allocated-bytes"
@@ -46,7 +46,7 @@ def read_run(path: str | Path, gpu_memory: int | None = None) -> RunPeaks:
             return from_golden_values(_document(p), str(p))
     from analyzer.pipeline import analyze
 
-    return from_document(analyze(p, gpu_memory).to_json(), str(p), kind="recording", gpu_memory=gpu_memory)
+    return from_document(analyze(p, gpu_memory).to_json(), str(p), kind=Kind.RECORDING, gpu_memory=gpu_memory)
 
 
 def _head(path: Path) -> bytes:
@@ -91,7 +91,7 @@ def from_golden_values(document: dict[str, Any], source: str) -> RunPeaks:
     first = next(s for s in steps if s.bytes == peak.bytes)
     device = DevicePeak(device=0, rank=None, needed_bytes=peak.bytes, peak_bytes=peak.bytes, reserved_bytes=None,
                         oom=False, step=first.step, phase=None, module=None, steps=tuple(steps))
-    return RunPeaks(source, "megatron", (device,))
+    return RunPeaks(source, Kind.MEGATRON, (device,))
 
 
 def _number(value: Any) -> float | None:

@@ -89,8 +89,8 @@ def details(d: DeviceCheck, check: Check) -> list[str]:
         lines.append(("allocation sites new or larger: " if compared else "largest allocation sites: ")
                      + _listed(d.sites))
     if d.then is not None and not compared:
-        lines.append(f"the baseline ({printable(check.baseline_kind or '')}) has the peak but not its breakdowns: "
-                     "the split above is the run's own")
+        kind = check.baseline_kind.value if check.baseline_kind else ""
+        lines.append(f"the baseline ({kind}) has the peak but not its breakdowns: the split above is the run's own")
     if d.likely:
         lines.append("likely change: " + "; ".join(_likely(x) for x in d.likely))
     if d.new_findings:
@@ -144,7 +144,7 @@ def render_text(check: Check) -> str:
 def check_document(check: Check) -> dict[str, Any]:
     """The JSON of a check: its verdict and exit code, and every device's numbers and sentences."""
     return {"schema": CHECK_SCHEMA, "holds": check.holds, "exit_code": check.exit_code, "run": check.run,
-            "budget_bytes": check.budget_bytes, "baseline": check.baseline, "baseline_kind": check.baseline_kind,
+            "budget_bytes": check.budget_bytes, "baseline": check.baseline, "baseline_kind": check.baseline_kind and check.baseline_kind.value,
             "tolerance": check.tolerance, "warnings": list(check.warnings),
             "devices": [{"device": d.now.device, "rank": d.now.rank, "holds": d.holds, "stale": d.stale,
                          "needed_bytes": d.now.needed_bytes, "limit_bytes": d.limit_bytes,

@@ -227,15 +227,17 @@ def test_in_github_actions_errors_are_annotated_and_the_summary_appended(simulat
     (["{real}", "--baseline", "{future}"], "a baseline of version 'analyzer-baseline/99'"),
     (["{real}", "--baseline", "{broken}"], "not valid JSON"),
     (["{real}", "--baseline", "{golden_without_memory}"], "without 'mem-max-allocated-bytes' values"),
+    (["{real}", "--baseline", "{result_without_peak}"], "an analyzer/1 result without the field 'peak'"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(capsys, tmp_path, args, says):
     needs_real(SMALL_REAL)
     files = {"real": SMALL_REAL, "future": tmp_path / "future.json", "broken": tmp_path / "broken.json",
-             "golden_without_memory": tmp_path / "golden.json"}
+             "golden_without_memory": tmp_path / "golden.json", "result_without_peak": tmp_path / "result.json"}
     files["future"].write_text(json.dumps({"schema": "analyzer-baseline/99", "devices": []}))
     files["broken"].write_text('{"schema": "analyzer-baseline/1", "devices": [')
     files["golden_without_memory"].write_text(json.dumps(
         {"lm loss": {"start_step": 1, "end_step": 2, "step_interval": 1, "values": {"1": 10.0, "2": 9.0}}}))
+    files["result_without_peak"].write_text(json.dumps({"schema": "analyzer/1", "devices": [{"device": 0}]}))
     code, out, err = check(capsys, *[a.format(**files) for a in args])
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("analyze: error: ") and says in err
