@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from itertools import accumulate
+from typing import Literal
 
 from analyzer.diagnose.remedies import FIT_HEADROOM, LAYOUT_ONLY
 from analyzer.gate.summary import FOLDED, DevicePeak, Kind, Option, RunPeaks, StepPeak
@@ -75,7 +76,7 @@ class Fix:
     """The cheapest way under the budget the analysis knows, step by step, and the peak it predicts."""
 
     steps: tuple[Option, ...]
-    source: str                 # "plan": the plan made for this budget; "remedy": one remedy of the list
+    source: Literal["plan", "remedy"]   # the plan made for this budget, or one remedy of the list
     predicted_bytes: int
 
 
