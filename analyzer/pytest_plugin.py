@@ -54,13 +54,21 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     recorder = _CudaRecorder(folder) if _cuda() else _SimulatedRecorder(folder)
     with recorder:
         result = yield
+    from analyzer.errors import AnalyzerError
     from analyzer.gate.compare import check_budget
-    from analyzer.gate.inputs import read_run
+    from analyzer.gate.inputs import NoGpuMemory, read_run
     from analyzer.gate.render import render_text
 
+    device = "" if recorder.on_gpu else f"\n{SIMULATED}"
     recording = recorder.recording()
-    check = check_budget(read_run(recording, budget), budget)
-    said = render_text(check) + ("" if recorder.on_gpu else f"\n{SIMULATED}")
+    try:
+        check = check_budget(read_run(recording, budget), budget)
+    except NoGpuMemory:
+        item.add_report_section("call", "gpu memory", f"the test allocated no GPU memory: it holds any budget{device}")
+        return result
+    except AnalyzerError as error:
+        pytest.fail(f"the test's GPU memory cannot be checked: {error}{device}", pytrace=False)
+    said = render_text(check) + device
     if not check.holds:
         pytest.fail(f"{said}\nthe recording is kept: analyze {recording}", pytrace=False)
     item.add_report_section("call", "gpu memory", said)

@@ -32,10 +32,23 @@ _BASELINE = re.compile(rb'^\s*\{\s*"schema"\s*:\s*"' + re.escape(BASELINE_PREFIX
 _GOLDEN = re.compile(rb'^\s*\{\s*"(?:[^"\\]|\\.)*"\s*:\s*\{\s*"start_step"')
 
 
+class NoGpuMemory(UnsupportedFormat):
+    """The input holds no GPU that allocated anything: a gate must not pass on a recording that missed the run."""
+
+
 def read_run(path: str | Path, gpu_memory: int | None = None) -> RunPeaks:
     """The peaks of whatever is at `path`; a recording is analysed, against `gpu_memory` bytes when given (the
-    budget of a check: its plan is then the cheapest way under it)."""
+    budget of a check: its plan is then the cheapest way under it). NoGpuMemory when no GPU holds memory."""
     p = check_path(path)
+    run = _read(p, gpu_memory)
+    if not run.devices:
+        raise NoGpuMemory(p, "no GPU memory to check: no device holds allocations or their history",
+                          "Record the run with memory history on (analyzer.capture, or a profiler trace with "
+                          "profile_memory=True).")
+    return run
+
+
+def _read(p: Path, gpu_memory: int | None) -> RunPeaks:
     if not p.is_dir() and sniff(p) == KINETO:
         head = _head(p)
         if _ANALYSIS.match(head):

@@ -228,10 +228,12 @@ def test_in_github_actions_errors_are_annotated_and_the_summary_appended(simulat
     (["{real}", "--baseline", "{broken}"], "not valid JSON"),
     (["{real}", "--baseline", "{golden_without_memory}"], "without 'mem-max-allocated-bytes' values"),
     (["{real}", "--baseline", "{result_without_peak}"], "an analyzer/1 result without the field 'peak'"),
+    (["{empty}", "--budget", "1GiB"], "no GPU memory to check"),   # a gate never passes on a run it missed
+    (["{real}", "--baseline", "{empty}"], "no GPU memory to check"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(capsys, tmp_path, args, says):
     needs_real(SMALL_REAL)
-    files = {"real": SMALL_REAL, "future": tmp_path / "future.json", "broken": tmp_path / "broken.json",
+    files = {"real": SMALL_REAL, "empty": REAL / "angelolmn-hitsbe" / "my_snapshot.pickle", "future": tmp_path / "future.json", "broken": tmp_path / "broken.json",
              "golden_without_memory": tmp_path / "golden.json", "result_without_peak": tmp_path / "result.json"}
     files["future"].write_text(json.dumps({"schema": "analyzer-baseline/99", "devices": []}))
     files["broken"].write_text('{"schema": "analyzer-baseline/1", "devices": [')
