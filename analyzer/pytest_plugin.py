@@ -61,6 +61,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 
     device = "" if recorder.on_gpu else f"\n{SIMULATED}"
     recording = recorder.recording()
+    if recording is None:
+        pytest.fail(f"the test's GPU memory was not recorded: {recorder.missing()}", pytrace=False)
     try:
         check = check_budget(read_run(recording, budget), budget)
     except NoGpuMemory:
@@ -98,8 +100,10 @@ def _folder(item: pytest.Item) -> Path:
 
 
 def _cuda() -> bool:
-    import torch
-
+    try:
+        import torch
+    except ImportError:
+        pytest.fail("recording a test's GPU memory needs torch, which is not installed", pytrace=False)
     return bool(torch.cuda.is_available())
 
 
@@ -119,8 +123,12 @@ class _CudaRecorder:
     def __exit__(self, *exc: Any) -> None:
         self._capture.__exit__(*exc)
 
-    def recording(self) -> Path:
-        return self._capture.files[-1]
+    def recording(self) -> Path | None:
+        return self._capture.files[-1] if self._capture.files else None
+
+    def missing(self) -> str:
+        """Why nothing was dumped: what this torch cannot record, as the capture says it."""
+        return "; ".join(self._capture.unavailable) or "another capture was already recording this process"
 
 
 class _SimulatedRecorder:
@@ -140,7 +148,10 @@ class _SimulatedRecorder:
     def __exit__(self, *exc: Any) -> None:
         self._tracer.__exit__(*exc)
 
-    def recording(self) -> Path:
+    def missing(self) -> str:
+        return ""
+
+    def recording(self) -> Path | None:
         from analyzer.simulate.simulation import simulate
         from analyzer.simulate.snapshot_writer import write_snapshot
 
