@@ -117,10 +117,21 @@ def from_document(document: dict[str, Any], source: str, kind: Kind = Kind.ANALY
     try:
         devices = tuple(_device_of(d, kind is Kind.RECORDING, gpu_memory) for d in document["devices"]
                         if int(d["device"]) >= 0)
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise CorruptInput(source, f"an analyzer/1 result without the field {error} its devices need",
+        warnings = tuple(str(w) for w in document.get("warnings", []))
+    except MALFORMED as error:
+        raise CorruptInput(source, f"an analyzer/1 result whose devices are malformed ({_what(error)})",
                            "Pass the unedited output of analyze FILE --format json.") from None
-    return RunPeaks(source, kind, devices, tuple(str(w) for w in document.get("warnings", [])))
+    return RunPeaks(source, kind, devices, warnings)
+
+
+#: what reading a malformed document raises: a missing field, a value of the wrong type, an infinite size
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, OverflowError)
+
+
+def _what(error: Exception) -> str:
+    if isinstance(error, KeyError):
+        return f"the field {error.args[0]!r} is missing"
+    return str(error)[:120]
 
 
 def _device_of(d: dict[str, Any], analysed_here: bool, gpu_memory: int | None) -> DevicePeak:
@@ -162,8 +173,8 @@ def from_baseline(document: dict[str, Any], source: str) -> RunPeaks:
                            "--write-baseline FILE.")
     try:
         devices = tuple(_baseline_device(d) for d in document["devices"])
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise CorruptInput(source, f"a baseline whose devices lack {error} or hold a value of the wrong type",
+    except MALFORMED as error:
+        raise CorruptInput(source, f"a baseline whose devices are malformed ({_what(error)})",
                            "Write it again: analyze check RUN --write-baseline FILE.") from None
     return RunPeaks(source, Kind.BASELINE, devices)
 
