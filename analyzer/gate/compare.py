@@ -178,7 +178,7 @@ def _pairs(run: RunPeaks, baseline: RunPeaks) -> tuple[list[tuple[DevicePeak, De
 
 def _against_baseline(now: DevicePeak, then: DevicePeak, tolerance: float) -> DeviceCheck:
     limit = int(then.needed_bytes * (1 + tolerance))
-    compared = bool(then.by_category)   # Megatron-LM's golden values have the peak, not its breakdowns
+    compared = bool(then.by_category)   # Megatron-LM's golden values have the peak, not its breakdowns or findings
     over = _first_step_over(now, then, tolerance, limit)
     return DeviceCheck(
         now=now, then=then, limit_bytes=limit, holds=now.needed_bytes <= limit,
@@ -187,7 +187,7 @@ def _against_baseline(now: DevicePeak, then: DevicePeak, tolerance: float) -> De
         modules=_changes(now.by_module, then.by_module if compared else None, TOP_CHANGES),
         sites=_changes({s.site: s.bytes for s in now.sites},
                        {s.site: s.bytes for s in then.sites} if compared else None, TOP_SITES),
-        new_findings=tuple(f for f in now.findings if f not in then.findings),
+        new_findings=tuple(f for f in now.findings if f not in then.findings) if compared else (),
         first_step_over=over, baseline_at_step=None if over is None else _running_at(then.steps, over.step),
         stale=now.needed_bytes < then.needed_bytes * (1 - tolerance), likely=likely_changes(now, then))
 

@@ -120,6 +120,7 @@ def test_megatron_golden_values_are_a_baseline_within_its_tolerance(capsys, tmp_
     code, out, _ = check(capsys, SMALL_REAL, "--baseline", golden)
     assert code == 1
     assert "the baseline (megatron) has the peak but not its breakdowns" in out
+    assert "new findings" not in out   # golden values have none to compare with
 
 
 # ---- simulated runs one change apart ---------------------------------------------------------------------------
