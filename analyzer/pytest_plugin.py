@@ -54,13 +54,23 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     recorder = _CudaRecorder(folder) if _cuda() else _SimulatedRecorder(folder)
     with recorder:
         result = yield
+    from analyzer.errors import AnalyzerError
     from analyzer.gate.compare import check_budget
-    from analyzer.gate.inputs import read_run
+    from analyzer.gate.inputs import NoGpuMemory, read_run
     from analyzer.gate.render import render_text
 
+    device = "" if recorder.on_gpu else f"\n{SIMULATED}"
     recording = recorder.recording()
-    check = check_budget(read_run(recording, budget), budget)
-    said = render_text(check) + ("" if recorder.on_gpu else f"\n{SIMULATED}")
+    if recording is None:
+        pytest.fail(f"the test's GPU memory was not recorded: {recorder.missing()}", pytrace=False)
+    try:
+        check = check_budget(read_run(recording, budget), budget)
+    except NoGpuMemory:
+        item.add_report_section("call", "gpu memory", f"the test allocated no GPU memory: it holds any budget{device}")
+        return result
+    except AnalyzerError as error:
+        pytest.fail(f"the test's GPU memory cannot be checked: {error}{device}", pytrace=False)
+    said = render_text(check) + device
     if not check.holds:
         pytest.fail(f"{said}\nthe recording is kept: analyze {recording}", pytrace=False)
     item.add_report_section("call", "gpu memory", said)
@@ -90,8 +100,10 @@ def _folder(item: pytest.Item) -> Path:
 
 
 def _cuda() -> bool:
-    import torch
-
+    try:
+        import torch
+    except ImportError:
+        pytest.fail("recording a test's GPU memory needs torch, which is not installed", pytrace=False)
     return bool(torch.cuda.is_available())
 
 
@@ -111,8 +123,12 @@ class _CudaRecorder:
     def __exit__(self, *exc: Any) -> None:
         self._capture.__exit__(*exc)
 
-    def recording(self) -> Path:
-        return self._capture.files[-1]
+    def recording(self) -> Path | None:
+        return self._capture.files[-1] if self._capture.files else None
+
+    def missing(self) -> str:
+        """Why nothing was dumped: what this torch cannot record, as the capture says it."""
+        return "; ".join(self._capture.unavailable) or "another capture was already recording this process"
 
 
 class _SimulatedRecorder:
@@ -132,7 +148,10 @@ class _SimulatedRecorder:
     def __exit__(self, *exc: Any) -> None:
         self._tracer.__exit__(*exc)
 
-    def recording(self) -> Path:
+    def missing(self) -> str:
+        return ""
+
+    def recording(self) -> Path | None:
         from analyzer.simulate.simulation import simulate
         from analyzer.simulate.snapshot_writer import write_snapshot
 

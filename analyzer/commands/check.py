@@ -97,7 +97,7 @@ def _report(check: Check, fmt: str) -> None:
     if not github.in_actions():
         return
     if fmt == "text":
-        for line in github.annotations(check):
+        for line in github.annotation_lines(check):
             print(line)
     summary = os.environ.get(github.ENV_SUMMARY)
     if summary:

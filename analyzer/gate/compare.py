@@ -17,9 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from itertools import accumulate
+from typing import Literal
 
 from analyzer.diagnose.remedies import FIT_HEADROOM, LAYOUT_ONLY
-from analyzer.gate.summary import FOLDED, DevicePeak, Option, RunPeaks, StepPeak
+from analyzer.gate.summary import FOLDED, DevicePeak, Kind, Option, RunPeaks, StepPeak
 
 DEFAULT_TOLERANCE = 0.05
 GREW = 0.01          # parameters or inputs at the peak grew by at least this share: the model or the batch changed
@@ -75,7 +76,7 @@ class Fix:
     """The cheapest way under the budget the analysis knows, step by step, and the peak it predicts."""
 
     steps: tuple[Option, ...]
-    source: str                 # "plan": the plan made for this budget; "remedy": one remedy of the list
+    source: Literal["plan", "remedy"]   # the plan made for this budget, or one remedy of the list
     predicted_bytes: int
 
 
@@ -109,7 +110,7 @@ class Check:
     devices: tuple[DeviceCheck, ...]
     budget_bytes: int | None = None
     baseline: str | None = None
-    baseline_kind: str | None = None
+    baseline_kind: Kind | None = None
     tolerance: float | None = None
     warnings: tuple[str, ...] = ()
 
@@ -177,7 +178,7 @@ def _pairs(run: RunPeaks, baseline: RunPeaks) -> tuple[list[tuple[DevicePeak, De
 
 def _against_baseline(now: DevicePeak, then: DevicePeak, tolerance: float) -> DeviceCheck:
     limit = int(then.needed_bytes * (1 + tolerance))
-    compared = bool(then.by_category)   # Megatron-LM's golden values have the peak, not its breakdowns
+    compared = bool(then.by_category)   # Megatron-LM's golden values have the peak, not its breakdowns or findings
     over = _first_step_over(now, then, tolerance, limit)
     return DeviceCheck(
         now=now, then=then, limit_bytes=limit, holds=now.needed_bytes <= limit,
@@ -186,7 +187,7 @@ def _against_baseline(now: DevicePeak, then: DevicePeak, tolerance: float) -> De
         modules=_changes(now.by_module, then.by_module if compared else None, TOP_CHANGES),
         sites=_changes({s.site: s.bytes for s in now.sites},
                        {s.site: s.bytes for s in then.sites} if compared else None, TOP_SITES),
-        new_findings=tuple(f for f in now.findings if f not in then.findings),
+        new_findings=tuple(f for f in now.findings if f not in then.findings) if compared else (),
         first_step_over=over, baseline_at_step=None if over is None else _running_at(then.steps, over.step),
         stale=now.needed_bytes < then.needed_bytes * (1 - tolerance), likely=likely_changes(now, then))
 

@@ -39,7 +39,7 @@ def command(name: str, message: str, **properties: str) -> str:
     return f"::{name}{' ' + props if props else ''}::{escape_data(message)}"
 
 
-def annotations(check: Check) -> list[str]:
+def annotation_lines(check: Check) -> list[str]:
     """An error for each device that does not hold (its headline, then what grew, line by line), a warning for
     a baseline grown stale and for each warning of the check."""
     lines = []

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.errors import CorruptInput, ResourceLimit, UnsupportedFormat
-from analyzer.gate.summary import BASELINE_PREFIX, DevicePeak, RunPeaks, StepPeak, from_baseline, from_document
+from analyzer.gate.summary import BASELINE_PREFIX, DevicePeak, Kind, RunPeaks, StepPeak, from_baseline, from_document
 from analyzer.ingest.sniff import KINETO, check_path, open_input, sniff
 
 MEGATRON_METRIC = "mem-max-allocated-bytes"
@@ -32,10 +32,23 @@ _BASELINE = re.compile(rb'^\s*\{\s*"schema"\s*:\s*"' + re.escape(BASELINE_PREFIX
 _GOLDEN = re.compile(rb'^\s*\{\s*"(?:[^"\\]|\\.)*"\s*:\s*\{\s*"start_step"')
 
 
+class NoGpuMemory(UnsupportedFormat):
+    """The input holds no GPU that allocated anything: a gate must not pass on a recording that missed the run."""
+
+
 def read_run(path: str | Path, gpu_memory: int | None = None) -> RunPeaks:
     """The peaks of whatever is at `path`; a recording is analysed, against `gpu_memory` bytes when given (the
-    budget of a check: its plan is then the cheapest way under it)."""
+    budget of a check: its plan is then the cheapest way under it). NoGpuMemory when no GPU holds memory."""
     p = check_path(path)
+    run = _read(p, gpu_memory)
+    if not run.devices:
+        raise NoGpuMemory(p, "no GPU memory to check: no device holds allocations or their history",
+                          "Record the run with memory history on (analyzer.capture, or a profiler trace with "
+                          "profile_memory=True).")
+    return run
+
+
+def _read(p: Path, gpu_memory: int | None) -> RunPeaks:
     if not p.is_dir() and sniff(p) == KINETO:
         head = _head(p)
         if _ANALYSIS.match(head):
@@ -46,7 +59,7 @@ def read_run(path: str | Path, gpu_memory: int | None = None) -> RunPeaks:
             return from_golden_values(_document(p), str(p))
     from analyzer.pipeline import analyze
 
-    return from_document(analyze(p, gpu_memory).to_json(), str(p), kind="recording")
+    return from_document(analyze(p, gpu_memory).to_json(), str(p), kind=Kind.RECORDING, gpu_memory=gpu_memory)
 
 
 def _head(path: Path) -> bytes:
@@ -91,7 +104,7 @@ def from_golden_values(document: dict[str, Any], source: str) -> RunPeaks:
     first = next(s for s in steps if s.bytes == peak.bytes)
     device = DevicePeak(device=0, rank=None, needed_bytes=peak.bytes, peak_bytes=peak.bytes, reserved_bytes=None,
                         oom=False, step=first.step, phase=None, module=None, steps=tuple(steps))
-    return RunPeaks(source, "megatron", (device,))
+    return RunPeaks(source, Kind.MEGATRON, (device,))
 
 
 def _number(value: Any) -> float | None:

@@ -17,11 +17,6 @@ from analyzer.gate.compare import Cause, Change, Check, DeviceCheck, Likely
 CHECK_SCHEMA = "analyzer-check/1"
 
 
-def _gib(n: int | None) -> str:
-    """A size compared in a sentence: in the largest binary unit it fills (a test's MiB, a run's GiB)."""
-    return format_bytes(n)
-
-
 def _where(d: DeviceCheck) -> str:
     """', peak at step 6 in backward' (and where the baseline's was, when it is known and elsewhere)."""
     now, then = d.now, d.then
@@ -41,25 +36,25 @@ def _where(d: DeviceCheck) -> str:
 def headline(d: DeviceCheck, check: Check) -> str:
     """One sentence: the device, whether it holds, what it needs against what it may."""
     now, label = d.now, d.now.label
-    needed = f"needs {_gib(now.needed_bytes)}" + (" (at the OOM)" if now.oom else "")
+    needed = f"needs {format_bytes(now.needed_bytes)}" + (" (at the OOM)" if now.oom else "")
     if check.budget_bytes is not None:
         if d.holds:
-            return f"{label} holds its budget: {needed} of {_gib(check.budget_bytes)}"
-        return f"{label} is over its budget: {needed}, the budget is {_gib(check.budget_bytes)} " \
-               f"({_gib(d.over_bytes)} over){_where(d)}"
+            return f"{label} holds its budget: {needed} of {format_bytes(check.budget_bytes)}"
+        return f"{label} is over its budget: {needed}, the budget is {format_bytes(check.budget_bytes)} " \
+               f"({format_bytes(d.over_bytes)} over){_where(d)}"
     if d.then is None:
         return f"{label} has no baseline: {needed}, not checked"
     was = d.then.needed_bytes
     growth = f"{(now.needed_bytes - was) / was:+.1%}" if was else "from nothing"
-    tolerance = f"tolerance {check.tolerance:.0%}: at most {_gib(d.limit_bytes)}"
+    tolerance = f"tolerance {check.tolerance:.0%}: at most {format_bytes(d.limit_bytes)}"
     if d.holds:
-        stale = "; it needs less than the tolerance allows: write a new baseline" if d.stale else ""
-        return f"{label} holds its baseline: {needed}, was {_gib(was)} ({growth}; {tolerance}){stale}"
-    return f"{label} grew past its baseline: {needed}, was {_gib(was)} ({growth}; {tolerance}){_where(d)}"
+        stale = "; it needs more than the tolerance less: write a new baseline" if d.stale else ""
+        return f"{label} holds its baseline: {needed}, was {format_bytes(was)} ({growth}; {tolerance}){stale}"
+    return f"{label} grew past its baseline: {needed}, was {format_bytes(was)} ({growth}; {tolerance}){_where(d)}"
 
 
-def _change(c: Change, noun: str = "") -> str:
-    name = printable(c.name) + noun
+def _change(c: Change) -> str:
+    name = printable(c.name)
     if c.before is None:
         return f"{name} {format_bytes(c.after)}"
     if c.new:
@@ -76,7 +71,7 @@ def details(d: DeviceCheck, check: Check) -> list[str]:
     """What grew (against a baseline) or what the peak is made of (over a budget), where, and what to do."""
     if d.holds:
         return []
-    compared = d.then is not None and any(c.before is not None for c in (*d.categories, *d.phases))
+    compared = d.then is not None and bool(d.then.by_category)   # golden values have no breakdown to compare
     lines = []
     if d.categories:
         lines.append(("grew most: " if compared else "at the peak: ") + _listed(d.categories, plural=True))
@@ -89,17 +84,17 @@ def details(d: DeviceCheck, check: Check) -> list[str]:
         lines.append(("allocation sites new or larger: " if compared else "largest allocation sites: ")
                      + _listed(d.sites))
     if d.then is not None and not compared:
-        lines.append(f"the baseline ({printable(check.baseline_kind or '')}) has the peak but not its breakdowns: "
-                     "the split above is the run's own")
+        kind = check.baseline_kind.value if check.baseline_kind else ""
+        lines.append(f"the baseline ({kind}) has the peak but not its breakdowns: the split above is the run's own")
     if d.likely:
         lines.append("likely change: " + "; ".join(_likely(x) for x in d.likely))
     if d.new_findings:
         lines.append("new findings: " + ", ".join(printable(f) for f in d.new_findings))
     if d.first_step_over is not None:
         step = d.first_step_over
-        against = f"; the baseline's was {_gib(d.baseline_at_step)}" if d.baseline_at_step is not None else ""
+        against = f"; the baseline's was {format_bytes(d.baseline_at_step)}" if d.baseline_at_step is not None else ""
         past = "the budget" if check.budget_bytes is not None else "the baseline"
-        lines.append(f"first step past {past}: step {step.step} (running peak {_gib(step.bytes)}{against})")
+        lines.append(f"first step past {past}: step {step.step} (running peak {format_bytes(step.bytes)}{against})")
     if check.budget_bytes is not None:
         lines.append(fix_line(d))
     return lines
@@ -124,14 +119,14 @@ def fix_line(d: DeviceCheck) -> str:
         return "no remedy the analysis knows brings it under the budget (see analyze RUN for the options)"
     if len(fix.steps) == 1:
         return f"cheapest fix that brings it under: {printable(fix.steps[0].title)} " \
-               f"(predicted peak {_gib(fix.predicted_bytes)})"
+               f"(predicted peak {format_bytes(fix.predicted_bytes)})"
     made = "; ".join(f"{n}. {printable(s.title)}" for n, s in enumerate(fix.steps, 1))
     return f"cheapest fix that brings it under ({len(fix.steps)} changes): {made} " \
-           f"(predicted peak {_gib(fix.predicted_bytes)})"
+           f"(predicted peak {format_bytes(fix.predicted_bytes)})"
 
 
 def render_text(check: Check) -> str:
-    against = f"budget {_gib(check.budget_bytes)}" if check.budget_bytes is not None else \
+    against = f"budget {format_bytes(check.budget_bytes)}" if check.budget_bytes is not None else \
         f"baseline {printable(check.baseline or '')}"
     lines = [f"{printable(check.run)} against {against}: {'holds' if check.holds else 'FAILS'}"]
     for d in check.devices:
@@ -144,7 +139,7 @@ def render_text(check: Check) -> str:
 def check_document(check: Check) -> dict[str, Any]:
     """The JSON of a check: its verdict and exit code, and every device's numbers and sentences."""
     return {"schema": CHECK_SCHEMA, "holds": check.holds, "exit_code": check.exit_code, "run": check.run,
-            "budget_bytes": check.budget_bytes, "baseline": check.baseline, "baseline_kind": check.baseline_kind,
+            "budget_bytes": check.budget_bytes, "baseline": check.baseline, "baseline_kind": check.baseline_kind and check.baseline_kind.value,
             "tolerance": check.tolerance, "warnings": list(check.warnings),
             "devices": [{"device": d.now.device, "rank": d.now.rank, "holds": d.holds, "stale": d.stale,
                          "needed_bytes": d.now.needed_bytes, "limit_bytes": d.limit_bytes,

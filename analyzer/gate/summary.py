@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any
 
 from analyzer.errors import CorruptInput
@@ -22,6 +23,15 @@ BASELINE_PREFIX = "analyzer-baseline/"
 #: a split's folded tail ("other (41 modules)"): kept so the split sums to its total, never compared by name
 FOLDED = re.compile(r"^other \(\d+ \w+\)$")
 NO_FRAME = "(no Python frame)"   # the site of allocations recorded without a Python frame
+
+
+class Kind(str, Enum):
+    """What a run's peaks were read from."""
+
+    RECORDING = "recording"    # anything analyze reads, analysed here
+    ANALYSIS = "analysis"      # an analyzer/1 JSON result (analyze --format json)
+    BASELINE = "baseline"      # a baseline file (analyze check --write-baseline)
+    MEGATRON = "megatron"      # Megatron-LM functional tests' golden values: the peak by step, no breakdown
 
 
 @dataclass(frozen=True)
@@ -89,7 +99,7 @@ class RunPeaks:
     """Every device of one run, where it was read from and what kind of input that was."""
 
     source: str
-    kind: str          # "recording", "analysis" (an analyzer/1 JSON result), "baseline", "megatron"
+    kind: Kind
     devices: tuple[DevicePeak, ...]
     warnings: tuple[str, ...] = ()
 
@@ -99,20 +109,35 @@ class RunPeaks:
                 "devices": [asdict(d) for d in self.devices]}
 
 
-def from_document(document: dict[str, Any], source: str, kind: str = "analysis") -> RunPeaks:
-    """The peaks of an analyzer/1 document (`Analysis.to_json()`, `analyze --format json`): every device's."""
+def from_document(document: dict[str, Any], source: str, kind: Kind = Kind.ANALYSIS,
+                  gpu_memory: int | None = None) -> RunPeaks:
+    """The peaks of an analyzer/1 document (`Analysis.to_json()`, `analyze --format json`): every GPU's (host
+    memory, device -1, is no GPU's). The plan is kept only for a recording analysed here, whose device memory is
+    known (`gpu_memory`, else the document's): a JSON result does not say which memory its plan was made for."""
     try:
-        devices = tuple(_device_of(d) for d in document["devices"] if int(d["device"]) >= 0)
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise CorruptInput(source, f"an analyzer/1 result without the field {error} its devices need",
+        devices = tuple(_device_of(d, kind is Kind.RECORDING, gpu_memory) for d in document["devices"]
+                        if int(d["device"]) >= 0)
+        warnings = tuple(str(w) for w in document.get("warnings", []))
+    except MALFORMED as error:
+        raise CorruptInput(source, f"an analyzer/1 result whose devices are malformed ({_what(error)})",
                            "Pass the unedited output of analyze FILE --format json.") from None
-    return RunPeaks(source, kind, devices, tuple(str(w) for w in document.get("warnings", [])))
+    return RunPeaks(source, kind, devices, warnings)
 
 
-def _device_of(d: dict[str, Any]) -> DevicePeak:
+#: what reading a malformed document raises: a missing field, a value of the wrong type, an infinite size
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, OverflowError)
+
+
+def _what(error: Exception) -> str:
+    if isinstance(error, KeyError):
+        return f"the field {error.args[0]!r} is missing"
+    return str(error)[:120]
+
+
+def _device_of(d: dict[str, Any], analysed_here: bool, gpu_memory: int | None) -> DevicePeak:
     peak = d["peak"]
-    plan = d.get("plan")
-    capacity = d.get("capacity_bytes")
+    plan = d.get("plan") if analysed_here else None
+    capacity = gpu_memory or d.get("capacity_bytes")
     return DevicePeak(
         device=int(d["device"]), rank=d.get("rank"), needed_bytes=int(d["demand_bytes"]),
         peak_bytes=int(peak["allocated_bytes"]), reserved_bytes=_int(d.get("reserved_peak_bytes")),
@@ -148,10 +173,10 @@ def from_baseline(document: dict[str, Any], source: str) -> RunPeaks:
                            "--write-baseline FILE.")
     try:
         devices = tuple(_baseline_device(d) for d in document["devices"])
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise CorruptInput(source, f"a baseline whose devices lack {error} or hold a value of the wrong type",
+    except MALFORMED as error:
+        raise CorruptInput(source, f"a baseline whose devices are malformed ({_what(error)})",
                            "Write it again: analyze check RUN --write-baseline FILE.") from None
-    return RunPeaks(source, "baseline", devices)
+    return RunPeaks(source, Kind.BASELINE, devices)
 
 
 def _baseline_device(d: dict[str, Any]) -> DevicePeak:

@@ -120,6 +120,7 @@ def test_megatron_golden_values_are_a_baseline_within_its_tolerance(capsys, tmp_
     code, out, _ = check(capsys, SMALL_REAL, "--baseline", golden)
     assert code == 1
     assert "the baseline (megatron) has the peak but not its breakdowns" in out
+    assert "new findings" not in out   # golden values have none to compare with
 
 
 # ---- simulated runs one change apart ---------------------------------------------------------------------------
@@ -227,15 +228,22 @@ def test_in_github_actions_errors_are_annotated_and_the_summary_appended(simulat
     (["{real}", "--baseline", "{future}"], "a baseline of version 'analyzer-baseline/99'"),
     (["{real}", "--baseline", "{broken}"], "not valid JSON"),
     (["{real}", "--baseline", "{golden_without_memory}"], "without 'mem-max-allocated-bytes' values"),
+    (["{real}", "--baseline", "{result_without_peak}"], "an analyzer/1 result whose devices are malformed (the field 'peak' is missing)"),
+    (["{real}", "--baseline", "{infinite}"], "a baseline whose devices are malformed (cannot convert float infinity"),
+    (["{empty}", "--budget", "1GiB"], "no GPU memory to check"),   # a gate never passes on a run it missed
+    (["{real}", "--baseline", "{empty}"], "no GPU memory to check"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(capsys, tmp_path, args, says):
     needs_real(SMALL_REAL)
-    files = {"real": SMALL_REAL, "future": tmp_path / "future.json", "broken": tmp_path / "broken.json",
-             "golden_without_memory": tmp_path / "golden.json"}
+    files = {"real": SMALL_REAL, "empty": REAL / "angelolmn-hitsbe" / "my_snapshot.pickle", "future": tmp_path / "future.json", "broken": tmp_path / "broken.json",
+             "golden_without_memory": tmp_path / "golden.json", "result_without_peak": tmp_path / "result.json"}
     files["future"].write_text(json.dumps({"schema": "analyzer-baseline/99", "devices": []}))
     files["broken"].write_text('{"schema": "analyzer-baseline/1", "devices": [')
     files["golden_without_memory"].write_text(json.dumps(
         {"lm loss": {"start_step": 1, "end_step": 2, "step_interval": 1, "values": {"1": 10.0, "2": 9.0}}}))
+    files["infinite"] = tmp_path / "infinite.json"
+    files["infinite"].write_text('{"schema": "analyzer-baseline/1", "devices": [{"device": 0, "needed_bytes": 1e400}]}')
+    files["result_without_peak"].write_text(json.dumps({"schema": "analyzer/1", "devices": [{"device": 0}]}))
     code, out, err = check(capsys, *[a.format(**files) for a in args])
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("analyze: error: ") and says in err

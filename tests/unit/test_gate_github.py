@@ -17,7 +17,7 @@ from analyzer.core.printable import printable
 from analyzer.gate import github
 from analyzer.gate.compare import check_baseline, check_budget
 from analyzer.gate.render import details, headline
-from analyzer.gate.summary import DevicePeak, RunPeaks, Site
+from analyzer.gate.summary import DevicePeak, Kind, RunPeaks, Site
 
 GiB = 2**30
 # one command: `::name` then properties `key=value` separated by commas, then `::` and the message; a property
@@ -62,9 +62,9 @@ def _peak(module: str = "layers.0", needed: int = 10 * GiB) -> DevicePeak:
 
 
 def test_a_failing_check_is_one_error_per_device_with_its_explanation_line_by_line():
-    check = check_baseline(RunPeaks("new.pickle", "recording", (_peak(HOSTILE, 12 * GiB),)),
-                           RunPeaks("old.json", "baseline", (_peak(needed=10 * GiB),)))
-    lines = github.annotations(check)
+    check = check_baseline(RunPeaks("new.pickle", Kind.RECORDING, (_peak(HOSTILE, 12 * GiB),)),
+                           RunPeaks("old.json", Kind.BASELINE, (_peak(needed=10 * GiB),)))
+    lines = github.annotation_lines(check)
     assert len(lines) == 1
     name, props, message = parse(lines[0])
     assert name == "error" and props == {"title": "GPU memory check failed on cuda:0"}
@@ -77,25 +77,25 @@ def test_a_failing_check_is_one_error_per_device_with_its_explanation_line_by_li
 
 
 def test_a_stale_baseline_and_the_check_warnings_are_warnings():
-    check = check_baseline(RunPeaks("new.pickle", "recording", (_peak(needed=8 * GiB),), ("a: warning, 100%",)),
-                           RunPeaks("old.json", "baseline", (_peak(needed=10 * GiB),)))
+    check = check_baseline(RunPeaks("new.pickle", Kind.RECORDING, (_peak(needed=8 * GiB),), ("a: warning, 100%",)),
+                           RunPeaks("old.json", Kind.BASELINE, (_peak(needed=10 * GiB),)))
     assert check.holds
-    parsed = [parse(line) for line in github.annotations(check)]
+    parsed = [parse(line) for line in github.annotation_lines(check)]
     assert [(n, p["title"]) for n, p, _ in parsed] == [("warning", "GPU memory baseline stale on cuda:0"),
                                                        ("warning", "GPU memory check")]
     assert parsed[1][2] == "a: warning, 100%"
 
 
 def test_a_holding_check_says_nothing_in_annotations():
-    check = check_budget(RunPeaks("run.pickle", "recording", (_peak(needed=8 * GiB),)), 8 * GiB)
-    assert github.annotations(check) == []
+    check = check_budget(RunPeaks("run.pickle", Kind.RECORDING, (_peak(needed=8 * GiB),)), 8 * GiB)
+    assert github.annotation_lines(check) == []
 
 
 def test_the_summary_renders_as_one_table_and_escapes_names_from_the_input():
     cmarkgfm = pytest.importorskip("cmarkgfm", reason="cmarkgfm (GitHub's renderer) is in the `test` extra")
     from cmarkgfm.cmark import Options
 
-    check = check_budget(RunPeaks("run|<b>.pickle", "recording", (_peak(HOSTILE, 12 * GiB),)), 10 * GiB)
+    check = check_budget(RunPeaks("run|<b>.pickle", Kind.RECORDING, (_peak(HOSTILE, 12 * GiB),)), 10 * GiB)
     html = cmarkgfm.github_flavored_markdown_to_html(github.summary_markdown(check),
                                                      options=Options.CMARK_OPT_UNSAFE)
     assert html.count("<table>") == 1 and html.count("<tr>") == 2   # the header and the one device

@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 
 from analyzer.gate.compare import Cause, check_baseline, check_budget, cheapest_fix
-from analyzer.gate.summary import DevicePeak, Option, Plan, RunPeaks, Site, StepPeak
+from analyzer.gate.summary import DevicePeak, Kind, Option, Plan, RunPeaks, Site, StepPeak
 
 GiB = 2**30
 TOLERANCE = 0.05
@@ -35,7 +35,7 @@ def device(needed: int = 10 * GiB, **kw: object) -> DevicePeak:
 
 
 def run(*devices: DevicePeak) -> RunPeaks:
-    return RunPeaks("run.pickle", "recording", devices)
+    return RunPeaks("run.pickle", Kind.RECORDING, devices)
 
 
 def test_budget_holds_at_the_budget_and_fails_one_byte_under():

@@ -2,7 +2,7 @@
 
 A marked test holds when the memory it needed is at most its budget (the marker's size, else
 --gpu-memory-budget): four 4 MiB tensors alive together need exactly 16 MiB, so 16MiB holds and 16777215 bytes
-fail. Without CUDA (this machine) the plugin records under the simulator's device and says so. Unmarked tests are
+fail; a test that allocates no GPU memory holds any budget. Without CUDA (this machine) the plugin records under the simulator's device and says so. Unmarked tests are
 not recorded, and a run with nothing marked imports neither torch nor the gate.
 """
 from __future__ import annotations
@@ -42,6 +42,11 @@ def test_the_option_budget():
 
 def test_unmarked():
     assert len(four_tensors()) == 4
+
+
+@pytest.mark.gpu_memory_budget("1MiB")
+def test_nothing_allocated():
+    assert torch.tensor([1.0]).item() == 1.0   # made from a Python value: host memory
 '''
 
 INERT = '''
@@ -73,7 +78,9 @@ def test_marked_tests_are_checked_against_their_budget_on_the_simulated_device(t
     assert "cuda:0 is over its budget: needs 16.00 MiB, the budget is 16.00 MiB (1 B over)" in out
     assert "cuda:0 is over its budget: needs 16.00 MiB, the budget is 8.00 MiB (8.00 MiB over)" in out
     assert "largest allocation sites: " in out and "test_budget.py:7 <listcomp> 16.00 MiB" in out
-    assert out.count("no CUDA device: recorded under analyzer's simulated device") == 3   # each marked test
+    assert "PASSED test_budget.py::test_nothing_allocated" in out
+    assert "the test allocated no GPU memory: it holds any budget" in out
+    assert out.count("no CUDA device: recorded under analyzer's simulated device") == 4   # each marked test
     kept = tmp_path / ".pytest_cache" / "d" / "analyzer-gpu-memory" / "test_budget.py_test_a_byte_under"
     assert f"the recording is kept: analyze {kept / 'simulated.pickle'}" in out
     assert (kept / "simulated.pickle").is_file()
