@@ -4,6 +4,8 @@ Each field gets its own tagged payload (markup, an event handler, Markdown links
 javascript: URL, mentions, a new line). The snapshot carries them in frames, module and phase annotations,
 user_metadata, allocator settings and its own file name; the profiler trace in Python frames, annotations and
 the device name; the Nsight export in NVTX text, the GPU name, kernel names and the program's captured stderr.
+A text log carries them in a traceback's file and function, a process name in `nvidia-smi`'s table and a
+`PYTORCH_CUDA_ALLOC_CONF` setting, and is rendered by every reporter of a log's analysis (`LOG_REPORTERS`).
 Every report (HTML, Markdown rendered by GitHub's cmark-gfm, PDF) is compared with the report of a benign twin
 of the same input: no tag, attribute or link that the benign report lacks, no attribute or URL pointing
 anywhere, and the payloads visible as text.
@@ -23,7 +25,8 @@ import pytest
 
 from analyzer.result import Analysis
 from analyzer.pipeline import analyze
-from analyzer.report import REPORTERS, reporter
+from analyzer.log_result import LogAnalysis, analyze_log
+from analyzer.report import LOG_REPORTERS, REPORTERS, reporter
 from support.paths import FIXTURES
 from hostile.make_corpus import chrome_trace, tiny_snapshot
 
@@ -101,7 +104,35 @@ def nsys_export(text: Callable[[str], str], folder: Path) -> Path:
     return path
 
 
+def text_log(text: Callable[[str], str], folder: Path) -> Path:
+    """An OOM with its traceback, the process table of nvidia-smi and an allocator setting: a log's lines hold no
+    line break, so each payload's becomes a space (and a double quote, which would close the traceback's quoted
+    file name, a single one)."""
+    def one_line(tag: str) -> str:
+        return text(tag).replace("\n", " ").replace('"', "'")
+
+    lines = ["Traceback (most recent call last):",
+             f'  File "/home/u/{one_line("LOGFILE")}.py", line 12, in {one_line("LOGFUNCTION")}',
+             "    loss = model(batch)",
+             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+             "23.65 GiB of which 1.00 GiB is free. Process 4242 has 3.00 GiB memory in use. Including non-PyTorch "
+             "memory, this process has 19.00 GiB memory in use. Of the allocated memory 17.00 GiB is allocated by "
+             "PyTorch, and 1.00 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is "
+             "large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
+             f"PYTORCH_CUDA_ALLOC_CONF={one_line('LOGSETTING')}",
+             "+-----------------------------------------------------------------------------+",
+             "| Processes:                                                       GPU Memory |",
+             "|  GPU       PID   Type   Process name                             Usage      |",
+             "|=============================================================================|",
+             f"|    0      4242      C   {one_line('PROCESS')[:40]}   3072MiB |",
+             "+-----------------------------------------------------------------------------+"]
+    path = folder / "train.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
 INPUTS = {"snapshot": snapshot, "profiler_trace": profiler_trace, "nsys_export": nsys_export}
+LOG_INPUTS = {"text_log": text_log}
 
 
 # ---- what a rendered document contains ----------------------------------------------------------------------
@@ -140,10 +171,10 @@ class _Elements(HTMLParser):
             self.text.append(data)
 
 
-def _html_of(fmt: str, analysis: Analysis, folder: Path) -> tuple[str, list[str]]:
+def _html_of(fmt: str, analysis: Analysis | LogAnalysis, folder: Path) -> tuple[str, list[str]]:
     """(the report as HTML, URLs of its links where the format has them) for one format."""
     out = folder / f"report.{fmt}"
-    written = reporter(fmt)(analysis, out)
+    written = reporter(fmt, LOG_REPORTERS if isinstance(analysis, LogAnalysis) else REPORTERS)(analysis, out)
     assert out in written
     if fmt == "html":
         return out.read_text(encoding="utf-8"), []
@@ -167,18 +198,24 @@ def _escape(text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def analyses(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Analysis, Analysis]]:
+def analyses(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Analysis | LogAnalysis, ...]]:
     """Per input kind: (the hostile analysis, its benign twin's)."""
-    out = {}
+    out: dict[str, tuple[Analysis | LogAnalysis, ...]] = {}
     for kind, make in INPUTS.items():
         hostile = analyze(make(payload, tmp_path_factory.mktemp(f"{kind}_hostile")))
         twin = analyze(make(benign, tmp_path_factory.mktemp(f"{kind}_benign")))
         out[kind] = (hostile, twin)
+    for kind, make in LOG_INPUTS.items():
+        out[kind] = tuple(analyze_log(make(text, tmp_path_factory.mktemp(f"{kind}_{name}")))
+                          for name, text in (("hostile", payload), ("benign", benign)))
     return out
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("kind", sorted(INPUTS))
+CASES = [(kind, fmt) for kind in sorted(INPUTS) for fmt in FORMATS] + \
+        [(kind, fmt) for kind in sorted(LOG_INPUTS) for fmt in sorted(f for f in LOG_REPORTERS if f != "json")]
+
+
+@pytest.mark.parametrize(("kind", "fmt"), CASES)
 def test_hostile_strings_stay_text(kind: str, fmt: str, analyses: dict, tmp_path: Path) -> None:
     if fmt == "pdf":
         pytest.importorskip("weasyprint", reason="weasyprint is the optional extra `pdf`")
@@ -195,10 +232,11 @@ def test_hostile_strings_stay_text(kind: str, fmt: str, analyses: dict, tmp_path
     assert not leaked, f"input text inside URL, handler or style attributes: {leaked[:3]}"
     assert len(urls) == len(baseline_urls) and not any("evil" in u for u in urls), urls
     text = "".join("".join(seen.text).split())  # PDF lines break anywhere inside a frame
-    shown = [tag for tag in _TAGS[kind] if f'alert("{tag}")' in text]
+    shown = [tag for tag in _TAGS[kind] if f'alert("{tag}")' in text or f"alert('{tag}')" in text]
     assert shown or fmt == "md", f"no payload of {kind} is visible as text in the {fmt} report"  # md is a summary
 
 
-_TAGS = {"snapshot": ["FRAMEFILE", "FUNCTION", "METADATA", "ALLOCCONF", "MODULE", "ANNOTATION", "FILENAME"],
+_TAGS = {"text_log": ["LOGFILE", "LOGFUNCTION", "LOGSETTING", "PROCESS"],
+         "snapshot": ["FRAMEFILE", "FUNCTION", "METADATA", "ALLOCCONF", "MODULE", "ANNOTATION", "FILENAME"],
          "profiler_trace": ["GPUNAME", "PYFILE", "PYFUNCTION", "KMODULE"],
          "nsys_export": ["NVTX", "NSYSGPU", "KERNEL", "STDERR"]}
