@@ -17,12 +17,17 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from analyzer.errors import CorruptInput, ResourceLimit, UnsupportedFormat
-from analyzer.gate.summary import BASELINE_PREFIX, DevicePeak, Kind, RunPeaks, StepPeak, from_baseline, from_document
-from analyzer.ingest.sniff import KINETO, check_path, open_input, sniff
+from analyzer.gate.summary import (BASELINE_PREFIX, DevicePeak, Kind, Option, RunPeaks, StepPeak, from_baseline,
+                                   from_document)
+from analyzer.ingest.sniff import KINETO, LOG, check_path, open_input, sniff
+
+if TYPE_CHECKING:
+    from analyzer.log_result import LogAnalysis
 
 MEGATRON_METRIC = "mem-max-allocated-bytes"
 MAX_DOCUMENT_BYTES = 256 << 20    # a JSON result or baseline larger than this is no summary
@@ -42,14 +47,20 @@ def read_run(path: str | Path, gpu_memory: int | None = None) -> RunPeaks:
     p = check_path(path)
     run = _read(p, gpu_memory)
     if not run.devices:
-        raise NoGpuMemory(p, "no GPU memory to check: no device holds allocations or their history",
+        raise NoGpuMemory(p, "no GPU memory to check: no device holds allocations or their history (in a log: no "
+                          "OOM message or memory line gives PyTorch's allocated bytes; nvidia-smi's are not)",
                           "Record the run with memory history on (analyzer.capture, or a profiler trace with "
-                          "profile_memory=True).")
+                          "profile_memory=True), or log torch.cuda.memory_summary() at its peak.")
     return run
 
 
 def _read(p: Path, gpu_memory: int | None) -> RunPeaks:
-    if not p.is_dir() and sniff(p) == KINETO:
+    kind = None if p.is_dir() else sniff(p)
+    if kind == LOG:
+        from analyzer.log_result import analyze_log
+
+        return from_log(analyze_log(p), str(p))
+    if kind == KINETO:
         head = _head(p)
         if _ANALYSIS.match(head):
             return from_document(_document(p), str(p))
@@ -105,6 +116,48 @@ def from_golden_values(document: dict[str, Any], source: str) -> RunPeaks:
     device = DevicePeak(device=0, rank=None, needed_bytes=peak.bytes, peak_bytes=peak.bytes, reserved_bytes=None,
                         oom=False, step=first.step, phase=None, module=None, steps=tuple(steps))
     return RunPeaks(source, Kind.MEGATRON, (device,))
+
+
+#: the sizes of a memory line that are PyTorch's allocations, best first (nvidia-smi's `used` is the whole
+#: process's, or another's: never gated)
+_ALLOCATED = ("allocated_peak", "allocated")
+
+
+def from_log(log: LogAnalysis, source: str) -> RunPeaks:
+    """A log's peaks, one per (rank, device): at an OOM the memory it needed (allocated by PyTorch plus the
+    request); else the largest allocated peak its memory lines report (memory_summary(), memory_stats(),
+    Megatron, DeepSpeed, Lightning), with every step's where the lines name steps. nvidia-smi's used memory is
+    not PyTorch's and is not gated; a log with neither gates nothing (NoGpuMemory)."""
+    best: dict[tuple[int | None, int], DevicePeak] = {}
+
+    def keep(peak: DevicePeak) -> None:
+        key = (peak.rank, peak.device)
+        if key not in best or peak.needed_bytes > best[key].needed_bytes:
+            best[key] = peak
+
+    steps: dict[tuple[int | None, int], dict[int, int]] = {}
+    for reading in log.reading.readings:
+        size = next((reading.bytes[k] for k in _ALLOCATED if k in reading.bytes), None)
+        if size is None:
+            continue
+        key = (reading.rank, reading.device or 0)
+        if reading.step is not None:
+            by_step = steps.setdefault(key, {})
+            by_step[reading.step] = max(by_step.get(reading.step, 0), size)
+        keep(DevicePeak(device=key[1], rank=key[0], needed_bytes=size, peak_bytes=size,
+                        reserved_bytes=reading.bytes.get("reserved_peak", reading.bytes.get("reserved")), oom=False,
+                        step=reading.step, phase=None, module=None))
+    for oom in log.ooms:
+        text = oom.text
+        if text.allocated_bytes is None or text.requested_bytes is None:
+            continue
+        keep(DevicePeak(device=text.device or 0, rank=text.rank, needed_bytes=text.allocated_bytes + text.requested_bytes,
+                        peak_bytes=text.allocated_bytes, reserved_bytes=text.reserved_bytes, oom=True, step=None,
+                        phase=oom.phase, module=None, findings=(oom.cause.reason,),
+                        remedies=tuple(Option(str(r["id"]), str(r["title"]), None) for r in oom.remedies)))
+    devices = tuple(replace(peak, steps=tuple(StepPeak(s, b) for s, b in sorted(steps.get(key, {}).items())))
+                    for key, peak in sorted(best.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1])))
+    return RunPeaks(source, Kind.LOG, devices, tuple(log.warnings))
 
 
 def _number(value: Any) -> float | None:

@@ -116,6 +116,9 @@ def _likely(x: Likely) -> str:
 def fix_line(d: DeviceCheck) -> str:
     fix = d.fix
     if fix is None:
+        unsized = [r for r in d.now.remedies if r.new_peak_bytes is None]   # a log's: it cannot size them
+        if d.now.oom and unsized:
+            return f"what the OOM's numbers point to first: {printable(unsized[0].title)} (analyze RUN says why)"
         return "no remedy the analysis knows brings it under the budget (see analyze RUN for the options)"
     if len(fix.steps) == 1:
         return f"cheapest fix that brings it under: {printable(fix.steps[0].title)} " \

@@ -32,6 +32,7 @@ class Kind(str, Enum):
     ANALYSIS = "analysis"      # an analyzer/1 JSON result (analyze --format json)
     BASELINE = "baseline"      # a baseline file (analyze check --write-baseline)
     MEGATRON = "megatron"      # Megatron-LM functional tests' golden values: the peak by step, no breakdown
+    LOG = "log"                # a training log: its OOMs and memory lines, no breakdown
 
 
 @dataclass(frozen=True)

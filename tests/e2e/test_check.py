@@ -123,6 +123,37 @@ def test_megatron_golden_values_are_a_baseline_within_its_tolerance(capsys, tmp_
     assert "new findings" not in out   # golden values have none to compare with
 
 
+# ---- logs ----------------------------------------------------------------------------------------------------------
+LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
+
+
+def test_a_log_with_an_oom_is_gated_on_what_the_oom_needed(capsys):
+    """lerf#73: 12.09 GiB allocated by PyTorch and 3.00 GiB asked for: the step needed 15.09 GiB."""
+    log = LOGS / "ofwhich_fragmentation_lerf_73.log"
+    code, doc = check_json(capsys, log, "--budget", "15.09GiB")
+    assert code == 0 and doc["devices"][0]["needed_bytes"] == round(12.09 * GiB) + 3 * GiB
+    code, out, _ = check(capsys, log, "--budget", "15GiB")
+    assert code == 1 and "at the OOM" in out and "expandable segments" in out.lower()
+
+
+def test_a_log_of_memory_lines_is_gated_on_their_largest_allocated_peak(capsys, tmp_path):
+    """DeepSpeed's see_memory_usage: Max_MA 4.89 then 5.31 (GiB, printed as GB); a baseline of the same log
+    holds, one of a smaller peak does not."""
+    log = LOGS / "deepspeed_see_memory_usage_522.log"
+    code, doc = check_json(capsys, log, "--budget", "6GiB")
+    assert code == 0 and doc["devices"][0]["needed_bytes"] == round(5.31 * GiB)
+    assert check(capsys, log, "--baseline", log)[0] == 0
+    smaller = tmp_path / "smaller.log"
+    smaller.write_text(log.read_text().replace("Max_MA 5.31 GB", "Max_MA 4.99 GB"))
+    assert check(capsys, log, "--baseline", smaller)[0] == 1
+
+
+def test_a_log_with_only_nvidia_smi_gates_nothing(capsys):
+    """nvidia-smi's used memory is the process's, not PyTorch's allocations: nothing to gate, exit 2."""
+    code, _, err = check(capsys, LOGS / "nvidia_smi_screen_pytorch_5434.log", "--budget", "16GiB")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "nvidia-smi" in err
+
+
 # ---- simulated runs one change apart ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
