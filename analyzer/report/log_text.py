@@ -4,6 +4,7 @@ the memory lines show and what to record next. Every string from the log is prin
 from __future__ import annotations
 
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -26,15 +27,26 @@ def numbers_table(o: dict[str, object]) -> list[tuple[str, int]]:
     return [(label, value) for label, key in NUMBERS if isinstance(value := o.get(key), int)]
 
 
+def _said(console: Console, text: Text, indent: int = 2) -> None:
+    """A line indented by `indent` whose wrapped lines keep that indent."""
+    console.print(Padding(text, (0, 0, 0, indent)) if indent else text)
+
+
+def _code(console: Console, code: str, indent: int) -> None:
+    """Code as it is to be typed: never wrapped inside (the terminal folds a long line, copying keeps it whole)."""
+    for line in code.splitlines():
+        console.print(Text(" " * indent + printable(line), style="cyan"), soft_wrap=True)
+
+
 def _oom(console: Console, oom: LogOom, index: int) -> None:
     o = oom.to_json()
     head = Text(f"OOM {index} ", style="bold") + Text(printable(f"line {o['line']}"), style="dim")
     if o["repeats"] > 1:
         head += Text(f" (printed {o['repeats']} times)", style="dim")
     console.print(head)
-    console.print(Text("  cause: ") + Text(o["cause"], style="bold red") + Text(printable(f" — {o['reason']}")))
+    _said(console, Text("cause: ") + Text(o["cause"], style="bold red") + Text(printable(f" — {o['reason']}")))
     if o["phase"] or o["user_frame"]:
-        console.print(Text(printable(f"  phase: {o['phase'] or 'unknown'}; your frame: {o['user_frame'] or 'none printed'}")))
+        _said(console, Text(printable(f"phase: {o['phase'] or 'unknown'}; your frame: {o['user_frame'] or 'none printed'}")))
     table = Table(box=None, pad_edge=False, show_header=False, show_edge=False)
     table.add_column(no_wrap=True)
     table.add_column(justify="right", no_wrap=True)
@@ -44,12 +56,12 @@ def _oom(console: Console, oom: LogOom, index: int) -> None:
         table.add_row(Text(printable(f"  process {p['pid']}")), human_bytes(p["bytes"]))
     console.print(table)
     for note in [*o["inconsistent"], *o["notes"]]:
-        console.print(Text(printable(f"  note: {note}"), style="yellow"))
+        _said(console, Text(printable(f"note: {note}"), style="yellow"))
     for i, r in enumerate(o["remedies"][:TOP_REMEDIES], 1):
         saves = f" ({human_bytes(r['bytes'])})" if r["bytes"] else ""
-        console.print(Text(printable(f"  {i}. {r['title']}{saves}: {r['detail']}")))
+        _said(console, Text(printable(f"{i}. {r['title']}{saves}: {r['detail']}")))
         if r["code"]:
-            console.print(Text(printable(f"       {r['code']}"), style="cyan"))
+            _code(console, r["code"], 7)
 
 
 def print_log_summary(report: LogAnalysis, console: Console) -> None:
@@ -61,15 +73,15 @@ def print_log_summary(report: LogAnalysis, console: Console) -> None:
         console.print()
         console.print(Text("across the log", style="dim"))
     for f in report.findings:
-        console.print(Text(printable(f"  {f['kind']}: {f['summary']}")))
+        _said(console, Text(printable(f"{f['kind']}: {f['summary']}")))
     for p in report.gpu_peaks:
         total = f" of {human_bytes(p['total_bytes'])}" if p["total_bytes"] else ""
-        console.print(Text(f"  GPU {p['device']}: at most {human_bytes(p['used_bytes'])}{total} used "
-                           f"(nvidia-smi, {p['readings']} readings)"))
+        _said(console, Text(f"GPU {p['device']}: at most {human_bytes(p['used_bytes'])}{total} used "
+                            f"(nvidia-smi, {p['readings']} readings)"))
     for p in report.gpu_processes:
-        console.print(Text(printable(f"  GPU {p['device']}: {p['process']} uses {human_bytes(p['used_bytes'])}")))
+        _said(console, Text(printable(f"GPU {p['device']}: {p['process']} uses {human_bytes(p['used_bytes'])}")))
     for w in report.warnings:
-        console.print(Text(printable(f"warning: {w}"), style="yellow"))
+        _said(console, Text(printable(f"warning: {w}"), style="yellow"), indent=0)
     console.print()
     console.print(Text("what to record next, to analyse the next OOM in full:", style="dim"))
-    console.print(Text(report.to_json()["record_next"]["snapshot"], style="cyan"))
+    _code(console, report.to_json()["record_next"]["snapshot"], 0)
