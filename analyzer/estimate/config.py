@@ -19,6 +19,9 @@ from analyzer.errors import AnalyzerError
 #: the tokenizers of Megatron-LM's functional tests whose vocabulary is known without the tokenizer file
 KNOWN_VOCABULARIES = {"gpt2_bpe": 50257, "nemotron_2_256k": 256000, "llama2": 32000, "qwen3": 151669}
 PRECISIONS = ("bf16", "fp16", "fp32")
+MAX_STAGES = 1024             # pipeline stages (and layers a stage) one estimate lists
+MAX_CONFIG_BYTES = 1 << 20
+MAX_SIZE = 1 << 31            # any one size or degree    # a model_config.yaml or config.json is a few kilobytes
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -141,6 +144,11 @@ class TrainingConfig:
         for name in ("layers", "hidden", "heads", "seq", "micro_batch", "vocab", "gpus", "tp", "pp", "vp", "cp", "ep"):
             if getattr(self, name) < 1:
                 raise bad(f"{name} is {getattr(self, name)}", "Every size and parallel degree is a positive count.")
+            if getattr(self, name) > MAX_SIZE:
+                raise bad(f"{name} is {getattr(self, name)}", f"Sizes above {MAX_SIZE} are not estimated.")
+        if self.pp > MAX_STAGES or self.layers > MAX_STAGES * 100:
+            raise bad(f"{self.pp} pipeline stages of {self.layers} layers", f"At most {MAX_STAGES} stages and "
+                      f"{MAX_STAGES * 100} layers are estimated.")
         if self.gpus % (self.tp * self.pp * self.cp):
             raise bad(f"{self.gpus} GPUs are not a multiple of TP×PP×CP = {self.tp * self.pp * self.cp}",
                       "Give --gpus as TP×PP×CP×DP.")
@@ -318,11 +326,18 @@ def _expand_pattern(text: str) -> tuple[int, ...]:
     return tuple(result)
 
 
+def _read(path: Path) -> str:
+    if path.is_file() and path.stat().st_size > MAX_CONFIG_BYTES:
+        raise AnalyzerError(str(path), f"{path.stat().st_size} bytes: not a configuration file",
+                            f"Give the model's config (under {MAX_CONFIG_BYTES} bytes).")
+    return path.read_text()
+
+
 def read_megatron_config(path: Path, gpus: int | None = None) -> TrainingConfig:
     """A model_config.yaml (`MODEL_ARGS:` mapping) or a YAML/JSON mapping of Megatron arguments."""
     import yaml
     try:
-        document = yaml.safe_load(path.read_text())
+        document = yaml.safe_load(_read(path))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise AnalyzerError(str(path), f"cannot read the Megatron arguments: {str(error).splitlines()[0]}",
                             "Give a model_config.yaml with a MODEL_ARGS: mapping of --flag: value.") from None
@@ -341,7 +356,7 @@ def read_hf_config(path: Path, seq: int, micro_batch: int, gpus: int | None = No
     sequence, micro-batch and parallel layout come from the flags."""
     import json
     try:
-        document = json.loads(path.read_text())
+        document = json.loads(_read(path))
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise AnalyzerError(str(path), f"cannot read the Hugging Face config: {error}",
                             "Give the model's config.json.") from None

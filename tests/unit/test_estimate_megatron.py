@@ -305,3 +305,16 @@ def test_a_job_that_fits_has_no_plan_and_one_that_does_not_gets_the_cheapest_lev
     result = json.loads(capsys.readouterr().out)
     assert result["fits"] is False and result["plan"]["fits"] and not result["plan"]["more_gpus"]
     assert result["plan"]["layout"]["device_bytes_needed"] <= 2 * 2**30 < result["device_bytes_needed"]
+
+
+@pytest.mark.parametrize("content, problem", [
+    ('{"num_hidden_layers": 2, "hidden_size": 1e300, "num_attention_heads": 2, "vocab_size": 10}', "hidden is"),
+    ('{"num_hidden_layers": 1e9, "hidden_size": 64, "num_attention_heads": 2, "vocab_size": 10}', "layers"),
+    ('[1, 2, 3]', "not a JSON object"),
+])
+def test_hostile_hf_configs_are_one_line_and_exit_2(tmp_path: Path, content: str, problem: str):
+    config = tmp_path / "config.json"
+    config.write_text(content)
+    code = subprocess.run([sys.executable, "-m", "analyzer", "estimate", "--hf-config", str(config), "--seq", "8",
+                           "--micro-batch", "1"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert code.returncode == 2 and problem in code.stderr and "Traceback" not in code.stderr
