@@ -72,6 +72,8 @@ class TrainingConfig:
     sequence_parallel: bool = False
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
+    embedding_as_layer: bool = False        # the pipeline split counts the embedding as a layer (first chunk)
+    loss_as_layer: bool = False             # and the output layer with the loss (last chunk)
     distributed_optimizer: bool = False
     optimizer_instances: int = 1            # distributed-optimizer replicas: each shards over DP / instances
     zero: int = 0                           # 2: gradients sharded over DP too, 3: weights too (FSDP)
@@ -155,7 +157,8 @@ class TrainingConfig:
         if self.heads % self.tp or self.groups % self.tp and self.tp % self.groups:
             raise bad(f"{self.heads} heads ({self.groups} query groups) do not split over TP {self.tp}",
                       "Tensor parallelism splits the heads: use a TP that divides them.")
-        if self.layers % (self.pp * self.vp) and self.first_stage_layers is None and self.last_stage_layers is None:
+        units = self.layers + self.embedding_as_layer + self.loss_as_layer
+        if units % (self.pp * self.vp) and self.first_stage_layers is None and self.last_stage_layers is None:
             raise bad(f"{self.layers} layers do not split into {self.pp} stages × {self.vp} chunks",
                       "Use a pipeline size (and virtual stages) that divides the layers.")
         if self.precision not in PRECISIONS:
@@ -219,7 +222,6 @@ UNSUPPORTED_FLAGS = {
     "--perform-rl-step": "an RL loop (inference and training) is not modelled",
     "--cuda-graph-impl": "CUDA graphs' static buffers are not modelled",
     "--pipeline-model-parallel-layout": "a custom pipeline layout is not modelled",
-    "--num-virtual-stages-per-pipeline-rank": "a custom pipeline layout is not modelled",
     "--moe-latent-size": "latent MoE is not modelled",
     "--flextron": "Flextron elastic training is not modelled",
     "--export-kd-teacher-load": "knowledge distillation's teacher model is not modelled",
@@ -264,7 +266,7 @@ def from_megatron_args(args: dict[str, Any], gpus: int | None = None) -> Trainin
                   router_fp32=str(args.get("--moe-router-dtype", "")) == "fp32",
                   dispatcher=str(args.get("--moe-token-dispatcher-type") or "allgather"))
     recompute = str(args.get("--recompute-granularity") or "none")
-    vp = 1
+    vp = _int(args, "--num-virtual-stages-per-pipeline-rank", 1) or 1
     if _int(args, "--num-layers-per-virtual-pipeline-stage"):
         pp = _int(args, "--pipeline-model-parallel-size", 1) or 1
         vp = max(layers // (pp * (_int(args, "--num-layers-per-virtual-pipeline-stage") or 1)), 1)
@@ -291,6 +293,8 @@ def from_megatron_args(args: dict[str, Any], gpus: int | None = None) -> Trainin
         etp=_int(args, "--expert-tensor-parallel-size"), sequence_parallel=_flag(args, "--sequence-parallel"),
         first_stage_layers=_int(args, "--decoder-first-pipeline-num-layers"),
         last_stage_layers=_int(args, "--decoder-last-pipeline-num-layers"),
+        embedding_as_layer=_flag(args, "--account-for-embedding-in-pipeline-split"),
+        loss_as_layer=_flag(args, "--account-for-loss-in-pipeline-split"),
         distributed_optimizer=_flag(args, "--use-distributed-optimizer"), precision=precision,
         fp8=bool(args.get("--fp8-format")), grad_fp32=grad_fp32,
         recompute=recompute, recompute_method=str(args.get("--recompute-method") or "uniform"),

@@ -70,21 +70,32 @@ class Stage:
                 **{part: getattr(self, part) for part in PARTS}}
 
 
+def chunk_layers(c: TrainingConfig) -> list[int]:
+    """Transformer layers of each of the PP·VP model chunks, in pipeline order (chunk k is on stage k mod PP).
+    When the split counts the embedding (and the loss) as a layer, the first (last) chunk holds one fewer."""
+    chunks = c.pp * c.vp
+    if c.pp > 1 and c.vp == 1 and (c.first_stage_layers is not None or c.last_stage_layers is not None):
+        first, last = c.first_stage_layers, c.last_stage_layers
+        inner = c.pp - (first is not None) - (last is not None)
+        each = (c.layers - (first or 0) - (last or 0)) // inner if inner else 0
+        sizes = [each] * c.pp
+        if first is not None:
+            sizes[0] = first
+        if last is not None:
+            sizes[-1] = last
+    else:
+        each = (c.layers + c.embedding_as_layer + c.loss_as_layer) // chunks
+        sizes = [each] * chunks
+        sizes[0] -= c.embedding_as_layer
+        sizes[-1] -= c.loss_as_layer
+    sizes[-1] += c.layers - sum(sizes)
+    return sizes
+
+
 def stage_layers(c: TrainingConfig) -> list[int]:
     """Transformer layers on each pipeline stage (all its model chunks), first to last."""
-    if c.pp == 1:
-        return [c.layers]
-    first, last = c.first_stage_layers, c.last_stage_layers
-    middle = c.layers - (first or 0) - (last or 0)
-    inner = c.pp - (first is not None) - (last is not None)
-    each = middle // inner if inner else 0
-    layers = [each] * c.pp
-    if first is not None:
-        layers[0] = first
-    if last is not None:
-        layers[-1] = last
-    layers[-1 if last is None else 0 if first is None else c.pp // 2] += c.layers - sum(layers)
-    return layers
+    sizes = chunk_layers(c)
+    return [sum(sizes[stage::c.pp]) for stage in range(c.pp)]
 
 
 def _moe_layers(c: TrainingConfig, stage: int, layers: list[int]) -> int:
@@ -131,15 +142,40 @@ def stage_params(c: TrainingConfig, stage: int, layers: list[int]) -> Params:
 
 
 def in_flight(c: TrainingConfig, stage: int) -> float:
-    """Micro-batches' worth of a stage's activations kept at its peak under 1F1B (interleaved: model chunks of
-    1/VP of the stage's layers each)."""
+    """Micro-batches' worth of a stage's activations kept at its peak: under 1F1B, PP − stage of them (capped by
+    the micro-batches of a step); interleaved, the schedule itself is followed (Megatron's warm-up of
+    (PP − stage − 1)·2 + (VP − 1)·group forwards, then one forward and one backward at a time, in its order of
+    model chunks), counting the layers of the chunks in flight after each forward."""
     m = c.micro_batches
     if c.pp == 1:
         return 1.0
     if c.vp == 1:
         return float(min(c.pp - stage, m))
-    chunks = min((c.pp - stage - 1) * 2 + (c.vp - 1) * (c.vp_group or c.pp) + 1, m * c.vp)
-    return chunks / c.vp
+    layers = stage_layers(c)[stage]
+    return held_layers(c, stage) / layers if layers else 0.0
+
+
+SCHEDULE_GROUPS = 4     # the interleaved schedule repeats per group of micro-batches: a few show its peak
+
+
+def held_layers(c: TrainingConfig, stage: int) -> int:
+    """Interleaved 1F1B on one stage: the most layer-activations (layers × micro-batches) held at once."""
+    group = c.vp_group or c.pp
+    m = min(c.micro_batches, SCHEDULE_GROUPS * group)
+    sizes = chunk_layers(c)[stage::c.pp]            # this stage's chunks, in order
+    table = [(mb, chunk) for start in range(0, m, group) for chunk in range(c.vp)
+             for mb in range(start, min(start + group, m))]
+    forwards = [sizes[chunk] for _, chunk in table]
+    backwards = [sizes[c.vp - 1 - chunk] for _, chunk in table]   # backward runs the chunks last first
+    warmup = min((c.pp - stage - 1) * 2 + (c.vp - 1) * group, len(table))
+    held = peak = sum(forwards[:warmup])
+    done = 0
+    for forward in forwards[warmup:]:
+        held += forward
+        peak = max(peak, held)
+        held -= backwards[done]
+        done += 1
+    return peak
 
 
 def layer_activations(c: TrainingConfig, moe: bool) -> float:

@@ -318,3 +318,16 @@ def test_hostile_hf_configs_are_one_line_and_exit_2(tmp_path: Path, content: str
     code = subprocess.run([sys.executable, "-m", "analyzer", "estimate", "--hf-config", str(config), "--seq", "8",
                            "--micro-batch", "1"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert code.returncode == 2 and problem in code.stderr and "Traceback" not in code.stderr
+
+
+def test_interleaving_with_the_embedding_and_loss_counted_follows_the_schedule_chunk_by_chunk():
+    """6 layers, PP 4 × VP 2, the embedding and the loss counted as layers: 8 chunks of one unit, the first holding
+    only the embedding and the last only the loss, so the last stage has chunk 3 (1 layer) and chunk 7 (0). Its
+    schedule: 4 warm-up forwards of chunk 3 (micro-batches 0-3), then forward chunk 7 of mb 0 and backward it,
+    ... forward chunk 3 of mb 4 comes before backward chunk 7 of mb 3: 5 layers held, not 2.5 × 1."""
+    from analyzer.estimate.training import held_layers
+    job = replace(TINY, layers=6, gpus=8, pp=4, vp=2, global_batch=32, embedding_as_layer=True, loss_as_layer=True)
+    assert job.micro_batches == 8 and stage_layers(job) == [1, 2, 2, 1]
+    assert held_layers(job, 3) == 5 and in_flight(job, 3) == 5.0
+    even = replace(job, layers=8, embedding_as_layer=False, loss_as_layer=False)
+    assert [held_layers(even, s) for s in range(4)] == [11, 9, 7, 5]     # 2·(PP − stage − 1) + 4 + 1 chunks
