@@ -331,3 +331,14 @@ def test_interleaving_with_the_embedding_and_loss_counted_follows_the_schedule_c
     assert held_layers(job, 3) == 5 and in_flight(job, 3) == 5.0
     even = replace(job, layers=8, embedding_as_layer=False, loss_as_layer=False)
     assert [held_layers(even, s) for s in range(4)] == [11, 9, 7, 5]     # 2·(PP − stage − 1) + 4 + 1 chunks
+
+
+def test_the_table_builder_holds_out_by_the_sha1_of_the_name_and_keeps_them_apart():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import megatron_cases
+    names = ["gpt3_mcore_te_tp1_pp4_resume_torch_dist_swiglu", "t5_release", "a", "b", "d", "k"]
+    assert [megatron_cases.held_out(n) for n in names] == [_held_out(n) for n in names]
+    assert {megatron_cases.held_out(n) for n in names} == {True, False}      # both sides are exercised
+    refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "megatron_cases.py"), "--held-out"],
+                             capture_output=True, text=True, cwd=ROOT)
+    assert refused.returncode == 2 and "its own --out" in refused.stderr
