@@ -88,7 +88,6 @@ class TrainingConfig:
     cross_entropy_fusion: bool = False      # the fused loss keeps one more fp32 copy of the logits
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
-    gradient_accumulation_fusion: bool = True
     moe: MoE | None = None
 
     @property
@@ -306,7 +305,7 @@ def from_megatron_args(args: dict[str, Any], gpus: int | None = None) -> Trainin
         optimizer_instances=_int(args, "--num-distributed-optimizer-instances", 1) or 1,
         vp_group=_int(args, "--microbatch-group-size-per-virtual-pipeline-stage"),
         hidden_dropout=float(args.get("--hidden-dropout", 0.1)), attention_dropout=float(args.get("--attention-dropout", 0.1)),
-        gradient_accumulation_fusion=not _flag(args, "--no-gradient-accumulation-fusion"), moe=moe)
+        moe=moe)
     return config
 
 

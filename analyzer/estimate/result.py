@@ -10,10 +10,6 @@ from analyzer.estimate.config import TrainingConfig
 from analyzer.estimate.device import Device, outside_allocator
 from analyzer.estimate.training import PARTS, stages, total_parameters
 
-#: Megatron-LM's CI logs memory from the last global rank, which is on the last pipeline stage
-MEASURED_STAGE = "last"
-
-
 def layout(c: TrainingConfig) -> dict[str, Any]:
     return {"tp": c.tp, "pp": c.pp, "vp": c.vp, "cp": c.cp, "ep": c.ep, "etp": c.expert_tp, "dp": c.dp,
             "sequence_parallel": c.sequence_parallel,
@@ -32,6 +28,7 @@ def training_estimate(c: TrainingConfig, device: Device) -> dict[str, Any]:
     needed = busiest.per_gpu_bytes + sum(outside.values())
     return {"model": "megatron", "params": total_parameters(c), "gpus": c.gpus, "layout": layout(c),
             "stages": [s.json() for s in found], "most_loaded_stage": busiest.stage,
+            # Megatron's CI logs the last global rank, which is on the last stage
             "measured_stage": found[-1].stage, "per_gpu_bytes": busiest.per_gpu_bytes,
             "outside_allocator": outside, "outside_allocator_bytes": sum(outside.values()),
             "device_bytes_needed": needed, "gpu_memory_bytes": device.memory,

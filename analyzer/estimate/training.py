@@ -22,7 +22,7 @@ last stage's loss (Megatron's vocab-parallel cross entropy) keeps the logits in 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from analyzer.estimate.config import TrainingConfig
 from analyzer.estimate.device import Device, workspaces
@@ -217,7 +217,7 @@ def routed_tokens(c: TrainingConfig) -> float:
     """Tokens an expert-parallel rank computes for one micro-batch: its share of every token's top-k choices
     (gathered over expert TP), dropless routing assumed balanced, or the capacity's bound when one is set."""
     assert c.moe is not None
-    local = c.seq / c.cp * c.micro_batch / (c.tp if c.sequence_parallel or c.tp > 1 else 1)
+    local = c.seq / c.cp * c.micro_batch / c.tp     # MoE with TP > 1 needs sequence parallelism
     tokens = local * c.moe.top_k * c.expert_tp
     if c.moe.capacity_factor is not None:
         tokens *= c.moe.capacity_factor
@@ -296,6 +296,6 @@ def stages(c: TrainingConfig, device: Device = Device()) -> list[Stage]:
 
 def total_parameters(c: TrainingConfig) -> int:
     """The model's parameter count (every shard of every stage, the tied embedding once)."""
-    whole = TrainingConfig(**{**c.__dict__, "tp": 1, "pp": 1, "ep": 1, "etp": 1, "vp": 1,
-                              "first_stage_layers": None, "last_stage_layers": None})
+    whole = replace(c, tp=1, pp=1, ep=1, etp=1, vp=1, first_stage_layers=None, last_stage_layers=None,
+                    embedding_as_layer=False, loss_as_layer=False)
     return int(stage_params(whole, 0, [c.layers]).total)

@@ -146,7 +146,6 @@ def test_reads_a_model_config_yaml_of_the_functional_tests_format():
     assert (job.tp, job.pp, job.dp, job.micro_batches) == (2, 2, 2, 4)
     assert job.vocab == 50257 and job.padded_vocab == 50432 and job.swiglu and job.ffn_width == 1344
     assert job.precision == "bf16" and job.grad_bytes == 4 and job.flash_attention
-    assert not job.gradient_accumulation_fusion
 
 
 def test_reads_moe_gqa_and_a_layer_pattern():
