@@ -166,6 +166,12 @@ class TrainingConfig:
             raise bad(f"recompute {self.recompute}", f"Use one of {', '.join(RECOMPUTE)}.")
         if self.moe is not None and self.moe.experts % self.ep:
             raise bad(f"{self.moe.experts} experts do not split over EP {self.ep}", "Use an EP that divides them.")
+        if (self.gpus // self.pp) % (self.ep * self.expert_tp):
+            raise bad(f"EP {self.ep} × expert TP {self.expert_tp} does not divide the {self.gpus // self.pp} GPUs of a "
+                      "pipeline stage", "Use an EP and expert TP whose product divides GPUs / PP.")
+        if self.seq % (2 * self.cp) and self.cp > 1:
+            raise bad(f"sequence {self.seq} does not split into 2 × CP {self.cp} chunks",
+                      "Context parallelism splits the sequence in 2·CP chunks: use a CP that divides seq / 2.")
         return self
 
 

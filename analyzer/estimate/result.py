@@ -69,7 +69,8 @@ def render_plan(found: dict[str, Any]) -> list[str]:
         return ["No layout fits even on 64 times the GPUs: a smaller model, offload or parameter-efficient "
                 "fine-tuning."]
     def line(lay: dict[str, Any]) -> str:
-        shape = (f"TP {lay['tp']} × PP {lay['pp']} × DP {lay['dp']}"
+        shape = (f"TP {lay['tp']} × PP {lay['pp']}" + (f" × CP {lay['cp']}" if lay["cp"] > 1 else "")
+                 + f" × DP {lay['dp']}" + (f", EP {lay['ep']}" if lay["ep"] > 1 else "")
                  + (", sequence parallel" if lay["sequence_parallel"] else "")
                  + (", distributed optimizer" if lay["distributed_optimizer"] else "")
                  + f", recompute {lay['recompute']}, micro-batch {lay['micro_batch']}")

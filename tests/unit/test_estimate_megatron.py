@@ -341,3 +341,15 @@ def test_the_table_builder_holds_out_by_the_sha1_of_the_name_and_keeps_them_apar
     refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "megatron_cases.py"), "--held-out"],
                              capture_output=True, text=True, cwd=ROOT)
     assert refused.returncode == 2 and "its own --out" in refused.stderr
+
+
+def test_the_search_tries_cp_from_8192_tokens_and_ep_for_experts_only():
+    from analyzer.estimate.search import LONG_SEQUENCE, layouts
+    card = Device(memory=80 * 2**30)
+    short = replace(TINY, seq=LONG_SEQUENCE // 2, gpus=8, global_batch=16)
+    long = replace(short, seq=LONG_SEQUENCE)
+    assert {lay.config.cp for lay in layouts(short, 8, card)} == {1}
+    assert {lay.config.cp for lay in layouts(long, 8, card)} == {1, 2, 4, 8}
+    moe = replace(short, moe=MoE(experts=4, top_k=2))
+    assert {lay.config.ep for lay in layouts(moe, 8, card)} == {1, 2, 4}
+    assert {lay.config.ep for lay in layouts(short, 8, card)} == {1}
