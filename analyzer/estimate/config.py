@@ -96,7 +96,7 @@ class TrainingConfig:
 
     @property
     def expert_tp(self) -> int:
-        return self.etp or self.tp
+        return self.tp if self.etp is None else self.etp
 
     @property
     def expert_dp(self) -> int:
@@ -104,15 +104,15 @@ class TrainingConfig:
 
     @property
     def groups(self) -> int:
-        return self.query_groups or self.heads
+        return self.heads if self.query_groups is None else self.query_groups
 
     @property
     def head_dim(self) -> int:
-        return self.kv_channels or self.hidden // self.heads
+        return self.hidden // self.heads if self.kv_channels is None else self.kv_channels
 
     @property
     def ffn_width(self) -> int:
-        if self.ffn:
+        if self.ffn is not None:
             return self.ffn
         return int(4 * self.hidden * 2 / 3 / 64) * 64 if self.swiglu else 4 * self.hidden
 
@@ -142,7 +142,9 @@ class TrainingConfig:
         """One clear line for a configuration Megatron would refuse."""
         def bad(what: str, fix: str) -> AnalyzerError:
             return AnalyzerError(source, what, fix)
-        for name in ("layers", "hidden", "heads", "seq", "micro_batch", "vocab", "gpus", "tp", "pp", "vp", "cp", "ep"):
+        for name in ("layers", "hidden", "heads", "seq", "micro_batch", "vocab", "gpus", "tp", "pp", "vp", "cp", "ep",
+                     "vocab_divisor", "groups", "head_dim", "ffn_width", "recompute_layers", "optimizer_instances",
+                     "expert_tp"):
             if getattr(self, name) < 1:
                 raise bad(f"{name} is {getattr(self, name)}", "Every size and parallel degree is a positive count.")
             if getattr(self, name) > MAX_SIZE:
@@ -192,6 +194,19 @@ def _int(args: dict[str, Any], name: str, default: int | None = None) -> int | N
         return int(value)
     except (TypeError, ValueError):
         raise Unsupported(f"{name} is {value!r}, not a number") from None
+
+
+def _float(args: dict[str, Any], name: str, default: float) -> float:
+    value = args.get(name)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise Unsupported(f"{name} is {value!r}, not a number") from None
+    if not math.isfinite(number) or number < 0:
+        raise Unsupported(f"{name} is {value!r}, not a finite share")
+    return number
 
 
 def megatron_vocab(args: dict[str, Any]) -> int:
@@ -264,10 +279,11 @@ def from_megatron_args(args: dict[str, Any], gpus: int | None = None) -> Trainin
                 pattern = _expand_pattern(freq)
             except ValueError:
                 raise Unsupported(f"--moe-layer-freq {freq!r} is not read") from None
-        capacity = args.get("--moe-expert-capacity-factor")
+        capacity = (_float(args, "--moe-expert-capacity-factor", 0.0)
+                    if args.get("--moe-expert-capacity-factor") is not None else None)
         moe = MoE(experts=experts, top_k=_int(args, "--moe-router-topk", 2) or 2,
                   ffn=_int(args, "--moe-ffn-hidden-size"), shared_ffn=_int(args, "--moe-shared-expert-intermediate-size", 0) or 0,
-                  capacity_factor=float(capacity) if capacity is not None else None, layer_pattern=pattern,
+                  capacity_factor=capacity, layer_pattern=pattern,
                   router_fp32=str(args.get("--moe-router-dtype", "")) == "fp32",
                   dispatcher=str(args.get("--moe-token-dispatcher-type") or "allgather"))
     recompute = str(args.get("--recompute-granularity") or "none")
@@ -310,7 +326,7 @@ def from_megatron_args(args: dict[str, Any], gpus: int | None = None) -> Trainin
         and str(args.get("--cross-entropy-fusion-impl") or "native") == "native",
         optimizer_instances=_int(args, "--num-distributed-optimizer-instances", 1) or 1,
         vp_group=_int(args, "--microbatch-group-size-per-virtual-pipeline-stage"),
-        hidden_dropout=float(args.get("--hidden-dropout", 0.1)), attention_dropout=float(args.get("--attention-dropout", 0.1)),
+        hidden_dropout=_float(args, "--hidden-dropout", 0.1), attention_dropout=_float(args, "--attention-dropout", 0.1),
         moe=moe)
     return config
 
@@ -389,7 +405,8 @@ def read_hf_config(path: Path, seq: int, micro_batch: int, gpus: int | None = No
                shared_ffn=int(get("shared_expert_intermediate_size") or 0)) if experts else None)
     return TrainingConfig(
         layers=int(layers), hidden=int(hidden), heads=int(heads), seq=seq, micro_batch=micro_batch, vocab=int(vocab),
-        gpus=gpus or 1, query_groups=int(get("num_key_value_heads") or heads), kv_channels=get("head_dim"),
+        gpus=gpus or 1, query_groups=int(get("num_key_value_heads") or heads),
+        kv_channels=int(get("head_dim")) if get("head_dim") else None,
         ffn=int(get("intermediate_size", "n_inner") or 4 * hidden), swiglu=act in ("silu", "swiglu"),
         normalization="RMSNorm" if "rms_norm_eps" in document else "LayerNorm",
         bias=bool(document.get("attention_bias", "n_embd" in document)),

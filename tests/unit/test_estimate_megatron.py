@@ -353,3 +353,18 @@ def test_the_search_tries_cp_from_8192_tokens_and_ep_for_experts_only():
     moe = replace(short, moe=MoE(experts=4, top_k=2))
     assert {lay.config.ep for lay in layouts(moe, 8, card)} == {1, 2, 4}
     assert {lay.config.ep for lay in layouts(short, 8, card)} == {1}
+
+
+@pytest.mark.parametrize("line, problem", [
+    ("--hidden-dropout: abc", "--hidden-dropout is 'abc'"),
+    ("--moe-expert-capacity-factor: .inf", "not a finite share"),
+    ("--make-vocab-size-divisible-by: -128", "vocab_divisor is -128"),
+    ("--num-query-groups: 0\n  --group-query-attention: true", "groups is 0"),
+])
+def test_hostile_model_args_are_one_line_and_exit_2(tmp_path: Path, line: str, problem: str):
+    config = tmp_path / "model_config.yaml"
+    config.write_text((CONFIGS / "megatron_gpt_tp2_pp2_swiglu.yaml").read_text().replace(
+        "MODEL_ARGS:\n", f"MODEL_ARGS:\n  {line}\n  --num-experts: 4\n  --sequence-parallel: true\n"))
+    code = subprocess.run([sys.executable, "-m", "analyzer", "estimate", "--megatron-config", str(config),
+                           "--gpus", "8"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert code.returncode == 2 and problem in code.stderr and "Traceback" not in code.stderr
