@@ -40,6 +40,17 @@ class MoE:
 
 
 @dataclass(frozen=True)
+class MLA:
+    """Multi-latent attention: queries and keys/values through low-rank latents, with a RoPE part apart."""
+
+    kv_lora: int
+    q_lora: int | None = None               # None: queries projected directly
+    qk_head: int = 128
+    qk_pos: int = 64
+    v_head: int = 128
+
+
+@dataclass(frozen=True)
 class TrainingConfig:
     """A Megatron-style training job. Sizes are counts; `gpus` is the world size (DP = gpus / (TP·PP·CP))."""
 
@@ -89,6 +100,7 @@ class TrainingConfig:
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     moe: MoE | None = None
+    mla: MLA | None = None
 
     @property
     def dp(self) -> int:
@@ -232,7 +244,6 @@ def megatron_vocab(args: dict[str, Any]) -> int:
 
 #: arguments of features the model does not describe, with the reason it says
 UNSUPPORTED_FLAGS = {
-    "--multi-latent-attention": "multi-latent attention (MLA) is not modelled",
     "--hybrid-layer-pattern": "hybrid Mamba layers are not modelled",
     "--hybrid-override-pattern": "hybrid Mamba layers are not modelled",
     "--is-hybrid-model": "hybrid Mamba layers are not modelled",
@@ -286,6 +297,11 @@ def from_megatron_args(args: dict[str, Any], gpus: int | None = None) -> Trainin
                   capacity_factor=capacity, layer_pattern=pattern,
                   router_fp32=str(args.get("--moe-router-dtype", "")) == "fp32",
                   dispatcher=str(args.get("--moe-token-dispatcher-type") or "allgather"))
+    mla = None
+    if _flag(args, "--multi-latent-attention"):
+        mla = MLA(kv_lora=_int(args, "--kv-lora-rank", 512) or 512, q_lora=_int(args, "--q-lora-rank"),
+                  qk_head=_int(args, "--qk-head-dim", 128) or 128, qk_pos=_int(args, "--qk-pos-emb-head-dim", 64) or 64,
+                  v_head=_int(args, "--v-head-dim", 128) or 128)
     recompute = str(args.get("--recompute-granularity") or "none")
     vp = _int(args, "--num-virtual-stages-per-pipeline-rank", 1) or 1
     if _int(args, "--num-layers-per-virtual-pipeline-stage"):
@@ -327,7 +343,7 @@ def from_megatron_args(args: dict[str, Any], gpus: int | None = None) -> Trainin
         optimizer_instances=_int(args, "--num-distributed-optimizer-instances", 1) or 1,
         vp_group=_int(args, "--microbatch-group-size-per-virtual-pipeline-stage"),
         hidden_dropout=_float(args, "--hidden-dropout", 0.1), attention_dropout=_float(args, "--attention-dropout", 0.1),
-        moe=moe)
+        moe=moe, mla=mla)
     return config
 
 
@@ -422,5 +438,5 @@ def with_layout(config: TrainingConfig, **changes: Any) -> TrainingConfig:
     return replace(config, **{k: v for k, v in changes.items() if v is not None})
 
 
-__all__ = ["MoE", "TrainingConfig", "Unsupported", "from_megatron_args", "read_megatron_config", "read_hf_config",
+__all__ = ["MLA", "MoE", "TrainingConfig", "Unsupported", "from_megatron_args", "read_megatron_config", "read_hf_config",
            "with_layout"]

@@ -107,12 +107,26 @@ def _moe_layers(c: TrainingConfig, stage: int, layers: list[int]) -> int:
     return sum(c.moe.layer_pattern[start:start + layers[stage]])
 
 
+def attention_params(c: TrainingConfig) -> float:
+    """The attention's parameters on one rank. MLA's down projections and latent norms are whole on every rank
+    (Megatron builds them 'duplicated'), its up projections and output split over TP."""
+    h, t = c.hidden, c.tp
+    norm = 2 if c.normalization == "LayerNorm" else 1
+    if c.mla is not None:
+        m = c.mla
+        whole = h * (m.kv_lora + m.qk_pos) + norm * m.kv_lora + (h * m.q_lora + norm * m.q_lora if m.q_lora else 0)
+        split = ((m.q_lora or h) * c.heads * (m.qk_head + m.qk_pos) + m.kv_lora * c.heads * (m.qk_head + m.v_head)
+                 + c.heads * m.v_head * h)
+        return whole + split / t + (h if c.bias else 0)
+    q, kv = c.head_dim * c.heads, c.head_dim * c.groups
+    return (h * (q + 2 * kv) + q * h + (q + 2 * kv if c.bias else 0)) / t + (h if c.bias else 0)
+
+
 def layer_params(c: TrainingConfig, moe: bool) -> Params:
     """One layer's parameters on one rank."""
     h, t, gated = c.hidden, c.tp, 2 if c.swiglu else 1
-    q, kv = c.head_dim * c.heads, c.head_dim * c.groups
     norm = 2 if c.normalization == "LayerNorm" else 1
-    attention = (h * (q + 2 * kv) + q * h + (q + 2 * kv if c.bias else 0)) / t + (h if c.bias else 0)
+    attention = attention_params(c)
     replicated = 2 * norm * h + (2 * norm * c.head_dim if c.qk_layernorm else 0)
     if not moe or c.moe is None:
         f = c.ffn_width
@@ -185,10 +199,19 @@ def layer_activations(c: TrainingConfig, moe: bool) -> float:
     sb = s * b
     v = c.param_bytes
     r = t if c.sequence_parallel else 1                 # tensors whole on each TP rank unless SP splits them
-    q, kv = c.head_dim * c.heads, c.head_dim * c.groups
     dropout = MASK * sb * h / r if c.hidden_dropout > 0 else 0.0
-    # attention: norm input, QKV input, Q K V, the output (the projection's input), the residual's dropout mask
-    attention = 2 * v * sb * h / r + v * sb * (q + 2 * kv) / t + v * sb * q / t + dropout
+    if c.mla is not None:
+        # norm and down-projection input; the latents (down output, norm output: the up projections' input);
+        # Q and K with their RoPE part, V, the output (the projection's input)
+        m = c.mla
+        latents = 2 * (m.q_lora or 0) + m.kv_lora + m.qk_pos + m.kv_lora
+        qkv = c.heads * (2 * (m.qk_head + m.qk_pos) + m.v_head)
+        attention = 2 * v * sb * h / r + v * sb * latents + v * sb * qkv / t + v * sb * c.heads * m.v_head / t
+    else:
+        q, kv = c.head_dim * c.heads, c.head_dim * c.groups
+        # attention: norm input, QKV input, Q K V, the output (the projection's input)
+        attention = 2 * v * sb * h / r + v * sb * (q + 2 * kv) / t + v * sb * q / t
+    attention += dropout                                # the residual's dropout mask
     if c.recompute != "selective":
         if c.flash_attention:
             attention += FP32 * sb * c.heads / t          # log-sum-exp

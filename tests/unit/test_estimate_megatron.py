@@ -368,3 +368,17 @@ def test_hostile_model_args_are_one_line_and_exit_2(tmp_path: Path, line: str, p
     code = subprocess.run([sys.executable, "-m", "analyzer", "estimate", "--megatron-config", str(config),
                            "--gpus", "8"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert code.returncode == 2 and problem in code.stderr and "Traceback" not in code.stderr
+
+
+def test_multi_latent_attention_counts_its_latents_whole_and_its_up_projections_split():
+    """h 64, 4 heads, kv latent 16, q latent 32, head 8 + RoPE 4, value 8, LayerNorm, no biases: down
+    projections 64·(16 + 4) + 64·32 and latent norms 2·16 + 2·32 (3,424, whole on every rank); up projections
+    32·4·12 + 16·4·16 and the output 4·8·64 (4,608, split over TP). Megatron's own formula counts the same 8,032."""
+    from analyzer.estimate.config import MLA
+    from analyzer.estimate.training import attention_params
+    mla = replace(TINY, bias=False, mla=MLA(kv_lora=16, q_lora=32, qk_head=8, qk_pos=4, v_head=8))
+    assert attention_params(mla) == 3424 + 4608 == 8032
+    assert attention_params(replace(mla, tp=2, gpus=2)) == 3424 + 4608 / 2
+    per_layer = megatron_reference.weights_and_optimizer(mla) / 18 - megatron_reference.weights_and_optimizer(
+        replace(mla, layers=1)) / 18
+    assert per_layer == pytest.approx(8032 + 2 * 64 * 4 * 64 + 4 * 64)   # + the MLP 2·h·4h and two LayerNorms
