@@ -414,11 +414,19 @@ def read_hf_config(path: Path, seq: int, micro_batch: int, gpus: int | None = No
     if not (layers and hidden and heads and vocab):
         raise AnalyzerError(str(path), "no num_hidden_layers, hidden_size, num_attention_heads and vocab_size",
                             "Give a decoder's config.json (Llama, Mistral, Qwen, GPT-2 or Mixtral shape).")
+    if layers > MAX_STAGES * 100:
+        raise AnalyzerError(str(path), f"{layers} layers", f"At most {MAX_STAGES * 100} layers are estimated.")
     act = str(document.get("hidden_act") or document.get("activation_function") or "gelu")
     experts = get("num_local_experts", "num_experts", "n_routed_experts")
-    moe = (MoE(experts=int(experts), top_k=int(get("num_experts_per_tok", "moe_topk") or 2),
-               ffn=int(get("moe_intermediate_size", "intermediate_size") or 0) or None,
-               shared_ffn=int(get("shared_expert_intermediate_size") or 0)) if experts else None)
+    expert_ffn = int(get("moe_intermediate_size", "intermediate_size") or 0) or None
+    dense_first = int(get("first_k_dense_replace") or 0)      # DeepSeek: the first layers keep a dense MLP
+    shared = int(get("shared_expert_intermediate_size") or 0) or int(get("n_shared_experts") or 0) * (expert_ffn or 0)
+    moe = (MoE(experts=int(experts), top_k=int(get("num_experts_per_tok", "moe_topk") or 2), ffn=expert_ffn,
+               shared_ffn=shared, layer_pattern=tuple(int(i >= dense_first) for i in range(int(layers)))
+               if dense_first else None) if experts else None)
+    mla = (MLA(kv_lora=int(get("kv_lora_rank") or 0), q_lora=int(get("q_lora_rank") or 0) or None,
+               qk_head=int(get("qk_nope_head_dim") or 128), qk_pos=int(get("qk_rope_head_dim") or 64),
+               v_head=int(get("v_head_dim") or 128)) if get("kv_lora_rank") else None)
     return TrainingConfig(
         layers=int(layers), hidden=int(hidden), heads=int(heads), seq=seq, micro_batch=micro_batch, vocab=int(vocab),
         gpus=gpus or 1, query_groups=int(get("num_key_value_heads") or heads),
@@ -430,7 +438,7 @@ def read_hf_config(path: Path, seq: int, micro_batch: int, gpus: int | None = No
         max_position=get("max_position_embeddings", "n_positions"),
         untied=not document.get("tie_word_embeddings", True), vocab_divisor=1,
         hidden_dropout=float(get("hidden_dropout", "resid_pdrop") or 0.0),
-        attention_dropout=float(get("attention_dropout", "attn_pdrop") or 0.0), moe=moe)
+        attention_dropout=float(get("attention_dropout", "attn_pdrop") or 0.0), moe=moe, mla=mla)
 
 
 def with_layout(config: TrainingConfig, **changes: Any) -> TrainingConfig:

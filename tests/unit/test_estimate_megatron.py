@@ -382,3 +382,11 @@ def test_multi_latent_attention_counts_its_latents_whole_and_its_up_projections_
     per_layer = megatron_reference.weights_and_optimizer(mla) / 18 - megatron_reference.weights_and_optimizer(
         replace(mla, layers=1)) / 18
     assert per_layer == pytest.approx(8032 + 2 * 64 * 4 * 64 + 4 * 64)   # + the MLP 2·h·4h and two LayerNorms
+
+
+def test_a_deepseek_v3_config_gives_its_671b_parameters():
+    """DeepSeek-V3's shape (MLA, 256 routed experts and one shared, the first 3 layers dense): the technical
+    report's 671B total parameters (the multi-token-prediction module apart)."""
+    job = read_hf_config(CONFIGS / "hf_deepseek_v3_like.json", seq=4096, micro_batch=1)
+    assert job.mla is not None and job.moe is not None and job.moe.layer_pattern[:4] == (0, 0, 0, 1)
+    assert 670.5e9 < total_parameters(job) < 671.5e9
