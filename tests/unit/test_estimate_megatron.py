@@ -162,8 +162,10 @@ def test_a_hugging_face_config_gives_llama_2_7b_parameter_count():
 
 
 def test_unsupported_features_and_bad_files_say_why(tmp_path: Path):
-    with pytest.raises(Unsupported, match="multi-latent attention"):
-        from_megatron_args({"--multi-latent-attention": True, "--num-layers": 2})
+    with pytest.raises(Unsupported, match="hybrid Mamba"):
+        from_megatron_args({"--hybrid-layer-pattern": "M*-M*-", "--num-layers": 2})
+    with pytest.raises(Unsupported, match="optimizer muon"):
+        from_megatron_args({"--optimizer": "muon", "--num-layers": 2})
     with pytest.raises(Unsupported, match="--hidden-size"):
         from_megatron_args({"--num-layers": 2, "--num-attention-heads": 2, "--seq-length": 8,
                             "--micro-batch-size": 1, "--vocab-size": 10})
