@@ -178,6 +178,10 @@ class TrainingConfig:
             raise bad(f"precision {self.precision}", f"Use one of {', '.join(PRECISIONS)}.")
         if self.recompute not in RECOMPUTE:
             raise bad(f"recompute {self.recompute}", f"Use one of {', '.join(RECOMPUTE)}.")
+        if self.moe is not None and not (1 <= self.moe.top_k <= self.moe.experts):
+            raise bad(f"top-k {self.moe.top_k} of {self.moe.experts} experts", "Route each token to 1 to all experts.")
+        if self.moe is not None and self.moe.capacity_factor is not None and not self.moe.capacity_factor > 0:
+            raise bad(f"capacity factor {self.moe.capacity_factor}", "Give a positive capacity factor, or none.")
         if self.moe is not None and self.moe.experts % self.ep:
             raise bad(f"{self.moe.experts} experts do not split over EP {self.ep}", "Use an EP that divides them.")
         if (self.gpus // self.pp) % (self.ep * self.expert_tp):

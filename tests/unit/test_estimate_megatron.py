@@ -392,3 +392,17 @@ def test_a_deepseek_v3_config_gives_its_671b_parameters():
     job = read_hf_config(CONFIGS / "hf_deepseek_v3_like.json", seq=4096, micro_batch=1)
     assert job.mla is not None and job.moe is not None and job.moe.layer_pattern[:4] == (0, 0, 0, 1)
     assert 670.5e9 < total_parameters(job) < 671.5e9
+
+
+@pytest.mark.parametrize("flags, problem", [
+    (["--experts", "4", "--top-k", "9"], "top-k 9 of 4 experts"),
+    (["--experts", "4", "--capacity-factor", "-1"], "capacity factor -1.0"),
+    (["--inference", "--prefill-tokens", "0"], "--prefill-tokens 0"),
+    (["--tp", "3", "--gpus", "3"], "do not split over TP 3"),
+    (["--tp", "2"], "1 GPUs are not a multiple of TP×PP×CP = 2"),
+])
+def test_bad_flags_of_the_per_stage_estimate_are_one_line_and_exit_2(flags: list[str], problem: str):
+    shape = ["--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "16", "--micro-batch", "1", "--vocab", "100"]
+    code = subprocess.run([sys.executable, "-m", "analyzer", "estimate", *shape, *flags], capture_output=True,
+                          text=True, cwd=ROOT, timeout=60)
+    assert code.returncode == 2 and problem in code.stderr and len(code.stderr.strip().splitlines()) == 1
