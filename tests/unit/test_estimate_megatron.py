@@ -199,6 +199,15 @@ def test_the_command_prints_every_stage_and_exits_2_on_a_bad_config(tmp_path: Pa
         assert stage["per_gpu_bytes"] == sum(stage[p] for p in ("weights", "gradients", "optimizer_state",
                                                                 "activations", "communication_buffers", "workspaces"))
     assert result["per_gpu_bytes"] == max(s["per_gpu_bytes"] for s in result["stages"]) and result["fits"]
+    assert main(["estimate", "--megatron-config", str(CONFIGS / "megatron_gpt_tp2_pp2_swiglu.yaml"), "--gpus", "8",
+                 "--gpu-memory", "80GiB"]) == 0
+    text = capsys.readouterr().out.splitlines()
+    first, last = (next(line for line in text if line.lstrip().startswith(f"stage {i} ")) for i in (0, 1))
+    # the last stage's bf16 logits and fp32 softmax, 6·s·b·V/TP = 6 · 4096 · 50432 / 2 bytes (0.58 GiB), outweigh
+    # the first stage's second micro-batch in flight at this small width
+    assert "2 micro-batches in flight" in first and "<-" not in first
+    assert "1 micro-batches in flight" in last and "<- most loaded, what the last rank measures" in last
+    assert any(line.startswith("Outside max_memory_allocated") for line in text) and "fits in 80.00 GiB" in text[-1]
     # a flag overrides the file: PP 1 puts everything on one stage
     assert main(["estimate", "--megatron-config", str(CONFIGS / "megatron_gpt_tp2_pp2_swiglu.yaml"), "--gpus", "8",
                  "--pp", "1"]) == 0
