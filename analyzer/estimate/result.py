@@ -50,8 +50,9 @@ def render_training(result: dict[str, Any]) -> str:
                                  ("what the last rank measures", stage["stage"] == result["measured_stage"]
                                   and len(result["stages"]) > 1)) if on]
         parts = ", ".join(f"{part.replace('_', ' ')} {gib(stage[part])}" for part in PARTS)
-        lines.append(f"  stage {stage['stage']} ({stage['layers']} layers, {stage['in_flight_micro_batches']:g} "
-                     f"micro-batches in flight): {gib(stage['per_gpu_bytes'])} = {parts}"
+        flight = stage["in_flight_micro_batches"]
+        lines.append(f"  stage {stage['stage']} ({stage['layers']} layers, {flight:g} "
+                     f"micro-batch{'' if flight == 1 else 'es'} in flight): {gib(stage['per_gpu_bytes'])} = {parts}"
                      + (f"  <- {', '.join(marks)}" if marks else ""))
     outside = ", ".join(f"{k.replace('_', ' ')} {gib(v)}" for k, v in result["outside_allocator"].items())
     lines.append(f"Outside max_memory_allocated (estimated): {gib(result['outside_allocator_bytes'])} = {outside}")

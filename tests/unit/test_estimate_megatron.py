@@ -206,7 +206,7 @@ def test_the_command_prints_every_stage_and_exits_2_on_a_bad_config(tmp_path: Pa
     # the last stage's bf16 logits and fp32 softmax, 6·s·b·V/TP = 6 · 4096 · 50432 / 2 bytes (0.58 GiB), outweigh
     # the first stage's second micro-batch in flight at this small width
     assert "2 micro-batches in flight" in first and "<-" not in first
-    assert "1 micro-batches in flight" in last and "<- most loaded, what the last rank measures" in last
+    assert "1 micro-batch in flight" in last and "<- most loaded, what the last rank measures" in last
     assert any(line.startswith("Outside max_memory_allocated") for line in text) and "fits in 80.00 GiB" in text[-1]
     # a flag overrides the file: PP 1 puts everything on one stage
     assert main(["estimate", "--megatron-config", str(CONFIGS / "megatron_gpt_tp2_pp2_swiglu.yaml"), "--gpus", "8",
