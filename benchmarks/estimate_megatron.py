@@ -33,6 +33,11 @@ GiB = 2**30
 ASSUMED_GPUS = 8
 
 
+def measurements(table: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every measurement with its case's arguments (the table keeps them once per case)."""
+    return [{**row, "model_args": table["arguments"][row["case"]]} for row in table["cases"]]
+
+
 def features(c: Any) -> list[str]:
     """The features a case exercises (a case counts under each of its features)."""
     names = []
@@ -154,7 +159,8 @@ def main() -> None:
     parser.add_argument("--show", action="store_true", help="print each estimated case's error")
     args = parser.parse_args()
     table = json.loads(args.table.read_text())
-    results = [evaluate(row) for row in table["cases"]]
+    rows = measurements(table)
+    results = [evaluate(row) for row in rows]
     if args.show:
         for r in results:
             if "estimate" in r:
@@ -162,7 +168,7 @@ def main() -> None:
                       f"static {r['static'] / GiB:6.2f} alloc {(r['measured_allocated'] or 0) / GiB:6.2f} "
                       f"peak {r['measured'] / GiB:6.2f} {r['case']} {r['platform']}")
     args.out.write_text("# Megatron-LM functional tests: estimate against measured peak\n\n"
-                        + render(results, table["commit"]) + "\n".join(unknown_world(table["cases"])) + "\n")
+                        + render(results, table["commit"]) + "\n".join(unknown_world(rows)) + "\n")
     print(render(results, table["commit"]).split("\n\n")[1])
 
 

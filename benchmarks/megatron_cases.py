@@ -85,12 +85,13 @@ def build(mirror: Path, held_out_only: bool = False) -> dict[str, Any]:
             files[(parts[3], parts[4])].append(parts[5])
     kept = {key: names for key, names in files.items() if held_out(key[1]) == held_out_only}   # before any read
     where = recipes(mirror, commit)
-    rows = []
+    rows, arguments = [], {}
     for (family, case), names in sorted(kept.items()):
         if "model_config.yaml" not in names:
             continue
         base = f"{CASES}/{family}/{case}"
         config = yaml.safe_load(git(mirror, "show", f"{commit}:{base}/model_config.yaml")) or {}
+        arguments[case] = config.get("MODEL_ARGS") or {}
         for name in sorted(names):
             match = GOLDEN.match(name)
             if not match:
@@ -108,7 +109,7 @@ def build(mirror: Path, held_out_only: bool = False) -> dict[str, Any]:
                 "source": f"{base}/{name}", "config": f"{base}/model_config.yaml",
                 "recipe": recipe["recipe"] if recipe else None,
                 "nodes": recipe["nodes"] if recipe else None, "gpus_per_node": recipe["gpus"] if recipe else None,
-                "test_type": config.get("TEST_TYPE"), "model_args": config.get("MODEL_ARGS") or {},
+                "test_type": config.get("TEST_TYPE"),
                 "measured_peak_allocated_bytes": int(peak),
                 "measured_allocated_bytes": (None if series_max(golden, "mem-allocated-bytes") is None
                                              else int(series_max(golden, "mem-allocated-bytes") or 0)),
@@ -119,7 +120,17 @@ def build(mirror: Path, held_out_only: bool = False) -> dict[str, Any]:
                          f"case directories whose name's SHA-1 begins with one of {HELD_OUT_PREFIXES}: not read"),
             "measurement": "mem-max-allocated-bytes: torch.cuda.memory_stats()['allocated_bytes.all.peak'] on the "
                            "last global rank, the largest value over the logged steps",
-            "cases": rows}
+            "arguments": {case: arguments[case] for case in sorted({row["case"] for row in rows})}, "cases": rows}
+
+
+def dump(table: dict[str, Any]) -> str:
+    """The table as JSON with one line per case's arguments and per measurement (small, and diffs by line)."""
+    head = {k: v for k, v in table.items() if k not in ("arguments", "cases")}
+    arguments = ",\n".join(f"  {json.dumps(case)}: {json.dumps(args, sort_keys=True)}"
+                            for case, args in table["arguments"].items())
+    cases = ",\n".join(f"  {json.dumps(row, sort_keys=True)}" for row in table["cases"])
+    return (json.dumps(head, indent=1, sort_keys=True)[:-2] + ',\n "arguments": {\n' + arguments + '\n },\n'
+            ' "cases": [\n' + cases + "\n ]\n}\n")
 
 
 def main() -> None:
@@ -132,7 +143,7 @@ def main() -> None:
         parser.error("--held-out needs its own --out: the calibration table never holds the held-out cases")
     table = build(args.mirror, args.held_out)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    args.out.write_text(dump(table))
     print(f"{len(table['cases'])} measurements of {len({r['case'] for r in table['cases']})} cases -> {args.out}")
 
 
