@@ -17,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from analyzer.core.printable import printable
 from analyzer.estimate import megatron_reference
 from analyzer.estimate.config import Unsupported, from_megatron_args
 from analyzer.estimate.device import Device
@@ -78,6 +79,11 @@ def evaluate(row: dict[str, Any]) -> dict[str, Any]:
             "megatron": reference, "config": config}
 
 
+def cell(text: str) -> str:
+    """A reason as one Markdown table cell: its pipes escaped, control characters written out."""
+    return printable(text).replace("|", "\\|")
+
+
 def error(estimate: float, measured: float) -> float:
     return (estimate - measured) / measured
 
@@ -121,7 +127,7 @@ def render(results: list[dict[str, Any]], commit: str) -> str:
     reasons = [r for r in results if "reason" in r]
     lines += ["", "Not estimated:", "", "| case | platform | reason |", "|---|---|---|"]
     for r in sorted(reasons, key=lambda r: (r["family"], r["case"], r["platform"])):
-        lines.append(f"| {r['case']} | {r['environment']} {r['platform']} | {r['reason']} |")
+        lines.append(f"| {r['case']} | {r['environment']} {r['platform']} | {cell(r['reason'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -144,7 +150,7 @@ def unknown_world(rows: list[dict[str, Any]]) -> list[str]:
             try:
                 config = from_megatron_args(row["model_args"], gpus).check()
             except Exception as reason:   # Unsupported, or a layout this many GPUs cannot hold
-                cells.append(str(reason).splitlines()[0])
+                cells.append(cell(str(reason).splitlines()[0]))
                 continue
             cells.append(f"{stages(config, Device(hopper=row['platform'] != 'dgx_a100'))[-1].per_gpu_bytes / GiB:.1f} GiB")
         lines.append(f"| {row['case']} | {row['environment']} {row['platform']} | "
