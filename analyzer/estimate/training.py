@@ -278,11 +278,14 @@ def stage_activations(c: TrainingConfig, stage: int, layers: list[int]) -> float
 
 
 def communication(c: TrainingConfig) -> float:
-    """Buffers the collectives need inside PyTorch's allocator: the pipeline's send and receive tensors and the
-    sequence-parallel all-gather of a layer's input."""
+    """Buffers the collectives need inside PyTorch's allocator: the pipeline's send and receive tensors, the
+    sequence-parallel all-gather of a layer's input, and under ZeRO-3 the gathered weights of two layers (the one
+    computing and the one prefetched)."""
     sb = c.seq / c.cp * c.micro_batch
     r = c.tp if c.sequence_parallel else 1
     buffers = 0.0
+    if c.zero >= 3:
+        buffers += 2 * c.param_bytes * max(layer_params(c, moe).total for moe in (False, c.moe is not None))
     if c.pp > 1:
         buffers += 2 * c.param_bytes * sb * c.hidden / r
     if c.sequence_parallel and c.tp > 1:

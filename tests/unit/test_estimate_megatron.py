@@ -415,3 +415,12 @@ def test_bad_flags_of_the_per_stage_estimate_are_one_line_and_exit_2(flags: list
     code = subprocess.run([sys.executable, "-m", "analyzer", "estimate", *shape, *flags], capture_output=True,
                           text=True, cwd=ROOT, timeout=60)
     assert code.returncode == 2 and problem in code.stderr and len(code.stderr.strip().splitlines()) == 1
+
+
+def test_zero_3_shards_the_weights_over_dp_and_gathers_two_layers_at_a_time():
+    job = replace(TINY, gpus=4, zero=3)
+    zero1 = replace(job, zero=1)
+    (full,) = stages(zero1)
+    (sharded,) = stages(job)
+    assert sharded.weights == int(2 * full.parameters / 4) and sharded.gradients == int(4 * full.parameters / 4)
+    assert sharded.communication_buffers - full.communication_buffers == 2 * 2 * _layer_params(64)
