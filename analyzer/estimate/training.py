@@ -52,6 +52,7 @@ class Stage:
     stage: int
     layers: int
     in_flight: float            # micro-batches' worth of this stage's activations at the peak
+    moment: str                 # "backward" (every activation kept) or "optimizer" (the step's fp32 gradients)
     parameters: int             # on this rank
     weights: int
     gradients: int
@@ -64,8 +65,9 @@ class Stage:
     def per_gpu_bytes(self) -> int:
         return sum(getattr(self, part) for part in PARTS)
 
-    def json(self) -> dict[str, int | float]:
+    def json(self) -> dict[str, int | float | str]:
         return {"stage": self.stage, "layers": self.layers, "in_flight_micro_batches": self.in_flight,
+                "moment": self.moment,
                 "parameters": self.parameters, "per_gpu_bytes": self.per_gpu_bytes,
                 **{part: getattr(self, part) for part in PARTS}}
 
@@ -299,9 +301,12 @@ def optimizer_bytes_per_param(c: TrainingConfig) -> int:
 
 
 def stages(c: TrainingConfig, device: Device = Device()) -> list[Stage]:
-    """Every pipeline stage's rank, first to last. The distributed optimizer (ZeRO-1) shards the optimizer's
-    bytes over DP×CP (per optimizer instance; the experts' over expert DP), ZeRO-2 the gradients too, ZeRO-3
-    the weights too."""
+    """Every pipeline stage's rank, first to last, at its peak. The distributed optimizer (ZeRO-1) shards the
+    optimizer's bytes over DP×CP (per optimizer instance; the experts' over expert DP), ZeRO-2 the gradients
+    too, ZeRO-3 the weights too. The peak is at the start of backward (every activation kept, the loss's logits
+    on the last stage), unless the optimizer step makes more: with fp16 gradients, Megatron's mixed-precision
+    optimizer copies the (sharded) gradients to fp32 for the step, 4 bytes a parameter, when the activations
+    are gone."""
     layers = stage_layers(c)
     optimizer = optimizer_bytes_per_param(c)
     sharded = c.distributed_optimizer or c.zero >= 1
@@ -311,11 +316,15 @@ def stages(c: TrainingConfig, device: Device = Device()) -> list[Stage]:
     for stage in range(c.pp):
         params = stage_params(c, stage, layers)
         spread = params.dense / shard + params.expert / expert_shard
+        activations = int(stage_activations(c, stage, layers))
+        step = int(FP32 * spread) if c.grad_bytes < FP32 and c.precision != "fp32" else 0
+        at_step = step > activations
         result.append(Stage(
-            stage=stage, layers=layers[stage], in_flight=in_flight(c, stage), parameters=int(params.total),
+            stage=stage, layers=layers[stage], in_flight=in_flight(c, stage),
+            moment="optimizer" if at_step else "backward", parameters=int(params.total),
             weights=int(c.param_bytes * (spread if c.zero >= 3 else params.total)),
-            gradients=int(c.grad_bytes * (spread if c.zero >= 2 else params.total)),
-            optimizer_state=int(optimizer * spread), activations=int(stage_activations(c, stage, layers)),
+            gradients=int(c.grad_bytes * (spread if c.zero >= 2 else params.total)) + (step if at_step else 0),
+            optimizer_state=int(optimizer * spread), activations=0 if at_step else activations,
             communication_buffers=int(communication(c)), workspaces=workspaces(c, device)))
     return result
 

@@ -424,3 +424,16 @@ def test_zero_3_shards_the_weights_over_dp_and_gathers_two_layers_at_a_time():
     (sharded,) = stages(job)
     assert sharded.weights == int(2 * full.parameters / 4) and sharded.gradients == int(4 * full.parameters / 4)
     assert sharded.communication_buffers - full.communication_buffers == 2 * 2 * _layer_params(64)
+
+
+def test_fp16_peaks_at_the_optimizer_step_when_its_fp32_gradient_copies_outweigh_the_activations():
+    """fp16 gradients are copied to fp32 for the step (4 bytes a parameter): with full recompute of a wide, short
+    sequence that is more than the activations, and the stage's peak is the step; bf16 (fp32 gradients) never."""
+    job = replace(TINY, hidden=1024, heads=8, seq=8, micro_batch=1, precision="fp16", recompute="full")
+    (stage,) = stages(job)
+    assert stage.moment == "optimizer" and stage.activations == 0
+    assert stage.gradients == int(2 * stage.parameters) + int(4 * stage.parameters)
+    (bf16,) = stages(replace(job, precision="bf16"))
+    assert bf16.moment == "backward" and bf16.activations > 0 and bf16.gradients == int(4 * bf16.parameters)
+    (long,) = stages(replace(job, seq=4096, micro_batch=8, recompute="none"))
+    assert long.moment == "backward"
