@@ -17,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from analyzer.core.printable import printable
 from analyzer.estimate import megatron_reference
 from analyzer.estimate.config import Unsupported, from_megatron_args
 from analyzer.estimate.device import Device
@@ -31,6 +32,11 @@ GiB = 2**30
 #: every gpt and moe recipe for A100 and H100 runs a case on one node of 8 GPUs: a case no recipe lists any more
 #: is estimated at that size, and counted apart
 ASSUMED_GPUS = 8
+
+
+def measurements(table: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every measurement with its case's arguments (the table keeps them once per case)."""
+    return [{**row, "model_args": table["arguments"][row["case"]]} for row in table["cases"]]
 
 
 def features(c: Any) -> list[str]:
@@ -71,6 +77,11 @@ def evaluate(row: dict[str, Any]) -> dict[str, Any]:
             "estimate": estimate[-1].per_gpu_bytes, "static": estimate[-1].weights + estimate[-1].gradients
             + estimate[-1].optimizer_state + estimate[-1].workspaces, "measured_allocated": row["measured_allocated_bytes"],
             "megatron": reference, "config": config}
+
+
+def cell(text: str) -> str:
+    """A reason as one Markdown table cell: its pipes escaped, control characters written out."""
+    return printable(text).replace("|", "\\|")
 
 
 def error(estimate: float, measured: float) -> float:
@@ -116,7 +127,7 @@ def render(results: list[dict[str, Any]], commit: str) -> str:
     reasons = [r for r in results if "reason" in r]
     lines += ["", "Not estimated:", "", "| case | platform | reason |", "|---|---|---|"]
     for r in sorted(reasons, key=lambda r: (r["family"], r["case"], r["platform"])):
-        lines.append(f"| {r['case']} | {r['environment']} {r['platform']} | {r['reason']} |")
+        lines.append(f"| {r['case']} | {r['environment']} {r['platform']} | {cell(r['reason'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -139,7 +150,7 @@ def unknown_world(rows: list[dict[str, Any]]) -> list[str]:
             try:
                 config = from_megatron_args(row["model_args"], gpus).check()
             except Exception as reason:   # Unsupported, or a layout this many GPUs cannot hold
-                cells.append(str(reason).splitlines()[0])
+                cells.append(cell(str(reason).splitlines()[0]))
                 continue
             cells.append(f"{stages(config, Device(hopper=row['platform'] != 'dgx_a100'))[-1].per_gpu_bytes / GiB:.1f} GiB")
         lines.append(f"| {row['case']} | {row['environment']} {row['platform']} | "
@@ -154,7 +165,8 @@ def main() -> None:
     parser.add_argument("--show", action="store_true", help="print each estimated case's error")
     args = parser.parse_args()
     table = json.loads(args.table.read_text())
-    results = [evaluate(row) for row in table["cases"]]
+    rows = measurements(table)
+    results = [evaluate(row) for row in rows]
     if args.show:
         for r in results:
             if "estimate" in r:
@@ -162,7 +174,7 @@ def main() -> None:
                       f"static {r['static'] / GiB:6.2f} alloc {(r['measured_allocated'] or 0) / GiB:6.2f} "
                       f"peak {r['measured'] / GiB:6.2f} {r['case']} {r['platform']}")
     args.out.write_text("# Megatron-LM functional tests: estimate against measured peak\n\n"
-                        + render(results, table["commit"]) + "\n".join(unknown_world(table["cases"])) + "\n")
+                        + render(results, table["commit"]) + "\n".join(unknown_world(rows)) + "\n")
     print(render(results, table["commit"]).split("\n\n")[1])
 
 

@@ -14,6 +14,10 @@ This reads a bare git mirror of Megatron-LM (the `fetch` tool's copy) with `git 
 facts only (arguments, measured bytes, source path and commit) to benchmarks/data/megatron_cases.json:
 
     python benchmarks/megatron_cases.py [--mirror /work/.mirror/NVIDIA+Megatron-LM/repo] [--out ...]
+
+For the independent check only, `--held-out --out OTHER.json` builds the table of the held-out cases instead
+(never written to the default path, never run while calibrating); `benchmarks/estimate_megatron.py --table
+OTHER.json --out ...` then scores the estimator on them.
 """
 from __future__ import annotations
 
@@ -72,21 +76,22 @@ def series_max(golden: dict[str, Any], key: str) -> float | None:
     return max(values) if values else None
 
 
-def build(mirror: Path) -> dict[str, Any]:
+def build(mirror: Path, held_out_only: bool = False) -> dict[str, Any]:
     commit = git(mirror, "rev-parse", "HEAD").strip()
     files: dict[tuple[str, str], list[str]] = defaultdict(list)
     for path in git(mirror, "ls-tree", "-r", "--name-only", commit, CASES).split():
         parts = path.split("/")
         if len(parts) == 6:
             files[(parts[3], parts[4])].append(parts[5])
-    kept = {key: names for key, names in files.items() if not held_out(key[1])}   # before anything is read
+    kept = {key: names for key, names in files.items() if held_out(key[1]) == held_out_only}   # before any read
     where = recipes(mirror, commit)
-    rows = []
+    rows, arguments = [], {}
     for (family, case), names in sorted(kept.items()):
         if "model_config.yaml" not in names:
             continue
         base = f"{CASES}/{family}/{case}"
         config = yaml.safe_load(git(mirror, "show", f"{commit}:{base}/model_config.yaml")) or {}
+        arguments[case] = config.get("MODEL_ARGS") or {}
         for name in sorted(names):
             match = GOLDEN.match(name)
             if not match:
@@ -104,26 +109,41 @@ def build(mirror: Path) -> dict[str, Any]:
                 "source": f"{base}/{name}", "config": f"{base}/model_config.yaml",
                 "recipe": recipe["recipe"] if recipe else None,
                 "nodes": recipe["nodes"] if recipe else None, "gpus_per_node": recipe["gpus"] if recipe else None,
-                "test_type": config.get("TEST_TYPE"), "model_args": config.get("MODEL_ARGS") or {},
+                "test_type": config.get("TEST_TYPE"),
                 "measured_peak_allocated_bytes": int(peak),
                 "measured_allocated_bytes": (None if series_max(golden, "mem-allocated-bytes") is None
                                              else int(series_max(golden, "mem-allocated-bytes") or 0)),
             })
     return {"repository": "https://github.com/NVIDIA/Megatron-LM", "commit": commit,
-            "held_out": f"case directories whose name's SHA-1 begins with one of {HELD_OUT_PREFIXES}: not read",
+            "held_out": (f"only the case directories whose name's SHA-1 begins with one of {HELD_OUT_PREFIXES}"
+                         if held_out_only else
+                         f"case directories whose name's SHA-1 begins with one of {HELD_OUT_PREFIXES}: not read"),
             "measurement": "mem-max-allocated-bytes: torch.cuda.memory_stats()['allocated_bytes.all.peak'] on the "
                            "last global rank, the largest value over the logged steps",
-            "cases": rows}
+            "arguments": {case: arguments[case] for case in sorted({row["case"] for row in rows})}, "cases": rows}
+
+
+def dump(table: dict[str, Any]) -> str:
+    """The table as JSON with one line per case's arguments and per measurement (small, and diffs by line)."""
+    head = {k: v for k, v in table.items() if k not in ("arguments", "cases")}
+    arguments = ",\n".join(f"  {json.dumps(case)}: {json.dumps(args, sort_keys=True)}"
+                            for case, args in table["arguments"].items())
+    cases = ",\n".join(f"  {json.dumps(row, sort_keys=True)}" for row in table["cases"])
+    return (json.dumps(head, indent=1, sort_keys=True)[:-2] + ',\n "arguments": {\n' + arguments + '\n },\n'
+            ' "cases": [\n' + cases + "\n ]\n}\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mirror", type=Path, default=MIRROR)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--held-out", action="store_true", help="the held-out cases only, for the independent check")
     args = parser.parse_args()
-    table = build(args.mirror)
+    if args.held_out and args.out.resolve() == OUT.resolve():
+        parser.error("--held-out needs its own --out: the calibration table never holds the held-out cases")
+    table = build(args.mirror, args.held_out)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    args.out.write_text(dump(table))
     print(f"{len(table['cases'])} measurements of {len({r['case'] for r in table['cases']})} cases -> {args.out}")
 
 

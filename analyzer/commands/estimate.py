@@ -447,6 +447,8 @@ class EstimateCommand:
             if not 0 < args.gpu_memory_utilization <= 1:
                 raise AnalyzerError(None, f"--gpu-memory-utilization {args.gpu_memory_utilization}: not a share",
                                     "Give a number in (0, 1], e.g. 0.9.")
+            if args.prefill_tokens is not None and args.prefill_tokens < 1:
+                raise AnalyzerError(None, f"--prefill-tokens {args.prefill_tokens}", "Give a positive token count.")
             result = inference_estimate(serving(training_config(args)), Device(device_memory(args.gpu_memory)),
                                         args.kv_dtype, args.gpu_memory_utilization, args.prefill_tokens)
             print(json.dumps(result, indent=2) if args.format == "json" else render_inference(result))

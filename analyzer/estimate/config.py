@@ -19,6 +19,9 @@ from analyzer.errors import AnalyzerError
 #: the tokenizers of Megatron-LM's functional tests whose vocabulary is known without the tokenizer file
 KNOWN_VOCABULARIES = {"gpt2_bpe": 50257, "nemotron_2_256k": 256000, "llama2": 32000, "qwen3": 151669}
 PRECISIONS = ("bf16", "fp16", "fp32")
+MAX_STAGES = 1024             # pipeline stages (and layers a stage) one estimate lists
+MAX_CONFIG_BYTES = 1 << 20
+MAX_SIZE = 1 << 31            # any one size or degree    # a model_config.yaml or config.json is a few kilobytes
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -34,6 +37,17 @@ class MoE:
     layer_pattern: tuple[int, ...] | None = None   # 1 where a layer is MoE; None: every layer
     router_fp32: bool = False
     dispatcher: str = "allgather"           # Megatron's default; alltoall | flex keep no gathered copy
+
+
+@dataclass(frozen=True)
+class MLA:
+    """Multi-latent attention: queries and keys/values through low-rank latents, with a RoPE part apart."""
+
+    kv_lora: int
+    q_lora: int | None = None               # None: queries projected directly
+    qk_head: int = 128
+    qk_pos: int = 64
+    v_head: int = 128
 
 
 @dataclass(frozen=True)
@@ -69,6 +83,8 @@ class TrainingConfig:
     sequence_parallel: bool = False
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
+    embedding_as_layer: bool = False        # the pipeline split counts the embedding as a layer (first chunk)
+    loss_as_layer: bool = False             # and the output layer with the loss (last chunk)
     distributed_optimizer: bool = False
     optimizer_instances: int = 1            # distributed-optimizer replicas: each shards over DP / instances
     zero: int = 0                           # 2: gradients sharded over DP too, 3: weights too (FSDP)
@@ -83,8 +99,8 @@ class TrainingConfig:
     cross_entropy_fusion: bool = False      # the fused loss keeps one more fp32 copy of the logits
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
-    gradient_accumulation_fusion: bool = True
     moe: MoE | None = None
+    mla: MLA | None = None
 
     @property
     def dp(self) -> int:
@@ -92,7 +108,7 @@ class TrainingConfig:
 
     @property
     def expert_tp(self) -> int:
-        return self.etp or self.tp
+        return self.tp if self.etp is None else self.etp
 
     @property
     def expert_dp(self) -> int:
@@ -100,15 +116,15 @@ class TrainingConfig:
 
     @property
     def groups(self) -> int:
-        return self.query_groups or self.heads
+        return self.heads if self.query_groups is None else self.query_groups
 
     @property
     def head_dim(self) -> int:
-        return self.kv_channels or self.hidden // self.heads
+        return self.hidden // self.heads if self.kv_channels is None else self.kv_channels
 
     @property
     def ffn_width(self) -> int:
-        if self.ffn:
+        if self.ffn is not None:
             return self.ffn
         return int(4 * self.hidden * 2 / 3 / 64) * 64 if self.swiglu else 4 * self.hidden
 
@@ -138,24 +154,42 @@ class TrainingConfig:
         """One clear line for a configuration Megatron would refuse."""
         def bad(what: str, fix: str) -> AnalyzerError:
             return AnalyzerError(source, what, fix)
-        for name in ("layers", "hidden", "heads", "seq", "micro_batch", "vocab", "gpus", "tp", "pp", "vp", "cp", "ep"):
+        for name in ("layers", "hidden", "heads", "seq", "micro_batch", "vocab", "gpus", "tp", "pp", "vp", "cp", "ep",
+                     "vocab_divisor", "groups", "head_dim", "ffn_width", "recompute_layers", "optimizer_instances",
+                     "expert_tp"):
             if getattr(self, name) < 1:
                 raise bad(f"{name} is {getattr(self, name)}", "Every size and parallel degree is a positive count.")
+            if getattr(self, name) > MAX_SIZE:
+                raise bad(f"{name} is {getattr(self, name)}", f"Sizes above {MAX_SIZE} are not estimated.")
+        if self.pp > MAX_STAGES or self.layers > MAX_STAGES * 100:
+            raise bad(f"{self.pp} pipeline stages of {self.layers} layers", f"At most {MAX_STAGES} stages and "
+                      f"{MAX_STAGES * 100} layers are estimated.")
         if self.gpus % (self.tp * self.pp * self.cp):
             raise bad(f"{self.gpus} GPUs are not a multiple of TP×PP×CP = {self.tp * self.pp * self.cp}",
                       "Give --gpus as TP×PP×CP×DP.")
         if self.heads % self.tp or self.groups % self.tp and self.tp % self.groups:
             raise bad(f"{self.heads} heads ({self.groups} query groups) do not split over TP {self.tp}",
                       "Tensor parallelism splits the heads: use a TP that divides them.")
-        if self.layers % (self.pp * self.vp) and self.first_stage_layers is None and self.last_stage_layers is None:
+        units = self.layers + self.embedding_as_layer + self.loss_as_layer
+        if units % (self.pp * self.vp) and self.first_stage_layers is None and self.last_stage_layers is None:
             raise bad(f"{self.layers} layers do not split into {self.pp} stages × {self.vp} chunks",
                       "Use a pipeline size (and virtual stages) that divides the layers.")
         if self.precision not in PRECISIONS:
             raise bad(f"precision {self.precision}", f"Use one of {', '.join(PRECISIONS)}.")
         if self.recompute not in RECOMPUTE:
             raise bad(f"recompute {self.recompute}", f"Use one of {', '.join(RECOMPUTE)}.")
+        if self.moe is not None and not (1 <= self.moe.top_k <= self.moe.experts):
+            raise bad(f"top-k {self.moe.top_k} of {self.moe.experts} experts", "Route each token to 1 to all experts.")
+        if self.moe is not None and self.moe.capacity_factor is not None and not self.moe.capacity_factor > 0:
+            raise bad(f"capacity factor {self.moe.capacity_factor}", "Give a positive capacity factor, or none.")
         if self.moe is not None and self.moe.experts % self.ep:
             raise bad(f"{self.moe.experts} experts do not split over EP {self.ep}", "Use an EP that divides them.")
+        if (self.gpus // self.pp) % (self.ep * self.expert_tp):
+            raise bad(f"EP {self.ep} × expert TP {self.expert_tp} does not divide the {self.gpus // self.pp} GPUs of a "
+                      "pipeline stage", "Use an EP and expert TP whose product divides GPUs / PP.")
+        if self.seq % (2 * self.cp) and self.cp > 1:
+            raise bad(f"sequence {self.seq} does not split into 2 × CP {self.cp} chunks",
+                      "Context parallelism splits the sequence in 2·CP chunks: use a CP that divides seq / 2.")
         return self
 
 
@@ -176,6 +210,19 @@ def _int(args: dict[str, Any], name: str, default: int | None = None) -> int | N
         return int(value)
     except (TypeError, ValueError):
         raise Unsupported(f"{name} is {value!r}, not a number") from None
+
+
+def _float(args: dict[str, Any], name: str, default: float) -> float:
+    value = args.get(name)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise Unsupported(f"{name} is {value!r}, not a number") from None
+    if not math.isfinite(number) or number < 0:
+        raise Unsupported(f"{name} is {value!r}, not a finite share")
+    return number
 
 
 def megatron_vocab(args: dict[str, Any]) -> int:
@@ -201,7 +248,6 @@ def megatron_vocab(args: dict[str, Any]) -> int:
 
 #: arguments of features the model does not describe, with the reason it says
 UNSUPPORTED_FLAGS = {
-    "--multi-latent-attention": "multi-latent attention (MLA) is not modelled",
     "--hybrid-layer-pattern": "hybrid Mamba layers are not modelled",
     "--hybrid-override-pattern": "hybrid Mamba layers are not modelled",
     "--is-hybrid-model": "hybrid Mamba layers are not modelled",
@@ -211,7 +257,6 @@ UNSUPPORTED_FLAGS = {
     "--perform-rl-step": "an RL loop (inference and training) is not modelled",
     "--cuda-graph-impl": "CUDA graphs' static buffers are not modelled",
     "--pipeline-model-parallel-layout": "a custom pipeline layout is not modelled",
-    "--num-virtual-stages-per-pipeline-rank": "a custom pipeline layout is not modelled",
     "--moe-latent-size": "latent MoE is not modelled",
     "--flextron": "Flextron elastic training is not modelled",
     "--export-kd-teacher-load": "knowledge distillation's teacher model is not modelled",
@@ -249,14 +294,20 @@ def from_megatron_args(args: dict[str, Any], gpus: int | None = None) -> Trainin
                 pattern = _expand_pattern(freq)
             except ValueError:
                 raise Unsupported(f"--moe-layer-freq {freq!r} is not read") from None
-        capacity = args.get("--moe-expert-capacity-factor")
+        capacity = (_float(args, "--moe-expert-capacity-factor", 0.0)
+                    if args.get("--moe-expert-capacity-factor") is not None else None)
         moe = MoE(experts=experts, top_k=_int(args, "--moe-router-topk", 2) or 2,
                   ffn=_int(args, "--moe-ffn-hidden-size"), shared_ffn=_int(args, "--moe-shared-expert-intermediate-size", 0) or 0,
-                  capacity_factor=float(capacity) if capacity is not None else None, layer_pattern=pattern,
+                  capacity_factor=capacity, layer_pattern=pattern,
                   router_fp32=str(args.get("--moe-router-dtype", "")) == "fp32",
                   dispatcher=str(args.get("--moe-token-dispatcher-type") or "allgather"))
+    mla = None
+    if _flag(args, "--multi-latent-attention"):
+        mla = MLA(kv_lora=_int(args, "--kv-lora-rank", 512) or 512, q_lora=_int(args, "--q-lora-rank"),
+                  qk_head=_int(args, "--qk-head-dim", 128) or 128, qk_pos=_int(args, "--qk-pos-emb-head-dim", 64) or 64,
+                  v_head=_int(args, "--v-head-dim", 128) or 128)
     recompute = str(args.get("--recompute-granularity") or "none")
-    vp = 1
+    vp = _int(args, "--num-virtual-stages-per-pipeline-rank", 1) or 1
     if _int(args, "--num-layers-per-virtual-pipeline-stage"):
         pp = _int(args, "--pipeline-model-parallel-size", 1) or 1
         vp = max(layers // (pp * (_int(args, "--num-layers-per-virtual-pipeline-stage") or 1)), 1)
@@ -283,6 +334,8 @@ def from_megatron_args(args: dict[str, Any], gpus: int | None = None) -> Trainin
         etp=_int(args, "--expert-tensor-parallel-size"), sequence_parallel=_flag(args, "--sequence-parallel"),
         first_stage_layers=_int(args, "--decoder-first-pipeline-num-layers"),
         last_stage_layers=_int(args, "--decoder-last-pipeline-num-layers"),
+        embedding_as_layer=_flag(args, "--account-for-embedding-in-pipeline-split"),
+        loss_as_layer=_flag(args, "--account-for-loss-in-pipeline-split"),
         distributed_optimizer=_flag(args, "--use-distributed-optimizer"), precision=precision,
         fp8=bool(args.get("--fp8-format")), grad_fp32=grad_fp32,
         recompute=recompute, recompute_method=str(args.get("--recompute-method") or "uniform"),
@@ -293,8 +346,8 @@ def from_megatron_args(args: dict[str, Any], gpus: int | None = None) -> Trainin
         and str(args.get("--cross-entropy-fusion-impl") or "native") == "native",
         optimizer_instances=_int(args, "--num-distributed-optimizer-instances", 1) or 1,
         vp_group=_int(args, "--microbatch-group-size-per-virtual-pipeline-stage"),
-        hidden_dropout=float(args.get("--hidden-dropout", 0.1)), attention_dropout=float(args.get("--attention-dropout", 0.1)),
-        gradient_accumulation_fusion=not _flag(args, "--no-gradient-accumulation-fusion"), moe=moe)
+        hidden_dropout=_float(args, "--hidden-dropout", 0.1), attention_dropout=_float(args, "--attention-dropout", 0.1),
+        moe=moe, mla=mla)
     return config
 
 
@@ -318,11 +371,18 @@ def _expand_pattern(text: str) -> tuple[int, ...]:
     return tuple(result)
 
 
+def _read(path: Path) -> str:
+    if path.is_file() and path.stat().st_size > MAX_CONFIG_BYTES:
+        raise AnalyzerError(str(path), f"{path.stat().st_size} bytes: not a configuration file",
+                            f"Give the model's config (under {MAX_CONFIG_BYTES} bytes).")
+    return path.read_text()
+
+
 def read_megatron_config(path: Path, gpus: int | None = None) -> TrainingConfig:
     """A model_config.yaml (`MODEL_ARGS:` mapping) or a YAML/JSON mapping of Megatron arguments."""
     import yaml
     try:
-        document = yaml.safe_load(path.read_text())
+        document = yaml.safe_load(_read(path))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise AnalyzerError(str(path), f"cannot read the Megatron arguments: {str(error).splitlines()[0]}",
                             "Give a model_config.yaml with a MODEL_ARGS: mapping of --flag: value.") from None
@@ -341,7 +401,7 @@ def read_hf_config(path: Path, seq: int, micro_batch: int, gpus: int | None = No
     sequence, micro-batch and parallel layout come from the flags."""
     import json
     try:
-        document = json.loads(path.read_text())
+        document = json.loads(_read(path))
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise AnalyzerError(str(path), f"cannot read the Hugging Face config: {error}",
                             "Give the model's config.json.") from None
@@ -358,14 +418,23 @@ def read_hf_config(path: Path, seq: int, micro_batch: int, gpus: int | None = No
     if not (layers and hidden and heads and vocab):
         raise AnalyzerError(str(path), "no num_hidden_layers, hidden_size, num_attention_heads and vocab_size",
                             "Give a decoder's config.json (Llama, Mistral, Qwen, GPT-2 or Mixtral shape).")
+    if layers > MAX_STAGES * 100:
+        raise AnalyzerError(str(path), f"{layers} layers", f"At most {MAX_STAGES * 100} layers are estimated.")
     act = str(document.get("hidden_act") or document.get("activation_function") or "gelu")
     experts = get("num_local_experts", "num_experts", "n_routed_experts")
-    moe = (MoE(experts=int(experts), top_k=int(get("num_experts_per_tok", "moe_topk") or 2),
-               ffn=int(get("moe_intermediate_size", "intermediate_size") or 0) or None,
-               shared_ffn=int(get("shared_expert_intermediate_size") or 0)) if experts else None)
+    expert_ffn = int(get("moe_intermediate_size", "intermediate_size") or 0) or None
+    dense_first = int(get("first_k_dense_replace") or 0)      # DeepSeek: the first layers keep a dense MLP
+    shared = int(get("shared_expert_intermediate_size") or 0) or int(get("n_shared_experts") or 0) * (expert_ffn or 0)
+    moe = (MoE(experts=int(experts), top_k=int(get("num_experts_per_tok", "moe_topk") or 2), ffn=expert_ffn,
+               shared_ffn=shared, layer_pattern=tuple(int(i >= dense_first) for i in range(int(layers)))
+               if dense_first else None) if experts else None)
+    mla = (MLA(kv_lora=int(get("kv_lora_rank") or 0), q_lora=int(get("q_lora_rank") or 0) or None,
+               qk_head=int(get("qk_nope_head_dim") or 128), qk_pos=int(get("qk_rope_head_dim") or 64),
+               v_head=int(get("v_head_dim") or 128)) if get("kv_lora_rank") else None)
     return TrainingConfig(
         layers=int(layers), hidden=int(hidden), heads=int(heads), seq=seq, micro_batch=micro_batch, vocab=int(vocab),
-        gpus=gpus or 1, query_groups=int(get("num_key_value_heads") or heads), kv_channels=get("head_dim"),
+        gpus=gpus or 1, query_groups=int(get("num_key_value_heads") or heads),
+        kv_channels=int(get("head_dim")) if get("head_dim") else None,
         ffn=int(get("intermediate_size", "n_inner") or 4 * hidden), swiglu=act in ("silu", "swiglu"),
         normalization="RMSNorm" if "rms_norm_eps" in document else "LayerNorm",
         bias=bool(document.get("attention_bias", "n_embd" in document)),
@@ -373,7 +442,7 @@ def read_hf_config(path: Path, seq: int, micro_batch: int, gpus: int | None = No
         max_position=get("max_position_embeddings", "n_positions"),
         untied=not document.get("tie_word_embeddings", True), vocab_divisor=1,
         hidden_dropout=float(get("hidden_dropout", "resid_pdrop") or 0.0),
-        attention_dropout=float(get("attention_dropout", "attn_pdrop") or 0.0), moe=moe)
+        attention_dropout=float(get("attention_dropout", "attn_pdrop") or 0.0), moe=moe, mla=mla)
 
 
 def with_layout(config: TrainingConfig, **changes: Any) -> TrainingConfig:
@@ -381,5 +450,5 @@ def with_layout(config: TrainingConfig, **changes: Any) -> TrainingConfig:
     return replace(config, **{k: v for k, v in changes.items() if v is not None})
 
 
-__all__ = ["MoE", "TrainingConfig", "Unsupported", "from_megatron_args", "read_megatron_config", "read_hf_config",
+__all__ = ["MLA", "MoE", "TrainingConfig", "Unsupported", "from_megatron_args", "read_megatron_config", "read_hf_config",
            "with_layout"]

@@ -18,6 +18,12 @@ def weights_and_optimizer(c: TrainingConfig) -> float:
     q = c.head_dim * c.heads
     norm = 1 if c.normalization == "RMSNorm" else 2
     attention = 2 * h * h * (1 + c.groups / c.heads) * q / h
+    if c.mla is not None:
+        m = c.mla
+        q_term = (m.q_lora * (h + c.heads * (m.qk_head + m.qk_pos) + norm) if m.q_lora
+                  else h * c.heads * (m.qk_head + m.qk_pos))
+        attention = (q_term + m.kv_lora * (h + c.heads * (m.qk_head + m.v_head) + norm) + h * m.qk_pos
+                     + c.heads * m.v_head * h)
     pattern = (c.moe.layer_pattern or (1,) * c.layers) if c.moe is not None else (0,) * c.layers
     moe_layers = sum(pattern)
     dense_layers = c.layers - moe_layers

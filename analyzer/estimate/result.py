@@ -10,10 +10,6 @@ from analyzer.estimate.config import TrainingConfig
 from analyzer.estimate.device import Device, outside_allocator
 from analyzer.estimate.training import PARTS, stages, total_parameters
 
-#: Megatron-LM's CI logs memory from the last global rank, which is on the last pipeline stage
-MEASURED_STAGE = "last"
-
-
 def layout(c: TrainingConfig) -> dict[str, Any]:
     return {"tp": c.tp, "pp": c.pp, "vp": c.vp, "cp": c.cp, "ep": c.ep, "etp": c.expert_tp, "dp": c.dp,
             "sequence_parallel": c.sequence_parallel,
@@ -32,6 +28,7 @@ def training_estimate(c: TrainingConfig, device: Device) -> dict[str, Any]:
     needed = busiest.per_gpu_bytes + sum(outside.values())
     return {"model": "megatron", "params": total_parameters(c), "gpus": c.gpus, "layout": layout(c),
             "stages": [s.json() for s in found], "most_loaded_stage": busiest.stage,
+            # Megatron's CI logs the last global rank, which is on the last stage
             "measured_stage": found[-1].stage, "per_gpu_bytes": busiest.per_gpu_bytes,
             "outside_allocator": outside, "outside_allocator_bytes": sum(outside.values()),
             "device_bytes_needed": needed, "gpu_memory_bytes": device.memory,
@@ -53,8 +50,9 @@ def render_training(result: dict[str, Any]) -> str:
                                  ("what the last rank measures", stage["stage"] == result["measured_stage"]
                                   and len(result["stages"]) > 1)) if on]
         parts = ", ".join(f"{part.replace('_', ' ')} {gib(stage[part])}" for part in PARTS)
-        lines.append(f"  stage {stage['stage']} ({stage['layers']} layers, {stage['in_flight_micro_batches']:g} "
-                     f"micro-batches in flight): {gib(stage['per_gpu_bytes'])} = {parts}"
+        flight = stage["in_flight_micro_batches"]
+        lines.append(f"  stage {stage['stage']} ({stage['layers']} layers, {flight:g} "
+                     f"micro-batch{'' if flight == 1 else 'es'} in flight): {gib(stage['per_gpu_bytes'])} = {parts}"
                      + (f"  <- {', '.join(marks)}" if marks else ""))
     outside = ", ".join(f"{k.replace('_', ' ')} {gib(v)}" for k, v in result["outside_allocator"].items())
     lines.append(f"Outside max_memory_allocated (estimated): {gib(result['outside_allocator_bytes'])} = {outside}")
@@ -72,7 +70,8 @@ def render_plan(found: dict[str, Any]) -> list[str]:
         return ["No layout fits even on 64 times the GPUs: a smaller model, offload or parameter-efficient "
                 "fine-tuning."]
     def line(lay: dict[str, Any]) -> str:
-        shape = (f"TP {lay['tp']} × PP {lay['pp']} × DP {lay['dp']}"
+        shape = (f"TP {lay['tp']} × PP {lay['pp']}" + (f" × CP {lay['cp']}" if lay["cp"] > 1 else "")
+                 + f" × DP {lay['dp']}" + (f", EP {lay['ep']}" if lay["ep"] > 1 else "")
                  + (", sequence parallel" if lay["sequence_parallel"] else "")
                  + (", distributed optimizer" if lay["distributed_optimizer"] else "")
                  + f", recompute {lay['recompute']}, micro-batch {lay['micro_batch']}")

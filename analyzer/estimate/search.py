@@ -1,12 +1,13 @@
 """When a Megatron-style job does not fit: the cheapest layouts that do, over the levers Megatron has (the
-distributed optimizer, sequence parallelism, selective then full recompute, TP inside a node, PP, a smaller
-micro-batch at the same global batch), and, when no layout of the GPUs given fits, the fewest GPUs (doubling)
+distributed optimizer, sequence parallelism, selective then full recompute, TP inside a node, PP, CP for long
+sequences (from 8192 tokens), EP for a mixture of experts, a smaller micro-batch at the same global batch), and, when no layout of the GPUs given fits, the fewest GPUs (doubling)
 at which one does.
 
 Cost is a rough order of what each lever takes from throughput, as practitioners rank them: the distributed
 optimizer and sequence parallelism are nearly free (0.5 each), selective recompute costs a few percent (1), TP
 adds all-reduces inside a node (1 + log2 TP), PP adds a bubble (2 + log2 PP), full recompute a forward pass (4),
-each halving of the micro-batch smaller matmuls (1). The cheapest fitting layout is the plan; ties go to the
+CP exchanges keys and values (2 + log2 CP), EP all-to-alls the tokens (1 + log2 EP), each halving of the
+micro-batch smaller matmuls (1). The cheapest fitting layout is the plan; ties go to the
 lower per-GPU bytes.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ NODE_GPUS = 8
 COSTS = {"distributed_optimizer": 0.5, "sequence_parallel": 0.5, "selective": 1.0, "full": 4.0, "micro_batch": 1.0}
 ALTERNATIVES = 3
 MAX_SCALE = 64          # search up to 64 × the GPUs given
+LONG_SEQUENCE = 8192    # context parallelism is searched from this sequence length
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,8 @@ class Layout:
     def json(self) -> dict[str, Any]:
         c = self.config
         return {"changes": list(self.changes), "cost": self.cost, "device_bytes_needed": self.needed,
-                "gpus": c.gpus, "tp": c.tp, "pp": c.pp, "dp": c.dp, "sequence_parallel": c.sequence_parallel,
+                "gpus": c.gpus, "tp": c.tp, "pp": c.pp, "cp": c.cp, "ep": c.ep, "dp": c.dp,
+                "sequence_parallel": c.sequence_parallel,
                 "distributed_optimizer": c.distributed_optimizer, "recompute": c.recompute,
                 "micro_batch": c.micro_batch}
 
@@ -52,22 +55,25 @@ def layouts(base: TrainingConfig, gpus: int, device: Device) -> list[Layout]:
     micro = sorted({max(base.micro_batch // 2**k, 1) for k in range(0, int(math.log2(base.micro_batch)) + 1)},
                    reverse=True)
     global_batch = base.global_batch or base.micro_batch * base.dp
-    for tp in _degrees(min(NODE_GPUS, gpus)):
-        for pp in _degrees(gpus // tp):
-            if gpus % (tp * pp * base.cp):
+    contexts = _degrees(gpus) if base.seq >= LONG_SEQUENCE else [base.cp]
+    experts = _degrees(min(gpus, base.moe.experts)) if base.moe is not None else [base.ep]
+    for tp, pp, cp, ep in itertools.product(_degrees(min(NODE_GPUS, gpus)), _degrees(gpus), contexts, experts):
+        if gpus % (tp * pp * cp):
+            continue
+        for optimizer, sp, recompute, b in itertools.product(
+                sorted({base.distributed_optimizer, True}), sorted({base.sequence_parallel, tp > 1}),
+                dict.fromkeys((base.recompute, "selective", "full")), micro):
+            config = replace(base, gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep, vp=1, distributed_optimizer=optimizer,
+                             sequence_parallel=sp, recompute=recompute, micro_batch=b,
+                             global_batch=global_batch, first_stage_layers=None, last_stage_layers=None)
+            try:
+                config.check()
+            except AnalyzerError:
                 continue
-            for optimizer, sp, recompute, b in itertools.product(
-                    sorted({base.distributed_optimizer, True}), sorted({base.sequence_parallel, tp > 1}),
-                    dict.fromkeys((base.recompute, "selective", "full")), micro):
-                config = replace(base, gpus=gpus, tp=tp, pp=pp, vp=1, distributed_optimizer=optimizer,
-                                 sequence_parallel=sp, recompute=recompute, micro_batch=b,
-                                 global_batch=global_batch, first_stage_layers=None, last_stage_layers=None)
-                try:
-                    config.check()
-                except AnalyzerError:
-                    continue
-                changes, cost = _changes(base, config)
-                found.append(Layout(config, cost, training_estimate(config, device)["device_bytes_needed"], changes))
+            if optimizer and not base.distributed_optimizer and config.dp * config.cp == 1 and config.expert_dp == 1:
+                continue                    # nothing to shard over: the same layout, dearer
+            changes, cost = _changes(base, config)
+            found.append(Layout(config, cost, training_estimate(config, device)["device_bytes_needed"], changes))
     return found
 
 
@@ -85,6 +91,12 @@ def _changes(base: TrainingConfig, c: TrainingConfig) -> tuple[tuple[str, ...], 
     if c.pp != base.pp:
         changes.append(f"PP {c.pp}")
         cost += 2 + math.log2(c.pp) if c.pp > 1 else 0.0
+    if c.cp != base.cp:
+        changes.append(f"CP {c.cp}")
+        cost += 2 + math.log2(c.cp) if c.cp > 1 else 0.0
+    if c.ep != base.ep:
+        changes.append(f"EP {c.ep}")
+        cost += 1 + math.log2(c.ep) if c.ep > 1 else 0.0
     if c.recompute != base.recompute:
         changes.append(f"{c.recompute} recompute")
         cost += COSTS[c.recompute]
@@ -104,7 +116,9 @@ def plan(base: TrainingConfig, device: Device) -> dict[str, Any]:
         fitting = sorted((lay for lay in layouts(base, gpus, device) if lay.needed <= device.memory),
                          key=lambda lay: (lay.cost, lay.needed))
         if fitting:
+            best = fitting[0]
+            others = [f for f in fitting[1:] if not set(best.changes) <= set(f.changes)]   # not the plan plus more
             return {"fits": True, "gpus": gpus, "more_gpus": gpus != base.gpus,
-                    "layout": fitting[0].json(), "alternatives": [f.json() for f in fitting[1:1 + ALTERNATIVES]]}
+                    "layout": best.json(), "alternatives": [f.json() for f in others[:ALTERNATIVES]]}
         gpus *= 2
     return {"fits": False, "gpus": None, "more_gpus": True, "layout": None, "alternatives": []}

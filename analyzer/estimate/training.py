@@ -22,7 +22,7 @@ last stage's loss (Megatron's vocab-parallel cross entropy) keeps the logits in 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from analyzer.estimate.config import TrainingConfig
 from analyzer.estimate.device import Device, workspaces
@@ -52,6 +52,7 @@ class Stage:
     stage: int
     layers: int
     in_flight: float            # micro-batches' worth of this stage's activations at the peak
+    moment: str                 # "backward" (every activation kept) or "optimizer" (the step's fp32 gradients)
     parameters: int             # on this rank
     weights: int
     gradients: int
@@ -64,27 +65,39 @@ class Stage:
     def per_gpu_bytes(self) -> int:
         return sum(getattr(self, part) for part in PARTS)
 
-    def json(self) -> dict[str, int | float]:
+    def json(self) -> dict[str, int | float | str]:
         return {"stage": self.stage, "layers": self.layers, "in_flight_micro_batches": self.in_flight,
+                "moment": self.moment,
                 "parameters": self.parameters, "per_gpu_bytes": self.per_gpu_bytes,
                 **{part: getattr(self, part) for part in PARTS}}
 
 
+def chunk_layers(c: TrainingConfig) -> list[int]:
+    """Transformer layers of each of the PP·VP model chunks, in pipeline order (chunk k is on stage k mod PP).
+    When the split counts the embedding (and the loss) as a layer, the first (last) chunk holds one fewer."""
+    chunks = c.pp * c.vp
+    if c.pp > 1 and c.vp == 1 and (c.first_stage_layers is not None or c.last_stage_layers is not None):
+        first, last = c.first_stage_layers, c.last_stage_layers
+        inner = c.pp - (first is not None) - (last is not None)
+        each = (c.layers - (first or 0) - (last or 0)) // inner if inner else 0
+        sizes = [each] * c.pp
+        if first is not None:
+            sizes[0] = first
+        if last is not None:
+            sizes[-1] = last
+    else:
+        each = (c.layers + c.embedding_as_layer + c.loss_as_layer) // chunks
+        sizes = [each] * chunks
+        sizes[0] -= c.embedding_as_layer
+        sizes[-1] -= c.loss_as_layer
+    sizes[-1] += c.layers - sum(sizes)
+    return sizes
+
+
 def stage_layers(c: TrainingConfig) -> list[int]:
     """Transformer layers on each pipeline stage (all its model chunks), first to last."""
-    if c.pp == 1:
-        return [c.layers]
-    first, last = c.first_stage_layers, c.last_stage_layers
-    middle = c.layers - (first or 0) - (last or 0)
-    inner = c.pp - (first is not None) - (last is not None)
-    each = middle // inner if inner else 0
-    layers = [each] * c.pp
-    if first is not None:
-        layers[0] = first
-    if last is not None:
-        layers[-1] = last
-    layers[-1 if last is None else 0 if first is None else c.pp // 2] += c.layers - sum(layers)
-    return layers
+    sizes = chunk_layers(c)
+    return [sum(sizes[stage::c.pp]) for stage in range(c.pp)]
 
 
 def _moe_layers(c: TrainingConfig, stage: int, layers: list[int]) -> int:
@@ -96,12 +109,26 @@ def _moe_layers(c: TrainingConfig, stage: int, layers: list[int]) -> int:
     return sum(c.moe.layer_pattern[start:start + layers[stage]])
 
 
+def attention_params(c: TrainingConfig) -> float:
+    """The attention's parameters on one rank. MLA's down projections and latent norms are whole on every rank
+    (Megatron builds them 'duplicated'), its up projections and output split over TP."""
+    h, t = c.hidden, c.tp
+    norm = 2 if c.normalization == "LayerNorm" else 1
+    if c.mla is not None:
+        m = c.mla
+        whole = h * (m.kv_lora + m.qk_pos) + norm * m.kv_lora + (h * m.q_lora + norm * m.q_lora if m.q_lora else 0)
+        split = ((m.q_lora or h) * c.heads * (m.qk_head + m.qk_pos) + m.kv_lora * c.heads * (m.qk_head + m.v_head)
+                 + c.heads * m.v_head * h)
+        return whole + split / t + (h if c.bias else 0)
+    q, kv = c.head_dim * c.heads, c.head_dim * c.groups
+    return (h * (q + 2 * kv) + q * h + (q + 2 * kv if c.bias else 0)) / t + (h if c.bias else 0)
+
+
 def layer_params(c: TrainingConfig, moe: bool) -> Params:
     """One layer's parameters on one rank."""
     h, t, gated = c.hidden, c.tp, 2 if c.swiglu else 1
-    q, kv = c.head_dim * c.heads, c.head_dim * c.groups
     norm = 2 if c.normalization == "LayerNorm" else 1
-    attention = (h * (q + 2 * kv) + q * h + (q + 2 * kv if c.bias else 0)) / t + (h if c.bias else 0)
+    attention = attention_params(c)
     replicated = 2 * norm * h + (2 * norm * c.head_dim if c.qk_layernorm else 0)
     if not moe or c.moe is None:
         f = c.ffn_width
@@ -131,15 +158,40 @@ def stage_params(c: TrainingConfig, stage: int, layers: list[int]) -> Params:
 
 
 def in_flight(c: TrainingConfig, stage: int) -> float:
-    """Micro-batches' worth of a stage's activations kept at its peak under 1F1B (interleaved: model chunks of
-    1/VP of the stage's layers each)."""
+    """Micro-batches' worth of a stage's activations kept at its peak: under 1F1B, PP − stage of them (capped by
+    the micro-batches of a step); interleaved, the schedule itself is followed (Megatron's warm-up of
+    (PP − stage − 1)·2 + (VP − 1)·group forwards, then one forward and one backward at a time, in its order of
+    model chunks), counting the layers of the chunks in flight after each forward."""
     m = c.micro_batches
     if c.pp == 1:
         return 1.0
     if c.vp == 1:
         return float(min(c.pp - stage, m))
-    chunks = min((c.pp - stage - 1) * 2 + (c.vp - 1) * (c.vp_group or c.pp) + 1, m * c.vp)
-    return chunks / c.vp
+    layers = stage_layers(c)[stage]
+    return held_layers(c, stage) / layers if layers else 0.0
+
+
+SCHEDULE_GROUPS = 4     # the interleaved schedule repeats per group of micro-batches: a few show its peak
+
+
+def held_layers(c: TrainingConfig, stage: int) -> int:
+    """Interleaved 1F1B on one stage: the most layer-activations (layers × micro-batches) held at once."""
+    group = c.vp_group or c.pp
+    m = min(c.micro_batches, SCHEDULE_GROUPS * group)
+    sizes = chunk_layers(c)[stage::c.pp]            # this stage's chunks, in order
+    table = [(mb, chunk) for start in range(0, m, group) for chunk in range(c.vp)
+             for mb in range(start, min(start + group, m))]
+    forwards = [sizes[chunk] for _, chunk in table]
+    backwards = [sizes[c.vp - 1 - chunk] for _, chunk in table]   # backward runs the chunks last first
+    warmup = min((c.pp - stage - 1) * 2 + (c.vp - 1) * group, len(table))
+    held = peak = sum(forwards[:warmup])
+    done = 0
+    for forward in forwards[warmup:]:
+        held += forward
+        peak = max(peak, held)
+        held -= backwards[done]
+        done += 1
+    return peak
 
 
 def layer_activations(c: TrainingConfig, moe: bool) -> float:
@@ -149,10 +201,19 @@ def layer_activations(c: TrainingConfig, moe: bool) -> float:
     sb = s * b
     v = c.param_bytes
     r = t if c.sequence_parallel else 1                 # tensors whole on each TP rank unless SP splits them
-    q, kv = c.head_dim * c.heads, c.head_dim * c.groups
     dropout = MASK * sb * h / r if c.hidden_dropout > 0 else 0.0
-    # attention: norm input, QKV input, Q K V, the output (the projection's input), the residual's dropout mask
-    attention = 2 * v * sb * h / r + v * sb * (q + 2 * kv) / t + v * sb * q / t + dropout
+    if c.mla is not None:
+        # norm and down-projection input; the latents (down output, norm output: the up projections' input);
+        # Q and K with their RoPE part, V, the output (the projection's input)
+        m = c.mla
+        latents = 2 * (m.q_lora or 0) + m.kv_lora + m.qk_pos + m.kv_lora
+        qkv = c.heads * (2 * (m.qk_head + m.qk_pos) + m.v_head)
+        attention = 2 * v * sb * h / r + v * sb * latents + v * sb * qkv / t + v * sb * c.heads * m.v_head / t
+    else:
+        q, kv = c.head_dim * c.heads, c.head_dim * c.groups
+        # attention: norm input, QKV input, Q K V, the output (the projection's input)
+        attention = 2 * v * sb * h / r + v * sb * (q + 2 * kv) / t + v * sb * q / t
+    attention += dropout                                # the residual's dropout mask
     if c.recompute != "selective":
         if c.flash_attention:
             attention += FP32 * sb * c.heads / t          # log-sum-exp
@@ -181,7 +242,7 @@ def routed_tokens(c: TrainingConfig) -> float:
     """Tokens an expert-parallel rank computes for one micro-batch: its share of every token's top-k choices
     (gathered over expert TP), dropless routing assumed balanced, or the capacity's bound when one is set."""
     assert c.moe is not None
-    local = c.seq / c.cp * c.micro_batch / (c.tp if c.sequence_parallel or c.tp > 1 else 1)
+    local = c.seq / c.cp * c.micro_batch / c.tp     # MoE with TP > 1 needs sequence parallelism
     tokens = local * c.moe.top_k * c.expert_tp
     if c.moe.capacity_factor is not None:
         tokens *= c.moe.capacity_factor
@@ -219,11 +280,14 @@ def stage_activations(c: TrainingConfig, stage: int, layers: list[int]) -> float
 
 
 def communication(c: TrainingConfig) -> float:
-    """Buffers the collectives need inside PyTorch's allocator: the pipeline's send and receive tensors and the
-    sequence-parallel all-gather of a layer's input."""
+    """Buffers the collectives need inside PyTorch's allocator: the pipeline's send and receive tensors, the
+    sequence-parallel all-gather of a layer's input, and under ZeRO-3 the gathered weights of two layers (the one
+    computing and the one prefetched)."""
     sb = c.seq / c.cp * c.micro_batch
     r = c.tp if c.sequence_parallel else 1
     buffers = 0.0
+    if c.zero >= 3:
+        buffers += 2 * c.param_bytes * max(layer_params(c, moe).total for moe in (False, c.moe is not None))
     if c.pp > 1:
         buffers += 2 * c.param_bytes * sb * c.hidden / r
     if c.sequence_parallel and c.tp > 1:
@@ -237,9 +301,12 @@ def optimizer_bytes_per_param(c: TrainingConfig) -> int:
 
 
 def stages(c: TrainingConfig, device: Device = Device()) -> list[Stage]:
-    """Every pipeline stage's rank, first to last. The distributed optimizer (ZeRO-1) shards the optimizer's
-    bytes over DP×CP (per optimizer instance; the experts' over expert DP), ZeRO-2 the gradients too, ZeRO-3
-    the weights too."""
+    """Every pipeline stage's rank, first to last, at its peak. The distributed optimizer (ZeRO-1) shards the
+    optimizer's bytes over DP×CP (per optimizer instance; the experts' over expert DP), ZeRO-2 the gradients
+    too, ZeRO-3 the weights too. The peak is at the start of backward (every activation kept, the loss's logits
+    on the last stage), unless the optimizer step makes more: with fp16 gradients, Megatron's mixed-precision
+    optimizer copies the (sharded) gradients to fp32 for the step, 4 bytes a parameter, when the activations
+    are gone."""
     layers = stage_layers(c)
     optimizer = optimizer_bytes_per_param(c)
     sharded = c.distributed_optimizer or c.zero >= 1
@@ -249,17 +316,21 @@ def stages(c: TrainingConfig, device: Device = Device()) -> list[Stage]:
     for stage in range(c.pp):
         params = stage_params(c, stage, layers)
         spread = params.dense / shard + params.expert / expert_shard
+        activations = int(stage_activations(c, stage, layers))
+        step = int(FP32 * spread) if c.grad_bytes < FP32 and c.precision != "fp32" else 0
+        at_step = step > activations
         result.append(Stage(
-            stage=stage, layers=layers[stage], in_flight=in_flight(c, stage), parameters=int(params.total),
+            stage=stage, layers=layers[stage], in_flight=in_flight(c, stage),
+            moment="optimizer" if at_step else "backward", parameters=int(params.total),
             weights=int(c.param_bytes * (spread if c.zero >= 3 else params.total)),
-            gradients=int(c.grad_bytes * (spread if c.zero >= 2 else params.total)),
-            optimizer_state=int(optimizer * spread), activations=int(stage_activations(c, stage, layers)),
+            gradients=int(c.grad_bytes * (spread if c.zero >= 2 else params.total)) + (step if at_step else 0),
+            optimizer_state=int(optimizer * spread), activations=0 if at_step else activations,
             communication_buffers=int(communication(c)), workspaces=workspaces(c, device)))
     return result
 
 
 def total_parameters(c: TrainingConfig) -> int:
     """The model's parameter count (every shard of every stage, the tied embedding once)."""
-    whole = TrainingConfig(**{**c.__dict__, "tp": 1, "pp": 1, "ep": 1, "etp": 1, "vp": 1,
-                              "first_stage_layers": None, "last_stage_layers": None})
+    whole = replace(c, tp=1, pp=1, ep=1, etp=1, vp=1, first_stage_layers=None, last_stage_layers=None,
+                    embedding_as_layer=False, loss_as_layer=False)
     return int(stage_params(whole, 0, [c.layers]).total)
