@@ -1,7 +1,7 @@
 """Issue 35: how close `analyze estimate` comes to the peak Megatron-LM's CI measured, beside Megatron's own
 estimator (megatron/training/theoretical_memory_usage.py) on the same cases.
 
-Reads benchmarks/data/megatron_cases.json (made by benchmarks/megatron_cases.py; the held-out cases are not in
+Reads benchmarks/calibration/megatron_cases.json (made by benchmarks/megatron_cases.py; the held-out cases are not in
 it), estimates each measurement's last pipeline stage (the rank that logs `mem-max-allocated-bytes`), and writes
 benchmarks/results/megatron_accuracy.md: the error of every case, then median, 90th percentile and worst |error|
 by family and feature. Every case gets an estimate or the reason it has none.
@@ -24,7 +24,7 @@ from analyzer.estimate.device import Device
 from analyzer.estimate.training import stages
 
 HERE = Path(__file__).resolve().parent
-TABLE = HERE / "data" / "megatron_cases.json"
+TABLE = HERE / "calibration" / "megatron_cases.json"
 OUT = HERE / "results" / "megatron_accuracy.md"
 FAMILIES = ("gpt", "moe", "mixtral")
 TRAINING = ("regular", "ckpt-resume", "frozen-resume", "frozen-start", "release")

@@ -11,7 +11,7 @@ Held out: the cases whose directory name's SHA-1 begins with 0, 1, 2 or 3 are fi
 any golden value is read, and never opened: they are kept for an independent check of the estimator.
 
 This reads a bare git mirror of Megatron-LM (the `fetch` tool's copy) with `git ls-tree`/`git show` and writes
-facts only (arguments, measured bytes, source path and commit) to benchmarks/data/megatron_cases.json:
+facts only (arguments, measured bytes, source path and commit) to benchmarks/calibration/megatron_cases.json:
 
     python benchmarks/megatron_cases.py [--mirror /work/.mirror/NVIDIA+Megatron-LM/repo] [--out ...]
 
@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 MIRROR = Path("/work/.mirror/NVIDIA+Megatron-LM/repo")
-OUT = Path(__file__).resolve().parent / "data" / "megatron_cases.json"
+OUT = Path(__file__).resolve().parent / "calibration" / "megatron_cases.json"
 CASES = "tests/functional_tests/test_cases"
 RECIPES = "tests/test_utils/recipes"
 HELD_OUT_PREFIXES = "0123"

@@ -25,7 +25,7 @@ from analyzer.estimate.training import in_flight, layer_activations, stage_layer
 from tests.support.paths import ROOT
 
 CONFIGS = ROOT / "fixtures" / "configs"
-TABLE = ROOT / "benchmarks" / "data" / "megatron_cases.json"
+TABLE = ROOT / "benchmarks" / "calibration" / "megatron_cases.json"
 MiB = 2**20
 
 # a tiny GPT: 2 layers, h = 64, 4 heads, vocabulary 1000 (padded to 1024), sequence 16, micro-batch 2
@@ -226,7 +226,6 @@ def _held_out(name: str) -> bool:
     return hashlib.sha1(name.encode()).hexdigest()[0] in "0123"
 
 
-@pytest.mark.skipif(not TABLE.exists(), reason="benchmarks/data/megatron_cases.json not built")
 def test_the_calibration_table_has_no_held_out_case():
     table = json.loads(TABLE.read_text())
     names = {row["case"] for row in table["cases"]}
@@ -235,7 +234,6 @@ def test_the_calibration_table_has_no_held_out_case():
     assert all(row["source"].startswith("tests/functional_tests/test_cases/") for row in table["cases"])
 
 
-@pytest.mark.skipif(not TABLE.exists(), reason="benchmarks/data/megatron_cases.json not built")
 def test_the_published_goals_hold_on_the_table():
     """Issue 35's goals on the cases whose GPU count a recipe gives: dense median |error| <= 10%, p90 <= 25%;
     MoE median <= 20%; and every case an estimate or a reason."""
