@@ -239,9 +239,13 @@ def test_clean_strips_colour_html_and_prefixes() -> None:
 
 
 def test_long_lines_are_read_in_bounded_pieces() -> None:
-    reading = read_log(io.BytesIO(b"x" * (3 << 16) + b"\nCUDA error: out of memory\n"), "mem")
-    # three full pieces, the newline that ended the long line, then the OOM: read, and nothing held whole
-    assert reading.lines == 5 and reading.ooms[0].line == 5
+    from analyzer.ingest.log.lines import BLOCK, MAX_LINE
+    # a 3 MiB line with the message at its very end, a line past a block boundary, and no newline at the end
+    text = (b"x" * (3 * BLOCK) + b" CUDA error: out of memory\nnoise\n" + b"y" * (BLOCK - 3)
+            + b"\nTHCudaCheck FAIL file=a.cu line=1 error=2 : out of memory")
+    reading = read_log(io.BytesIO(text), "m")
+    assert reading.lines == 4 and [o.line for o in reading.ooms] == [1, 4]
+    assert [o.source for o in reading.ooms] == ["cuda_error", "thcudacheck"] and MAX_LINE < BLOCK
 
 
 def _analyze(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:

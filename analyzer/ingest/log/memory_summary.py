@@ -40,6 +40,11 @@ class MemorySummaryReader:
         self._table: Reading | None = None
         self._stats: Reading | None = None   # a dict printed over several lines (pprint) is one reading
 
+    @property
+    def busy(self) -> bool:
+        """Inside a table or a dict printed over several lines."""
+        return self._table is not None or self._stats is not None
+
     def feed(self, number: int, text: str, rank: int | None) -> list[Reading]:
         out: list[Reading] = []
         header = _HEADER.search(text)
