@@ -32,8 +32,10 @@ def expandable_segments_on(settings: list[AllocatorSetting]) -> AllocatorSetting
     return on[-1] if on else None
 
 
-def remedies(o: OomText, cause: Cause, settings: list[AllocatorSetting], frameworks: list[str]) -> list[dict[str, Any]]:
-    """The remedies the evidence supports, cheapest first."""
+def remedies(o: OomText, cause: Cause, settings: list[AllocatorSetting], frameworks: list[str],
+             gpu_processes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The remedies the evidence supports, cheapest first (`gpu_processes`: what nvidia-smi listed elsewhere in
+    the log, named when the message itself lists no process)."""
     out: list[dict[str, Any]] = []
     must = cause.must_free_bytes
     if cause.cause == FRAGMENTATION:
@@ -50,8 +52,11 @@ def remedies(o: OomText, cause: Cause, settings: list[AllocatorSetting], framewo
                                "request's size whole, and release cached blocks earlier", o.unallocated_bytes,
                                f"PYTORCH_CUDA_ALLOC_CONF={on.value},garbage_collection_threshold:0.8"))
     if cause.cause == OTHER_PROCESS:
-        holders = ", ".join(f"process {pid} ({human_bytes(b)})" for pid, b in cause.other_processes) or \
-            f"memory outside PyTorch's cache ({human_bytes(cause.outside_bytes)})"
+        listed = [f"{p['process']} ({human_bytes(p['used_bytes'])}, nvidia-smi)" for p in gpu_processes
+                  if p["device"] in (o.device, None)]
+        outside = f"memory outside PyTorch's cache ({human_bytes(cause.outside_bytes)}" + \
+            (f"; the log's nvidia-smi lists {', '.join(listed)})" if listed else ")")
+        holders = ", ".join(f"process {pid} ({human_bytes(b)})" for pid, b in cause.other_processes) or outside
         if "vllm" in frameworks:
             out.append(_remedy("gpu_memory_utilization", "Lower vLLM's gpu_memory_utilization",
                                "vLLM takes that fraction of the whole GPU up front for weights and KV cache; the other "

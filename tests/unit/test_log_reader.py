@@ -341,3 +341,12 @@ def test_expandable_segments_already_on_changes_the_remedy() -> None:
     on = analyze_reading(read_log(io.BytesIO(b"export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n" + base), "b"))
     assert off == "expandable_segments" and on.ooms[0].remedies[0]["id"] == "max_split_size"
     assert on.reading.settings[0].value == "expandable_segments:True"
+
+
+def test_other_process_remedy_names_what_nvidia_smi_listed() -> None:
+    smi = (LOGS / "nvidia_smi_processes_nvitop_152.log").read_bytes()
+    oom = (LOGS / "reserved_other_process_fastmri_238.log").read_bytes()
+    from analyzer.log_result import analyze_reading
+    a = analyze_reading(read_log(io.BytesIO(smi + oom), "both"))
+    (other,) = [r for r in a.ooms[0].remedies if r["id"] == "other_processes"]
+    assert "pid 10734" in other["detail"] and "pid 22720" not in other["detail"]  # GPU 0's processes only
