@@ -94,8 +94,21 @@ def remedies(o: OomText, cause: Cause, settings: list[AllocatorSetting], framewo
 def serving_findings(readings: list[Reading]) -> list[dict[str, Any]]:
     """vLLM's refusal to start: the GPU's free memory at start-up is under the fraction it was told to take, so
     other processes hold the difference; the highest gpu_memory_utilization that fits is free / total."""
-    out = []
+    out: list[dict[str, Any]] = []
     for r in readings:
+        if r.label == "no_kv_cache":
+            knob = "--gpu-memory-utilization" if r.source == "vllm" else "--mem-fraction-static"
+            out.append({"kind": "serving_kv_cache", "cause": "capacity", "line": r.line, "device": r.device,
+                        "summary": f"{r.source} found no room for the KV cache once the weights and the profiling "
+                                   "run's activations were in place",
+                        "remedy": f"raise {knob} if the GPU is the engine's alone, else a smaller model, "
+                                  "quantized weights or more tensor parallelism"})
+        if r.label == "kv_cache_too_small":
+            need, have = r.counts["max_model_len"], r.counts["kv_cache_tokens"]
+            out.append({"kind": "serving_kv_cache", "cause": "capacity", "line": r.line, "device": r.device,
+                        "summary": f"vLLM's KV cache holds {have} tokens, fewer than one request of the model's "
+                                   f"max seq len ({need})",
+                        "remedy": f"--max-model-len {have} or lower, or raise --gpu-memory-utilization"})
         if r.source == "vllm" and r.label == "startup_refused":
             free, total, budget = r.bytes["free"], r.bytes["total"], r.bytes["budget"]
             fits = math.floor(free / total * 100) / 100

@@ -90,7 +90,7 @@ def test_malloc_at_suffix_and_summary_table() -> None:
     (table,) = a.reading.readings
     assert table.source == "memory_summary" and table.device == 0
     assert table.counts == {"ooms": 1, "alloc_retries": 6}
-    assert table.bytes == {"allocated": 26377 * MiB, "allocated_peak": 26988 * MiB}
+    assert (table.bytes["allocated"], table.bytes["allocated_peak"]) == (26377 * MiB, 26988 * MiB)
 
 
 def test_summary_table_reserved_row() -> None:
@@ -350,3 +350,24 @@ def test_other_process_remedy_names_what_nvidia_smi_listed() -> None:
     a = analyze_reading(read_log(io.BytesIO(smi + oom), "both"))
     (other,) = [r for r in a.ooms[0].remedies if r["id"] == "other_processes"]
     assert "pid 10734" in other["detail"] and "pid 22720" not in other["detail"]  # GPU 0's processes only
+
+
+def test_summary_pool_rows() -> None:
+    (table,) = analyze_log(LOGS / "reserved_malloc_at_fairseq_2442.log").reading.readings
+    assert (table.bytes["allocated_large"], table.bytes["allocated_small"]) == (25981 * MiB, 395 * MiB)
+    assert table.bytes["allocated_large_peak"] == 26595 * MiB
+
+
+def test_serving_kv_cache_refusals_and_torch_calls() -> None:
+    # the messages' wording from vLLM's gpu_worker.py / kv_cache_utils.py and SGLang's model_runner.py
+    text = (b"ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+            b"initializing the engine.\n"
+            b"ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that can be "
+            b"stored in KV cache (12288). Try increasing `gpu_memory_utilization` or decreasing `max_model_len`\n"
+            b"RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n"
+            b"epoch 3: max_memory_reserved = 12.50 GiB, max_memory_allocated: 10.00 GiB\n")
+    from analyzer.log_result import analyze_reading
+    a = analyze_reading(read_log(io.BytesIO(text), "serve"))
+    assert [f["kind"] for f in a.findings] == ["serving_kv_cache"] * 3
+    assert "--max-model-len 12288" in a.findings[1]["remedy"] and "--mem-fraction-static" in a.findings[2]["remedy"]
+    assert a.reading.readings[-1].bytes == {"reserved_peak": round(12.5 * GiB), "allocated_peak": 10 * GiB}
