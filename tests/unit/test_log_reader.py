@@ -49,6 +49,8 @@ CASES = {
     "ofwhich_other_process_fbgemm_5605.log": (Era.OF_WHICH, "other_process", g(122.07), g(255.98), g(50.64), g(123.74), g(123.74) + m(8.94), m(8.94)),
     "hip_forward_pytorch_175431.log": (Era.OF_WHICH, "unknown", m(2), g(287.98), g(203.49), g(68.63), g(68.63) + g(14.93), g(14.93)),
     "xpu_ofwhich_torch_xpu_ops_3011.log": (Era.OF_WHICH, "unknown", g(4.66), g(5.65), g(5.65), round(195.5 * KiB), round(195.5 * KiB) + m(1.81), m(1.81)),
+    "cached_optimizer_step_pytorch_29198.log": (Era.CACHED, "other_process", m(352), g(7.92), m(156), g(1.67), g(1.67) + m(124.28), m(124.28)),
+    "reserved_optimizer_dreambooth_194.log": (Era.RESERVED, "fragmentation", m(146), g(23.69), m(108.94), g(21.99), g(22.22), g(22.22) - g(21.99)),
     "xpu_paren_ipex_629.log": (Era.RESERVED, "unknown", g(1.71), g(15.56), None, 0, 0, 0),
     "mps_other_allocations_comfyui_7440.log": (Era.MPS, "other_process", m(292.5), g(27.2), g(27.2) - g(9.57) - g(17.35), g(9.57), None, None),
     "mps_capacity_comfyui_7372.log": (Era.MPS, "capacity", m(1024), g(18.13), g(18.13) - g(17.68) - m(3.95), g(17.68), None, None),
@@ -371,3 +373,12 @@ def test_serving_kv_cache_refusals_and_torch_calls() -> None:
     assert [f["kind"] for f in a.findings] == ["serving_kv_cache"] * 3
     assert "--max-model-len 12288" in a.findings[1]["remedy"] and "--mem-fraction-static" in a.findings[2]["remedy"]
     assert a.reading.readings[-1].bytes == {"reserved_peak": round(12.5 * GiB), "allocated_peak": 10 * GiB}
+
+
+def test_phase_of_an_optimizer_step() -> None:
+    o = analyze_log(LOGS / "cached_optimizer_step_pytorch_29198.log").ooms[0]
+    assert (o.phase, o.user_frame) == ("optimizer", "train.py:29 in train")
+    # 7.92 GiB - 156 MiB free - (1.67 GiB + 124.28 MiB) held outside the cache
+    assert o.cause.outside_bytes == g(7.92) - m(156) - (g(1.67) + m(124.28))
+    lightning = analyze_log(LOGS / "reserved_optimizer_dreambooth_194.log").ooms[0]
+    assert (lightning.phase, lightning.user_frame) == ("optimizer", None)  # every frame is in site-packages
