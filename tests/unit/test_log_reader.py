@@ -6,12 +6,11 @@ import io
 import json
 import subprocess
 import sys
-from dataclasses import replace
 
 import pytest
 
-from analyzer.diagnose.log_cause import CONTEXT_ALLOWANCE, FREE_SLACK, judge
 from analyzer.diagnose import log_trends
+from analyzer.diagnose.log_cause import CONTEXT_ALLOWANCE, FREE_SLACK, judge
 from analyzer.ingest.log import read_log
 from analyzer.ingest.log.lines import clean
 from analyzer.ingest.log.oom_message import Era, OomText, parse
@@ -139,9 +138,9 @@ def test_nvidia_smi_screen() -> None:
 # --- the cause rule, each side of each threshold ------------------------------------------------------------
 
 def _oom(**kw: int | None) -> OomText:
-    base = dict(line=1, rank=None, era=Era.OF_WHICH, backend="CUDA", device=0, requested_bytes=g(2),
-                capacity_bytes=g(80), free_bytes=g(1), allocated_bytes=g(70), unallocated_bytes=g(1),
-                reserved_bytes=g(71), this_process_bytes=g(71.5))
+    base = {"line": 1, "rank": None, "era": Era.OF_WHICH, "backend": "CUDA", "device": 0, "requested_bytes": g(2),
+            "capacity_bytes": g(80), "free_bytes": g(1), "allocated_bytes": g(70), "unallocated_bytes": g(1),
+            "reserved_bytes": g(71), "this_process_bytes": g(71.5)}
     base.update(kw)
     return OomText(**base)  # type: ignore[arg-type]
 
@@ -252,7 +251,7 @@ def test_long_lines_are_read_in_bounded_pieces() -> None:
 
 def _analyze(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([sys.executable, "-m", "analyzer", *args], input=stdin, capture_output=True, cwd=ROOT,
-                          timeout=120)
+                          timeout=120, check=False)
 
 
 def test_stdin_json_and_exit_2_on_text_without_memory(tmp_path) -> None:  # type: ignore[no-untyped-def]
