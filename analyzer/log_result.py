@@ -119,16 +119,17 @@ LOOKED_FOR = ("an out-of-memory message (CUDA/HIP/XPU/MPS, CUBLAS_STATUS_ALLOC_F
 
 def analyze_reading(reading: LogReading) -> LogAnalysis:
     """Judge every OOM of a reading and look across its memory lines."""
+    processes = log_trends.gpu_processes(reading.readings)
     ooms = []
     for o in reading.ooms:
         cause = judge(o)
         ooms.append(LogOom(o, cause, phase_of(o.frames), user_frame(o.frames),
-                           log_advice.remedies(o, cause, reading.settings, reading.frameworks)))
+                           log_advice.remedies(o, cause, reading.settings, reading.frameworks, processes)))
     trend = log_trends.leaks(reading.readings)
     balance = log_trends.imbalance(reading.readings)
     findings = log_advice.serving_findings(reading.readings) + trend + ([balance] if balance else [])
-    return LogAnalysis(reading, ooms, findings, log_trends.gpu_peaks(reading.readings),
-                       log_trends.gpu_processes(reading.readings), list(reading.warnings))
+    return LogAnalysis(reading, ooms, findings, log_trends.gpu_peaks(reading.readings), processes,
+                       list(reading.warnings))
 
 
 def _looks(path: Path) -> str:

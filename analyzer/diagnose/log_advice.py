@@ -32,8 +32,10 @@ def expandable_segments_on(settings: list[AllocatorSetting]) -> AllocatorSetting
     return on[-1] if on else None
 
 
-def remedies(o: OomText, cause: Cause, settings: list[AllocatorSetting], frameworks: list[str]) -> list[dict[str, Any]]:
-    """The remedies the evidence supports, cheapest first."""
+def remedies(o: OomText, cause: Cause, settings: list[AllocatorSetting], frameworks: list[str],
+             gpu_processes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The remedies the evidence supports, cheapest first (`gpu_processes`: what nvidia-smi listed elsewhere in
+    the log, named when the message itself lists no process)."""
     out: list[dict[str, Any]] = []
     must = cause.must_free_bytes
     if cause.cause == FRAGMENTATION:
@@ -50,8 +52,11 @@ def remedies(o: OomText, cause: Cause, settings: list[AllocatorSetting], framewo
                                "request's size whole, and release cached blocks earlier", o.unallocated_bytes,
                                f"PYTORCH_CUDA_ALLOC_CONF={on.value},garbage_collection_threshold:0.8"))
     if cause.cause == OTHER_PROCESS:
-        holders = ", ".join(f"process {pid} ({human_bytes(b)})" for pid, b in cause.other_processes) or \
-            f"memory outside PyTorch's cache ({human_bytes(cause.outside_bytes)})"
+        listed = [f"{p['process']} ({human_bytes(p['used_bytes'])}, nvidia-smi)" for p in gpu_processes
+                  if p["device"] in (o.device, None)]
+        outside = f"memory outside PyTorch's cache ({human_bytes(cause.outside_bytes)}" + \
+            (f"; the log's nvidia-smi lists {', '.join(listed)})" if listed else ")")
+        holders = ", ".join(f"process {pid} ({human_bytes(b)})" for pid, b in cause.other_processes) or outside
         if "vllm" in frameworks:
             out.append(_remedy("gpu_memory_utilization", "Lower vLLM's gpu_memory_utilization",
                                "vLLM takes that fraction of the whole GPU up front for weights and KV cache; the other "
@@ -89,8 +94,21 @@ def remedies(o: OomText, cause: Cause, settings: list[AllocatorSetting], framewo
 def serving_findings(readings: list[Reading]) -> list[dict[str, Any]]:
     """vLLM's refusal to start: the GPU's free memory at start-up is under the fraction it was told to take, so
     other processes hold the difference; the highest gpu_memory_utilization that fits is free / total."""
-    out = []
+    out: list[dict[str, Any]] = []
     for r in readings:
+        if r.label == "no_kv_cache":
+            knob = "--gpu-memory-utilization" if r.source == "vllm" else "--mem-fraction-static"
+            out.append({"kind": "serving_kv_cache", "cause": "capacity", "line": r.line, "device": r.device,
+                        "summary": f"{r.source} found no room for the KV cache once the weights and the profiling "
+                                   "run's activations were in place",
+                        "remedy": f"raise {knob} if the GPU is the engine's alone, else a smaller model, "
+                                  "quantized weights or more tensor parallelism"})
+        if r.label == "kv_cache_too_small":
+            need, have = r.counts["max_model_len"], r.counts["kv_cache_tokens"]
+            out.append({"kind": "serving_kv_cache", "cause": "capacity", "line": r.line, "device": r.device,
+                        "summary": f"vLLM's KV cache holds {have} tokens, fewer than one request of the model's "
+                                   f"max seq len ({need})",
+                        "remedy": f"--max-model-len {have} or lower, or raise --gpu-memory-utilization"})
         if r.source == "vllm" and r.label == "startup_refused":
             free, total, budget = r.bytes["free"], r.bytes["total"], r.bytes["budget"]
             fits = math.floor(free / total * 100) / 100

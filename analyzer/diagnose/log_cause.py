@@ -108,8 +108,8 @@ def judge(o: OomText) -> Cause:
     else:
         outside = None
     must = max(R + FREE_SLACK - F, 0) if F is not None else None
-    base: dict[str, Any] = dict(must_free_bytes=must, outside_bytes=outside, non_pytorch_bytes=non_pytorch,
-                                other_processes=others, notes=notes)
+    base: dict[str, Any] = {"must_free_bytes": must, "outside_bytes": outside, "non_pytorch_bytes": non_pytorch,
+                            "other_processes": others, "notes": notes}
     limit = o.allowed_bytes if o.allowed_bytes is not None and o.era != Era.MPS else None
     if R > T:
         return Cause(cause=CAPACITY, reason=f"the request alone ({human_bytes(R)}) is larger than the device ({human_bytes(T)})", **base)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from itertools import pairwise
 from typing import Any
 
 from analyzer.core.units import human_bytes
@@ -40,7 +41,7 @@ def leaks(readings: list[Reading]) -> list[dict[str, Any]]:
     for (source, rank, device, label, key), points in _series(readings).items():
         values = [v for _, v in points]
         growth = values[-1] - values[0] if values else 0
-        if len(values) >= LEAK_MIN_READINGS and growth >= LEAK_MIN_GROWTH and all(b >= a for a, b in zip(values, values[1:])):
+        if len(values) >= LEAK_MIN_READINGS and growth >= LEAK_MIN_GROWTH and all(b >= a for a, b in pairwise(values)):
             where = ", ".join(p for p in (f"rank {rank}" if rank is not None else "",
                                           f"GPU {device}" if device is not None else "", label or "") if p)
             found.append({"kind": "leak", "source": source, "rank": rank, "device": device, "label": label,

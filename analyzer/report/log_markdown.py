@@ -18,8 +18,8 @@ def render_log_markdown(report: LogAnalysis) -> str:
                                       f"{o['backend']} device {o['device']}" if o["device"] is not None else "") if x)
         out += [f"### OOM {i} (line {o['line']}{', ' + md_text(where) if where else ''})", "",
                 f"- cause: **{md_text(o['cause'])}**: {md_text(o['reason'])}",
-                f"- phase: {md_text(o['phase'] or 'unknown')}; your frame: "
-                f"{md_code(o['user_frame']) if o['user_frame'] else 'none printed'}", ""]
+                (f"- phase: {md_text(o['phase'] or 'unknown')}; your frame: "
+                 f"{md_code(o['user_frame']) if o['user_frame'] else 'none printed'}"), ""]
         out += ["| | bytes | |", "|---|---:|---:|"]
         out += [f"| {label} | {value} | {human_bytes(value)} |" for label, value in numbers_table(o)]
         out += [f"| process {md_code(p['pid'], True)} | {p['bytes']} | {human_bytes(p['bytes'])} |" for p in o["other_processes"]]

@@ -6,12 +6,11 @@ import io
 import json
 import subprocess
 import sys
-from dataclasses import replace
 
 import pytest
 
-from analyzer.diagnose.log_cause import CONTEXT_ALLOWANCE, FREE_SLACK, judge
 from analyzer.diagnose import log_trends
+from analyzer.diagnose.log_cause import CONTEXT_ALLOWANCE, FREE_SLACK, judge
 from analyzer.ingest.log import read_log
 from analyzer.ingest.log.lines import clean
 from analyzer.ingest.log.oom_message import Era, OomText, parse
@@ -49,6 +48,8 @@ CASES = {
     "ofwhich_other_process_fbgemm_5605.log": (Era.OF_WHICH, "other_process", g(122.07), g(255.98), g(50.64), g(123.74), g(123.74) + m(8.94), m(8.94)),
     "hip_forward_pytorch_175431.log": (Era.OF_WHICH, "unknown", m(2), g(287.98), g(203.49), g(68.63), g(68.63) + g(14.93), g(14.93)),
     "xpu_ofwhich_torch_xpu_ops_3011.log": (Era.OF_WHICH, "unknown", g(4.66), g(5.65), g(5.65), round(195.5 * KiB), round(195.5 * KiB) + m(1.81), m(1.81)),
+    "cached_optimizer_step_pytorch_29198.log": (Era.CACHED, "other_process", m(352), g(7.92), m(156), g(1.67), g(1.67) + m(124.28), m(124.28)),
+    "reserved_optimizer_dreambooth_194.log": (Era.RESERVED, "fragmentation", m(146), g(23.69), m(108.94), g(21.99), g(22.22), g(22.22) - g(21.99)),
     "xpu_paren_ipex_629.log": (Era.RESERVED, "unknown", g(1.71), g(15.56), None, 0, 0, 0),
     "mps_other_allocations_comfyui_7440.log": (Era.MPS, "other_process", m(292.5), g(27.2), g(27.2) - g(9.57) - g(17.35), g(9.57), None, None),
     "mps_capacity_comfyui_7372.log": (Era.MPS, "capacity", m(1024), g(18.13), g(18.13) - g(17.68) - m(3.95), g(17.68), None, None),
@@ -90,7 +91,7 @@ def test_malloc_at_suffix_and_summary_table() -> None:
     (table,) = a.reading.readings
     assert table.source == "memory_summary" and table.device == 0
     assert table.counts == {"ooms": 1, "alloc_retries": 6}
-    assert table.bytes == {"allocated": 26377 * MiB, "allocated_peak": 26988 * MiB}
+    assert (table.bytes["allocated"], table.bytes["allocated_peak"]) == (26377 * MiB, 26988 * MiB)
 
 
 def test_summary_table_reserved_row() -> None:
@@ -137,9 +138,9 @@ def test_nvidia_smi_screen() -> None:
 # --- the cause rule, each side of each threshold ------------------------------------------------------------
 
 def _oom(**kw: int | None) -> OomText:
-    base = dict(line=1, rank=None, era=Era.OF_WHICH, backend="CUDA", device=0, requested_bytes=g(2),
-                capacity_bytes=g(80), free_bytes=g(1), allocated_bytes=g(70), unallocated_bytes=g(1),
-                reserved_bytes=g(71), this_process_bytes=g(71.5))
+    base = {"line": 1, "rank": None, "era": Era.OF_WHICH, "backend": "CUDA", "device": 0, "requested_bytes": g(2),
+            "capacity_bytes": g(80), "free_bytes": g(1), "allocated_bytes": g(70), "unallocated_bytes": g(1),
+            "reserved_bytes": g(71), "this_process_bytes": g(71.5)}
     base.update(kw)
     return OomText(**base)  # type: ignore[arg-type]
 
@@ -239,14 +240,18 @@ def test_clean_strips_colour_html_and_prefixes() -> None:
 
 
 def test_long_lines_are_read_in_bounded_pieces() -> None:
-    reading = read_log(io.BytesIO(b"x" * (3 << 16) + b"\nCUDA error: out of memory\n"), "mem")
-    # three full pieces, the newline that ended the long line, then the OOM: read, and nothing held whole
-    assert reading.lines == 5 and reading.ooms[0].line == 5
+    from analyzer.ingest.log.lines import BLOCK, MAX_LINE
+    # a 3 MiB line with the message at its very end, a line past a block boundary, and no newline at the end
+    text = (b"x" * (3 * BLOCK) + b" CUDA error: out of memory\nnoise\n" + b"y" * (BLOCK - 3)
+            + b"\nTHCudaCheck FAIL file=a.cu line=1 error=2 : out of memory")
+    reading = read_log(io.BytesIO(text), "m")
+    assert reading.lines == 4 and [o.line for o in reading.ooms] == [1, 4]
+    assert [o.source for o in reading.ooms] == ["cuda_error", "thcudacheck"] and MAX_LINE < BLOCK
 
 
 def _analyze(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([sys.executable, "-m", "analyzer", *args], input=stdin, capture_output=True, cwd=ROOT,
-                          timeout=120)
+                          timeout=120, check=False)
 
 
 def test_stdin_json_and_exit_2_on_text_without_memory(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -337,3 +342,42 @@ def test_expandable_segments_already_on_changes_the_remedy() -> None:
     on = analyze_reading(read_log(io.BytesIO(b"export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n" + base), "b"))
     assert off == "expandable_segments" and on.ooms[0].remedies[0]["id"] == "max_split_size"
     assert on.reading.settings[0].value == "expandable_segments:True"
+
+
+def test_other_process_remedy_names_what_nvidia_smi_listed() -> None:
+    smi = (LOGS / "nvidia_smi_processes_nvitop_152.log").read_bytes()
+    oom = (LOGS / "reserved_other_process_fastmri_238.log").read_bytes()
+    from analyzer.log_result import analyze_reading
+    a = analyze_reading(read_log(io.BytesIO(smi + oom), "both"))
+    (other,) = [r for r in a.ooms[0].remedies if r["id"] == "other_processes"]
+    assert "pid 10734" in other["detail"] and "pid 22720" not in other["detail"]  # GPU 0's processes only
+
+
+def test_summary_pool_rows() -> None:
+    (table,) = analyze_log(LOGS / "reserved_malloc_at_fairseq_2442.log").reading.readings
+    assert (table.bytes["allocated_large"], table.bytes["allocated_small"]) == (25981 * MiB, 395 * MiB)
+    assert table.bytes["allocated_large_peak"] == 26595 * MiB
+
+
+def test_serving_kv_cache_refusals_and_torch_calls() -> None:
+    # the messages' wording from vLLM's gpu_worker.py / kv_cache_utils.py and SGLang's model_runner.py
+    text = (b"ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+            b"initializing the engine.\n"
+            b"ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that can be "
+            b"stored in KV cache (12288). Try increasing `gpu_memory_utilization` or decreasing `max_model_len`\n"
+            b"RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n"
+            b"epoch 3: max_memory_reserved = 12.50 GiB, max_memory_allocated: 10.00 GiB\n")
+    from analyzer.log_result import analyze_reading
+    a = analyze_reading(read_log(io.BytesIO(text), "serve"))
+    assert [f["kind"] for f in a.findings] == ["serving_kv_cache"] * 3
+    assert "--max-model-len 12288" in a.findings[1]["remedy"] and "--mem-fraction-static" in a.findings[2]["remedy"]
+    assert a.reading.readings[-1].bytes == {"reserved_peak": round(12.5 * GiB), "allocated_peak": 10 * GiB}
+
+
+def test_phase_of_an_optimizer_step() -> None:
+    o = analyze_log(LOGS / "cached_optimizer_step_pytorch_29198.log").ooms[0]
+    assert (o.phase, o.user_frame) == ("optimizer", "train.py:29 in train")
+    # 7.92 GiB - 156 MiB free - (1.67 GiB + 124.28 MiB) held outside the cache
+    assert o.cause.outside_bytes == g(7.92) - m(156) - (g(1.67) + m(124.28))
+    lightning = analyze_log(LOGS / "reserved_optimizer_dreambooth_194.log").ooms[0]
+    assert (lightning.phase, lightning.user_frame) == ("optimizer", None)  # every frame is in site-packages

@@ -16,7 +16,7 @@ from typing import IO
 from analyzer.errors import CorruptInput
 from analyzer.ingest.log import oom_message
 from analyzer.ingest.log.framework_lines import FrameworkLinesReader
-from analyzer.ingest.log.lines import read_lines
+from analyzer.ingest.log.lines import Tally, scan
 from analyzer.ingest.log.memory_summary import MemorySummaryReader
 from analyzer.ingest.log.nvidia_smi import NvidiaSmiReader
 from analyzer.ingest.log.oom_message import OomText
@@ -29,6 +29,14 @@ MAX_READINGS = 50_000
 #: the same OOM printed again within this many lines (a chained exception, a logger and the traceback) is one
 SAME_OOM_LINES = 200
 
+#: a piece of every line any reader starts from (a line without one is never decoded): "emory" (out of memory,
+#: memory summary, memory (MB), see_memory_usage, memory.used, gpu_memory_utilization...), "lloc"/"LLOC"
+#: (Tried to allocate, calloc, allocated_bytes, mem-allocated-gigabytes, ALLOC_CONF, ALLOC_FAILED), a
+#: traceback's lines, nvidia-smi's "MiB" rows and bus ids ("0000:"), list_gpu_processes()' "GPU:", DeepSpeed's
+#: "Max_MA", vLLM's and SGLang's "weight", "fraction", "vllm", "sglang" (a memory_stats() dict opens with
+#: "active.all.allocated")
+ANCHORS = (b"emory", b"lloc", b"LLOC", b'File "', b"raceback", b"MiB", b"0000:", b"GPU:", b"Max_MA", b"weight",
+           b"fraction", b"vllm", b"sglang")
 _SETTING = re.compile(r"PYTORCH_(?:CUDA_)?ALLOC_CONF\s*[=:]\s*['\"]?([\w:.,=\-]+)")
 _HINT = re.compile(r"try setting|If reserved|See documentation")
 _MARKERS = {"vllm": re.compile(r"\bvllm\b|VllmWorker|gpu_memory_utilization"),
@@ -60,6 +68,11 @@ class _OomCollector:
             return True
         return False
 
+    @property
+    def busy(self) -> bool:
+        """A message is being joined: the next line may be its wrapped rest."""
+        return self._buffer is not None
+
     def finish(self) -> None:
         if self._buffer is None:
             return
@@ -86,9 +99,13 @@ def read_log(stream: IO[bytes], path: str) -> LogReading:
     readings: list[Reading] = []
     settings: list[AllocatorSetting] = []
     seen: set[str] = set()
-    dropped = lines = 0
-    for line in read_lines(stream):
-        lines = line.number
+    dropped = 0
+
+    def wants_next() -> bool:
+        return ooms.busy or window.busy or summaries.busy or smi.busy
+
+    tally = Tally()
+    for line in scan(stream, ANCHORS, wants_next, tally):
         text, rank = line.text, line.rank
         window.feed(line.number, text)
         if ooms.feed(line.number, text, rank, window):
@@ -110,7 +127,7 @@ def read_log(stream: IO[bytes], path: str) -> LogReading:
         warnings.append(f"{ooms.left_out} more OOM messages after the first {MAX_OOMS} were not kept")
     if dropped:
         warnings.append(f"{dropped} memory readings after the first {MAX_READINGS} were not kept")
-    return LogReading(path=path, lines=lines, ooms=ooms.ooms, readings=readings, settings=settings,
+    return LogReading(path=path, lines=tally.lines, ooms=ooms.ooms, readings=readings, settings=settings,
                       frameworks=sorted(seen | {s for s in frameworks.seen if s in ("vllm", "sglang", "deepspeed", "megatron")}),
                       warnings=warnings)
 

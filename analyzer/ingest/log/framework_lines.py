@@ -11,7 +11,9 @@
   `model weights take W; non_torch_memory takes N; PyTorch activation peak memory takes P; the rest of the
   memory reserved for KV Cache is K`, `Available KV cache memory: K`, and the start-up refusal `Free memory on
   device (F/T GiB) on startup is less than desired GPU memory utilization (u, B GiB)`.
-- SGLang (model_runner.py): `Load weight end. ... avail mem=A GB, mem usage=W GB`, `KV Cache is allocated.
+- vLLM's KV-cache refusals: `No available memory for the cache blocks` and `The model's max seq len (n) is
+  larger than the maximum number of tokens that can be stored in KV cache (m)`.
+- SGLang (model_runner.py): `Not enough memory. Please try to increase --mem-fraction-static`, `Load weight end. ... avail mem=A GB, mem usage=W GB`, `KV Cache is allocated.
   ... K size: k GB, V size: v GB`, `Memory pool end. avail mem=A GB` (GB = 2**30 bytes there).
 """
 from __future__ import annotations
@@ -37,6 +39,10 @@ _VLLM_SPLIT = re.compile(r"model weights take " + SIZE + r"; non_torch_memory ta
 _VLLM_KV = re.compile(r"Available KV cache memory: " + SIZE)
 _VLLM_STARTUP = re.compile(r"Free memory on device(?: \w+:(\d+))? \(" + _N + r"/" + _N + r" GiB\) on startup is less than desired "
                            r"GPU memory utilization \(" + _N + r", " + _N + r" GiB\)")
+_VLLM_NO_CACHE = re.compile(r"No available memory for the cache blocks")
+_VLLM_MAX_LEN = re.compile(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV "
+                           r"cache \((\d+)\)")
+_SGLANG_NOT_ENOUGH = re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static")
 _SGLANG_LOAD = re.compile(r"Load weight end\..*?avail mem=" + _N + r" GB, mem usage=" + _N + r" GB")
 _SGLANG_KV = re.compile(r"KV Cache is allocated\..*?K size: " + _N + r" GB, V size: " + _N + r" GB")
 _SGLANG_POOL = re.compile(r"Memory pool end\. avail mem=" + _N + r" GB")
@@ -108,6 +114,13 @@ class FrameworkLinesReader:
                            device=int(m.group(1)) if m.group(1) else None,
                            bytes={"free": _g(m.group(2)), "total": _g(m.group(3)), "budget": _g(m.group(5))},
                            counts={"gpu_memory_utilization_percent": round(float(m.group(4)) * 100)})
+        if _VLLM_NO_CACHE.search(text):
+            return Reading(line=number, source="vllm", rank=rank, label="no_kv_cache")
+        if (m := _VLLM_MAX_LEN.search(text)):
+            return Reading(line=number, source="vllm", rank=rank, label="kv_cache_too_small",
+                           counts={"max_model_len": int(m.group(1)), "kv_cache_tokens": int(m.group(2))})
+        if _SGLANG_NOT_ENOUGH.search(text):
+            return Reading(line=number, source="sglang", rank=rank, label="no_kv_cache")
         if (m := _SGLANG_LOAD.search(text)):
             return Reading(line=number, source="sglang", rank=rank, label="weights_loaded",
                            bytes={"available": _g(m.group(1)), "weights": _g(m.group(2))})

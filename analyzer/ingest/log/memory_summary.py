@@ -3,8 +3,8 @@
 The table (torch/cuda/memory.py, `memory_summary`): a header `PyTorch CUDA memory summary, device ID n`, a line
 `CUDA OOMs: n | cudaMalloc retries: n`, then per metric a row `| Allocated memory | cur | peak | tot alloc |
 tot freed |` and its `from large pool` / `from small pool` rows. Sizes are `_format_size`'s: binary multiples
-written `B`/`KB`/`MB`/`GB` before torch 1.8 and `B`/`KiB`/`MiB`/`GiB` since. "Non-releasable memory" is the
-inactive split bytes: freed blocks that share a segment with live ones (fragmentation).
+written `B`/`KB`/`MB`/`GB` before torch 1.8 and `B`/`KiB`/`MiB`/`GiB` since. The pool rows are kept as `allocated_large`,
+`allocated_small_peak` and so on. "Non-releasable memory" is the inactive split bytes: freed blocks that share a segment with live ones (fragmentation).
 
 The dict (`memory_stats()`, printed as a dict or an OrderedDict): its keys are read where they hold bytes or
 counts this analysis uses, including the newer per-category and per-module totals (`component_bytes.*`,
@@ -22,6 +22,7 @@ _COUNTS = re.compile(r"CUDA OOMs:\s*(\d+)\s*\|\s*cudaMalloc retries:\s*(\d+)")
 _METRICS = {"Allocated memory": "allocated", "Active memory": "active", "Requested memory": "requested",
             "GPU reserved memory": "reserved", "Non-releasable memory": "inactive_split"}
 _ROW = re.compile(r"^\|\s*(" + "|".join(_METRICS) + r")\s*\|\s*" + SIZE + r"\s*\|\s*" + SIZE + r"\s*\|")
+_POOL_ROW = re.compile(r"^\|\s*from (large|small) pool\s*\|\s*" + SIZE + r"\s*\|\s*" + SIZE + r"\s*\|")
 _STAT = re.compile(r"""['"]((?:allocated|reserved|active|inactive_split|requested)_bytes\.all\.(?:current|peak)|"""
                    r"""num_ooms|num_alloc_retries|(?:component|module)_bytes\.[\w.\-]+)['"]\s*[:,]\s*(\d+)""")
 _STAT_NAMES = {"allocated_bytes.all.current": "allocated", "allocated_bytes.all.peak": "allocated_peak",
@@ -38,7 +39,13 @@ class MemorySummaryReader:
 
     def __init__(self) -> None:
         self._table: Reading | None = None
+        self._metric: str | None = None      # the metric whose pool rows follow
         self._stats: Reading | None = None   # a dict printed over several lines (pprint) is one reading
+
+    @property
+    def busy(self) -> bool:
+        """Inside a table or a dict printed over several lines."""
+        return self._table is not None or self._stats is not None
 
     def feed(self, number: int, text: str, rank: int | None) -> list[Reading]:
         out: list[Reading] = []
@@ -56,9 +63,13 @@ class MemorySummaryReader:
                     self._table.counts.update(ooms=int(counts.group(1)), alloc_retries=int(counts.group(2)))
                 row = _ROW.match(text.strip())
                 if row:
-                    name = _METRICS[row.group(1)]
+                    self._metric = name = _METRICS[row.group(1)]
                     self._table.bytes[name] = to_bytes(row.group(2), row.group(3))
                     self._table.bytes[f"{name}_peak"] = to_bytes(row.group(4), row.group(5))
+                pool = _POOL_ROW.match(text.strip())
+                if pool and self._metric:
+                    self._table.bytes[f"{self._metric}_{pool.group(1)}"] = to_bytes(pool.group(2), pool.group(3))
+                    self._table.bytes[f"{self._metric}_{pool.group(1)}_peak"] = to_bytes(pool.group(4), pool.group(5))
                 return out
         stats = _STAT.findall(text)
         if not stats:
@@ -79,5 +90,5 @@ class MemorySummaryReader:
         return [stats] if stats is not None else []
 
     def finish(self) -> list[Reading]:
-        table, self._table = self._table, None
+        table, self._table, self._metric = self._table, None, None
         return ([table] if table is not None and table.bytes else []) + self._finish_stats()

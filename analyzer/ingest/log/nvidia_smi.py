@@ -29,6 +29,11 @@ class NvidiaSmiReader:
         self._columns: list[str] | None = None
         self._csv_rows = 0
 
+    @property
+    def busy(self) -> bool:
+        """A GPU's first row was read (its memory is on the next), or a CSV header names the columns."""
+        return self._gpu is not None or self._columns is not None
+
     def feed(self, number: int, text: str, rank: int | None) -> list[Reading]:
         gpu = _GPU_ROW.match(text)
         if gpu:

@@ -75,6 +75,11 @@ class TracebackWindow:
             del self.frames[: -self.MAX_FRAMES]
             self._pending = None
 
+    @property
+    def busy(self) -> bool:
+        """A frame's line was read and its code line is next."""
+        return self._pending is not None
+
     def take(self, number: int) -> tuple[Frame, ...]:
         """The frames of the traceback that ends just before line `number` (none if it ended further up: a
         logger's OOM line is not that traceback's exception); the window starts over."""
