@@ -240,3 +240,4 @@ def parse_tensor_mark(label: str) -> tuple[str, str, int] | None:
 PROFILER_STEP_PREFIX = "ProfilerStep#"       # torch.profiler's step ranges: ProfilerStep#<n>
 OPTIMIZER_STEP_PREFIX = "Optimizer.step#"    # Optimizer.step#<Class>.step
 OPTIMIZER_ZERO_GRAD_PREFIX = "Optimizer.zero_grad#"
+RECORD_HISTORY = "torch.cuda.memory._record_memory_history(max_entries=100000)"   # the line that records a history
