@@ -14,7 +14,9 @@ Read from what the recording holds, never from what a typical run would do:
 - activations kept: a forward-only run whose activations (tensors that outlive the computation that made
   them) are a meaningful share of the peak: an autograd graph (which `torch.no_grad()` /
   `torch.inference_mode()` would free as the forward goes), or tensors the code keeps (a KV cache, outputs).
-  The recording cannot tell which, so the remedy that acts on a graph is offered on that condition;
+  Where the recording says autograd was off (`trace.grad_mode`: a profiler trace's metadata, or no op with
+  a sequence number) they are no graph, and the remedy that acts on a graph is not offered; otherwise the
+  recording cannot tell which, so it is offered on that condition;
 - mixed precision on: the allocator stacks show autocast's weight casts (`at::autocast::cached_cast`, C++
   frames of stacks="all"); unknown without C++ frames;
 - GPUs: `--gpus`, else the world size the trace records; unknown otherwise.
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from analyzer.core.vocabulary import Category, Phase
+from analyzer.core.vocabulary import Category, GradMode, Phase
 from analyzer.diagnose.context import DeviceContext
 
 FROZEN_SHARE = 0.5        # trainable bytes under this share of the parameters: the rest is frozen
@@ -41,6 +43,8 @@ class Workload:
     mixed_precision_on: bool | None  # autocast seen in the stacks; None when the stacks cannot show it
     gpus: int | None               # GPUs the job can shard over, when known
     history: bool = True           # the recording holds a history (False: an end state alone shows no pass)
+    grad_mode: str | None = None   # vocabulary.GradMode the recording shows, None where it cannot say
+    cache_kept: bool = False       # forward-only with activations kept while autograd was off: a cache or outputs
 
     @property
     def training(self) -> bool:
@@ -66,7 +70,10 @@ class Workload:
         if self.frozen_share is not None:
             words.append(f"{self.frozen_share:.0%} of the parameters frozen (no gradients, no optimizer state)")
         if self.graph_kept:
-            words.append("activations kept (an autograd graph or a cache: the recording cannot tell)")
+            words.append("activations kept (an autograd graph or a cache: the recording cannot tell)"
+                         if self.grad_mode is None else "activations kept (autograd on: an autograd graph)")
+        if self.cache_kept:
+            words.append(f"activations kept with autograd off ({self.grad_mode}): a cache or outputs, not a graph")
         if self.mixed_precision_on:
             words.append("autocast (mixed precision) on")
         if self.gpus is not None:
@@ -86,12 +93,14 @@ def recognise(ctx: DeviceContext) -> Workload:
     no_model = not ctx.trace.has_history and most[Category.PARAMETER] < END_STATE_MODEL_SHARE * ctx.d.peak.allocated_bytes
     kind = "training" if trains else ("unknown" if ended_in_forward or no_model else "forward_only")
     activations = ctx.category_bytes(Category.ACTIVATION)
-    graph_kept = kind == "forward_only" and activations > GRAPH_KEPT_SHARE * max(ctx.d.peak.allocated_bytes, 1)
+    kept = kind == "forward_only" and activations > GRAPH_KEPT_SHARE * max(ctx.d.peak.allocated_bytes, 1)
+    grad_mode = ctx.trace.grad_mode
+    autograd_off = grad_mode is not None and GradMode(grad_mode).autograd_off
     gpus = ctx.world_size or ctx.trace.world_size
     return Workload(kind=kind, frozen_share=frozen_share(most[Category.PARAMETER], most[Category.GRADIENT],
                                                          most[Category.OPTIMIZER_STATE]) if trains else None,
-                    graph_kept=graph_kept, mixed_precision_on=autocast_on(ctx), gpus=gpus,
-                    history=ctx.trace.has_history)
+                    graph_kept=kept and not autograd_off, mixed_precision_on=autocast_on(ctx), gpus=gpus,
+                    history=ctx.trace.has_history, grad_mode=grad_mode, cache_kept=kept and autograd_off)
 
 
 def frozen_share(parameters: int, gradients: int, optimizer_state: int) -> float | None:

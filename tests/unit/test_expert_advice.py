@@ -5,12 +5,15 @@ Thresholds are written here with their documented values; inputs sit one block e
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Any
 
 import pytest
 
 import analyzer
 from analyzer.core.vocabulary import RECORD_HISTORY
+from analyzer.ingest.kineto import read_kineto
 from analyzer.ingest.snapshot import snapshot_to_trace
 from support.paths import REAL
 from support.snapshots import BLOCK, MiB, Recording
@@ -84,3 +87,76 @@ def test_an_end_state_is_forward_only_only_when_it_holds_a_model(parameters, kin
 def test_a_real_end_state_of_loaded_weights_alone_stays_forward_only():
     d = _real("yiyi-llm-inference/oom_snapshot.pickle").devices[0].diagnosis
     assert d.workload["kind"] == "forward_only" and "parameters are 100% of the peak" in d.verdict
+
+
+# ---- never offer what is already on: autograd off in the recording -------------------------------------------
+GRAD_MODE_MIN_OPS = 100  # kineto.GRAD_MODE_MIN_OPS: this many ops with no sequence number show autograd was off
+
+
+def _chrome_trace(tmp_path, ops: int, sequenced: int = 0, metadata: dict | None = None):
+    """A profiler trace of one GPU: two allocations and `ops` cpu_op spans, the first `sequenced` of them with
+    autograd's Sequence number; `metadata` as a harness writes it beside traceEvents."""
+    events: list[dict[str, Any]] = []
+    for i in range(ops):
+        args = {"External id": i} | ({"Sequence number": i} if i < sequenced else {})
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0 * i,
+                       "dur": 5.0, "args": args})
+    for i, (addr, size, total) in enumerate([(0x1000, 4 * MiB, 4 * MiB), (0x900000, 8 * MiB, 12 * MiB)]):
+        events.append({"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1,
+                       "ts": 10.0 * i + 1, "s": "t", "args": {"Device Type": 1, "Device Id": 0, "Addr": addr,
+                                                              "Bytes": size, "Total Allocated": total,
+                                                              "Total Reserved": 20 * MiB}})
+    document: dict[str, Any] = {"schemaVersion": 1, "traceEvents": events}
+    if metadata is not None:
+        document = {"metadata": metadata, **document}
+    path = tmp_path / "run.pt.trace.json"
+    path.write_text(json.dumps(document))
+    return read_kineto(path)
+
+
+@pytest.mark.parametrize(("ops", "mode"), [(GRAD_MODE_MIN_OPS, "off"), (GRAD_MODE_MIN_OPS - 1, None)],
+                         ids=["100 ops", "99 ops"])
+def test_ops_without_a_sequence_number_show_autograd_off_only_when_there_are_enough(tmp_path, ops, mode):
+    assert _chrome_trace(tmp_path, ops).grad_mode == mode
+
+
+def test_one_op_with_a_sequence_number_shows_autograd_on(tmp_path):
+    assert _chrome_trace(tmp_path, GRAD_MODE_MIN_OPS, sequenced=1).grad_mode == "enabled"
+
+
+@pytest.mark.parametrize(("recorded", "mode"), [("inference_mode", "inference_mode"), ("no_grad", "no_grad"),
+                                                ("something else", "enabled")])
+def test_the_grad_mode_a_harness_writes_in_the_metadata_is_read_first(tmp_path, recorded, mode):
+    trace = _chrome_trace(tmp_path, 3, sequenced=1, metadata={"profiler": {"grad_mode": recorded}})
+    assert trace.grad_mode == mode, "a word the vocabulary does not know falls back on the sequence numbers"
+
+
+def _forward_keeping_activations(grad_mode: str | None) -> Any:
+    """A forward-only run whose activations (three of 64 MiB, made in the forward, alive at the peak) are kept."""
+    rec = Recording()
+    with rec.step(1), rec.phase("forward"):
+        for line in (41, 42, 43):
+            rec.alloc(64 * MiB, where=f"model.py:{line}", name="forward")
+    trace = dataclasses.replace(rec.trace(), grad_mode=grad_mode)
+    return analyzer.analyze(trace).devices[0].diagnosis
+
+
+@pytest.mark.parametrize(("grad_mode", "offered"), [(None, True), ("enabled", True), ("no_grad", False),
+                                                    ("inference_mode", False), ("off", False)])
+def test_no_grad_is_offered_only_where_autograd_may_be_on(grad_mode, offered):
+    d = _forward_keeping_activations(grad_mode)
+    assert ("no_grad" in [r["id"] for r in d.remedies]) is offered
+    assert d.workload["graph_kept"] is offered
+    assert ("a cache or outputs, not a graph" in d.workload["summary"]) is not offered
+
+
+def test_a_real_trace_recorded_under_inference_mode_is_not_told_to_use_it():
+    analysis = _real("tracelens/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz")
+    assert analysis.trace.grad_mode == "inference_mode"
+    gpu = next(d for d in analysis.devices if d.device >= 0).diagnosis
+    assert "no_grad" not in [r["id"] for r in gpu.remedies]
+    assert "autograd off (inference_mode)" in gpu.workload["summary"]
+
+
+def test_a_real_training_trace_shows_autograd_on():
+    assert _real("tracelens-mi300/resnet_act_checkpoint.json.gz").trace.grad_mode == "enabled"
