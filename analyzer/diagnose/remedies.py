@@ -20,6 +20,9 @@ The list is data (`REMEDIES`, cheapest first); each estimate is computed from th
 - quantized weights (8-bit, 4-bit) are offered only for weights nothing trains (a forward-only run, a frozen base,
   an out of memory while loading the model) that are at least QUANTIZE_SHARE of the peak; pipeline parallelism
   only for a run that trains, on more than one GPU, with at least PIPELINE_MIN_LAYERS repeated blocks seen;
+- parallelism (ZeRO, tensor, pipeline) and offload are for a model whose states do not fit one GPU, or a batch
+  that does not: a run that fits as it is (its remedies would only grow the batch) is offered them only when
+  its model states hold at least SHARD_TO_GROW_SHARE of the device (of SMALLEST_GPU where it is not known);
 - when a plan exists (analyzer.diagnose.plan, a run that does not fit a known device), it decides what to try
   first: `plan.agree` moves `try_first` to the remedy of its first step.
 """
@@ -50,6 +53,9 @@ NODE_GPUS = 8             # tensor parallelism stays inside a node
 #: and are not trained: a forward-only run, a frozen base (QLoRA), or an out of memory while loading them
 QUANTIZE_SHARE = 0.25
 PIPELINE_MIN_LAYERS = 2   # pipeline stages split repeated blocks: at least two must be seen in the module names
+#: a run that fits is offered parallelism or offload (to grow its batch) only when its model states hold this share
+#: of the device: a smaller model leaves the batch room to grow on one GPU as it is
+SHARD_TO_GROW_SHARE = 0.5
 TRAINING, FORWARD_ONLY, UNKNOWN = "training", "forward_only", "unknown"
 _LAYER = re.compile(r"^(?:.*\.)?(?:layers|layer|h|blocks|block|encoder\.layer|decoder\.layers)\.(\d+)(?:\.|$)")
 _CALL = re.compile(r"^(.*?)\[(\d+)\]")     # a call path's first numbered call: `model.py:382 forward[3]`
@@ -109,6 +115,7 @@ class Remedy:
     layout_only: bool = False   # frees reserved-but-unused memory: the allocated peak stays, the layout fits it
     first: bool = False         # tried before everything else whenever it applies, fit or not
     conditional: bool = False   # rests on a premise the recording cannot confirm: listed, never tried first
+    beyond_one_gpu: bool = False  # parallelism or offload: for states or a batch that do not fit one GPU
 
 
 def fits_any_gpu(d: Demand) -> bool:
@@ -124,6 +131,15 @@ def fits_as_is(d: Demand) -> bool:
         return False
     reserved = d.reserved_peak if d.reserved_peak is not None else d.total
     return d.total <= (1 - AMPLE_HEADROOM) * d.capacity and reserved <= FIT_HEADROOM * d.capacity
+
+
+def needs_beyond_one_gpu(d: Demand) -> bool:
+    """Parallelism and offload are worth their cost: the run does not fit as it is, or its model states hold at
+    least SHARD_TO_GROW_SHARE of the device (SMALLEST_GPU where it is not known), leaving the batch too little."""
+    if not (fits_as_is(d) or fits_any_gpu(d)):
+        return True
+    device = d.capacity if d.capacity is not None else SMALLEST_GPU
+    return d.bytes(*_STATES) >= SHARD_TO_GROW_SHARE * device
 
 
 def _batch_scaled(d: Demand) -> int:
@@ -348,35 +364,38 @@ REMEDIES: list[Remedy] = [
     Remedy("optimizer_offload", "Offload optimizer state to CPU", "slower optimizer steps, bounded by PCIe",
            "# DeepSpeed: \"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": {\"device\": \"cpu\"}}",
            lambda d: (d.bytes(Category.OPTIMIZER_STATE), "medium"), _relevant(Category.OPTIMIZER_STATE),
-           acts_on=(Category.OPTIMIZER_STATE,)),
+           acts_on=(Category.OPTIMIZER_STATE,), beyond_one_gpu=True),
     Remedy("zero1", lambda d: f"ZeRO-1: shard optimizer state {_over(d, d.bytes(Category.OPTIMIZER_STATE))}",
            "communication; needs data parallelism",
            "torch.distributed.optim.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW)",
            _zero(*ZERO_SHARDED["zero1"]),
-           lambda d: _shards_possible(d) and _relevant(*ZERO_SHARDED["zero1"])(d), acts_on=ZERO_SHARDED["zero1"]),
+           lambda d: _shards_possible(d) and _relevant(*ZERO_SHARDED["zero1"])(d), acts_on=ZERO_SHARDED["zero1"],
+           beyond_one_gpu=True),
     Remedy("zero2", _zero2_title, "more communication",
            "# DeepSpeed: \"zero_optimization\": {\"stage\": 2}  |  FSDP: ShardingStrategy.SHARD_GRAD_OP",
            _zero(*ZERO_SHARDED["zero2"]),
-           lambda d: _shards_possible(d) and _relevant(*ZERO_SHARDED["zero2"])(d), acts_on=ZERO_SHARDED["zero2"]),
+           lambda d: _shards_possible(d) and _relevant(*ZERO_SHARDED["zero2"])(d), acts_on=ZERO_SHARDED["zero2"],
+           beyond_one_gpu=True),
     Remedy("zero3", lambda d: f"ZeRO-3 / FSDP: shard parameters too, {_over(d, d.bytes(*_STATES))}",
            "most communication; parameters gathered per layer",
            "from torch.distributed.fsdp import fully_shard\nfor block in model.layers: fully_shard(block)\nfully_shard(model)",
            _zero(*ZERO_SHARDED["zero3"]),
            lambda d: _trains(d) and _shards_possible(d) and _relevant(*ZERO_SHARDED["zero3"])(d),
-           acts_on=ZERO_SHARDED["zero3"]),
+           acts_on=ZERO_SHARDED["zero3"], beyond_one_gpu=True),
     Remedy("tensor_parallel", lambda d: f"Tensor parallelism over {tp_gpus(d)} GPUs (inside a node)",
            "needs model code changes; fast links",
            "from torch.distributed.tensor.parallel import parallelize_module  # ColwiseParallel / RowwiseParallel",
            lambda d: (int(d.bytes(*_STATES, Category.ACTIVATION) * (1 - 1 / tp_gpus(d))), "low"),
            lambda d: _shards_possible(d) and _relevant(*_STATES, Category.ACTIVATION)(d),
-           acts_on=(*_STATES, Category.ACTIVATION)),
+           acts_on=(*_STATES, Category.ACTIVATION), beyond_one_gpu=True),
     Remedy("pipeline_parallel", _pipeline_title,
            "a pipeline bubble ((S-1)/(m+S-1) of the step idle with m micro-batches); the model split into stages",
            "from torch.distributed.pipelining import pipeline, SplitPoint, ScheduleGPipe  # or Schedule1F1B\n"
            "pipe = pipeline(model, mb_args=(micro_batch,), split_spec={'layers.16': SplitPoint.BEGINNING})",
            lambda d: (int(_pipelined(d) * (1 - 1 / pipeline_stages(d))), "low"),
            lambda d: _trains(d) and (d.layers or 0) >= PIPELINE_MIN_LAYERS and _shards_possible(d)
-           and _relevant(*_STATES, Category.ACTIVATION)(d), acts_on=(*_STATES, Category.ACTIVATION, Category.TEMPORARY)),
+           and _relevant(*_STATES, Category.ACTIVATION)(d), acts_on=(*_STATES, Category.ACTIVATION, Category.TEMPORARY),
+           beyond_one_gpu=True),
     Remedy("model_changes", "Model changes: GQA/MQA, efficient attention (SDPA/FlashAttention), fewer or narrower layers",
            "changes the model; may need retraining", "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)",
            lambda d: (None, "low"), _relevant(Category.ACTIVATION), acts_on=(Category.ACTIVATION,)),
@@ -398,7 +417,7 @@ REMEDIES: list[Remedy] = [
            lambda d: (d.bytes(Category.PARAMETER) + (0 if d.workload == FORWARD_ONLY else d.bytes(Category.ACTIVATION) // 2),
                       "low"),
            lambda d: _relevant(Category.PARAMETER, *(() if d.workload == FORWARD_ONLY else (Category.ACTIVATION,)))(d),
-           acts_on=(Category.PARAMETER, Category.ACTIVATION)),
+           acts_on=(Category.PARAMETER, Category.ACTIVATION), beyond_one_gpu=True),
 ]
 
 
@@ -445,7 +464,7 @@ def rank_remedies(demand: Demand) -> list[dict[str, Any]]:
     grow = fits_as_is(demand) or fits_any_gpu(demand)
     out: list[dict[str, Any]] = []
     for remedy in order:
-        if not remedy.applies(demand):
+        if not remedy.applies(demand) or (remedy.beyond_one_gpu and not needs_beyond_one_gpu(demand)):
             continue
         saved, confidence = remedy.estimate(demand)
         replay = demand.replayed.get(remedy.id)

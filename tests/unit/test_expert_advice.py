@@ -13,10 +13,11 @@ import pytest
 
 import analyzer
 from analyzer.core.vocabulary import RECORD_HISTORY
+from analyzer.diagnose.remedies import Demand, rank_remedies
 from analyzer.ingest.kineto import read_kineto
 from analyzer.ingest.snapshot import snapshot_to_trace
 from support.paths import REAL
-from support.snapshots import BLOCK, MiB, Recording
+from support.snapshots import BLOCK, GiB, MiB, Recording
 
 RECOVERY_THRESHOLD = 0.05     # fragmentation.RECOVERY_THRESHOLD: 5% of the reserve free is worth a word
 END_STATE_MODEL_SHARE = 0.05  # workload.END_STATE_MODEL_SHARE: parameters of 5% of an end state show a model
@@ -160,3 +161,44 @@ def test_a_real_trace_recorded_under_inference_mode_is_not_told_to_use_it():
 
 def test_a_real_training_trace_shows_autograd_on():
     assert _real("tracelens-mi300/resnet_act_checkpoint.json.gz").trace.grad_mode == "enabled"
+
+
+# ---- parallelism and offload only for states or a batch that do not fit one GPU ----------------------------------
+SHARD_TO_GROW_SHARE = 0.5   # remedies.SHARD_TO_GROW_SHARE: a fitting run's states must hold half the device
+BEYOND_ONE_GPU = {"optimizer_offload", "zero1", "zero2", "zero3", "tensor_parallel", "pipeline_parallel", "offload"}
+CAPACITY = 80 * GiB
+
+
+def _fitting(states: int) -> Demand:
+    """A training run that fits an 80 GiB GPU with room (10 GiB of activations), its model states `states`
+    bytes: a quarter parameters, a quarter gradients, half Adam's state; eight repeated blocks, on 8 GPUs."""
+    by_category = {"parameter": states // 4, "gradient": states // 4, "optimizer_state": states - states // 2,
+                   "activation": 10 * GiB}
+    return Demand(total=sum(by_category.values()), by_category=by_category, capacity=CAPACITY, world_size=8,
+                  layers=8)
+
+
+@pytest.mark.parametrize(("states", "offered"), [(int(SHARD_TO_GROW_SHARE * CAPACITY), True),
+                                                 (int(SHARD_TO_GROW_SHARE * CAPACITY) - BLOCK, False)],
+                         ids=["states half the device", "just under half"])
+def test_a_run_that_fits_is_offered_parallelism_only_when_its_states_crowd_the_device(states, offered):
+    remedies = rank_remedies(_fitting(states))
+    assert {r["purpose"] for r in remedies} == {"grow"}
+    assert bool(BEYOND_ONE_GPU & {r["id"] for r in remedies}) is offered
+    if offered:
+        assert {"zero1", "zero2", "zero3", "tensor_parallel", "pipeline_parallel"} <= {r["id"] for r in remedies}
+
+
+def test_a_small_model_whose_batch_does_not_fit_is_still_offered_parallelism():
+    by_category = {"parameter": GiB // 4, "gradient": GiB // 4, "optimizer_state": GiB // 2, "activation": 78 * GiB}
+    demand = Demand(total=sum(by_category.values()), by_category=by_category, capacity=CAPACITY, world_size=8,
+                    layers=8, oomed=True)
+    assert "tensor_parallel" in {r["id"] for r in rank_remedies(demand)}
+
+
+def test_a_real_resnet50_that_fits_any_gpu_is_offered_no_sharding_or_offload():
+    d = next(x for x in _real("hta/memory_timeline.raw.gz").devices if x.device >= 0).diagnosis
+    assert d.fits is not None and d.workload["kind"] == "training"
+    assert 100 * MiB > d.theory["parameter_bytes"] > 90 * MiB, "ResNet-50's 25.6 M fp32 parameters"
+    ids = {r["id"] for r in d.remedies}
+    assert ids and not BEYOND_ONE_GPU & ids
