@@ -20,6 +20,7 @@ from analyzer.core.module_tree import module_tree
 from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace, MultiRankTrace
 from analyzer.core.units import human_bytes
+from analyzer.core.vocabulary import RECORD_HISTORY
 from analyzer.diagnose import diagnose
 from analyzer.diagnose.context import make_context
 from analyzer.diagnose.fragmentation import SEGMENTED_SOURCES
@@ -85,7 +86,7 @@ def analyze_trace(trace: MemoryTrace, gpu_memory: int | None = None, world_size:
         warnings.append("the input holds no allocations and no history on any device")
     elif not trace.has_history:
         warnings.append("no allocation history was recorded, so only the end state is known; record it with "
-                        "torch.cuda.memory._record_memory_history(max_entries=100000) before the step, "
+                        f"{RECORD_HISTORY} before the step, "
                         "then call torch.cuda.memory._dump_snapshot(path)")
     imbalance = find_imbalance([summarise(trace.device_label(d.device), d) for d in devices if d.device >= 0],
                                **thresholds.imbalance())

@@ -205,6 +205,7 @@ class MemoryTrace:
     rank: int | None = None             # distributed rank and world size, where the input records them
     world_size: int | None = None
     source_time_base_us: int = 0        # t_us minus this is the input's own clock (Kineto: baseTimeNanoseconds)
+    grad_mode: str | None = None        # vocabulary.GradMode the recording shows (Kineto), None where it cannot say
     _timeline: pd.DataFrame | None = field(default=None, init=False, repr=False)  # built on first use
 
     def __post_init__(self) -> None:

@@ -75,6 +75,20 @@ class Category(Word):
         return _CATEGORY_COLORS[self]
 
 
+class GradMode(Word):
+    """Whether autograd recorded the run's ops, as the recording says (a profiler trace's metadata, or the
+    sequence numbers autograd gives the ops it records)."""
+
+    ENABLED = "enabled"
+    NO_GRAD = "no_grad"
+    INFERENCE_MODE = "inference_mode"
+    OFF = "off"                    # no op carries a sequence number: no_grad or inference_mode, the trace cannot say which
+
+    @property
+    def autograd_off(self) -> bool:
+        return self is not GradMode.ENABLED
+
+
 class Role(Word):
     """What a `tensor::` mark says a storage is. A buffer is model state like a parameter: the attribution
     files both under `Category.PARAMETER` (only the simulator's ground truth keeps them apart)."""
@@ -270,3 +284,4 @@ def parse_tensor_mark(label: str) -> tuple[str, str, int] | None:
 PROFILER_STEP_PREFIX = "ProfilerStep#"       # torch.profiler's step ranges: ProfilerStep#<n>
 OPTIMIZER_STEP_PREFIX = "Optimizer.step#"    # Optimizer.step#<Class>.step
 OPTIMIZER_ZERO_GRAD_PREFIX = "Optimizer.zero_grad#"
+RECORD_HISTORY = "torch.cuda.memory._record_memory_history(max_entries=100000)"   # the line that records a history

@@ -18,8 +18,8 @@ from analyzer.diagnose import (activation_peak, checkpoint_gather, fragmentation
 from analyzer.diagnose import counterfactual, plan
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import oom_where
-from analyzer.core.units import gib, rate_bytes
-from analyzer.core.vocabulary import Category, Phase
+from analyzer.core.units import gib, human_bytes, rate_bytes
+from analyzer.core.vocabulary import RECORD_HISTORY, Category, Phase
 from analyzer.diagnose.triage import triage
 from analyzer.diagnose.remedies import (LAYOUT_ONLY, SMALLEST_GPU, Demand, checkpointable_bytes, count_layers,
                                         describe, fits_any_gpu, fits_as_is, rank_remedies, zero_shards)
@@ -68,7 +68,7 @@ def diagnose(ctx: DeviceContext, thresholds: Thresholds = Thresholds()) -> Diagn
     return Diagnosis(findings=findings, remedies=remedies, theory=theory, fragmentation=picture, triage=triaged, plan=found,
                      demand_bytes=demand.total, verdict=verdict(ctx, findings, remedies, demand, triaged, fits, found),
                      capacity_bytes=ctx.capacity_bytes, capacity_source=ctx.capacity_source,
-                     workload={**vars(workload), "summary": workload.describe()}, fits=fits)
+                     workload=workload.published(), fits=fits)
 
 
 def beside_a_gpu(ctx: DeviceContext) -> bool:
@@ -219,10 +219,42 @@ def _sentence(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list
         composition = d.composition()
         return (f"Out of memory on {ctx.trace.device_label(d.device)}{' ' + where if where else ''}: {reason}"
                 f"{'; ' + composition if composition else ''}.{advice}")
+    if not ctx.trace.has_history and ctx.fragmentation_at_peak and ctx.fragmentation_at_peak["segments_recorded"]:
+        return _end_state_sentence(ctx, ctx.fragmentation_at_peak) + advice
     place = oom_where(d.peak_phase, d.peak_module, d.peak_step)
     composition = d.composition()
     return (f"Peak {gib(d.peak.allocated_bytes)} allocated on {ctx.trace.device_label(d.device)}{' ' + place if place else ''}"
             f"{': ' + composition if composition else ''}.{advice}")
+
+
+def _end_state_sentence(ctx: DeviceContext, picture: dict[str, Any]) -> str:
+    """What a snapshot without a history can tell (its end state): allocated and reserved, what is cached but
+    free and the largest free block; what the free part means if the dump came from an OOM (at least
+    fragmentation.RECOVERY_THRESHOLD of the reserve free: fragmentation, which expandable segments remove,
+    unless they are on); and the line that records what made the peak."""
+    reserved, free = picture["reserved_bytes"], picture["inactive_bytes"]
+    share = free / reserved if reserved else 0.0
+    largest = picture["largest_free_block_bytes"]
+    composition = ctx.d.composition()
+    said = (f"{gib(picture['allocated_bytes'])} allocated on {ctx.trace.device_label(ctx.device)} when the snapshot "
+            f"was taken{': ' + composition if composition else ''}. No allocation history was recorded, so what made "
+            f"it, and any higher peak before, are not known; {gib(free)} ({share:.0%}) of the {gib(reserved)} "
+            "reserved is cached but free")
+    if picture["external_bytes"] is not None and picture["cached_free_segments_bytes"] is not None:
+        said += (f" ({gib(picture['external_bytes'])} in pieces inside used segments, "
+                 f"{gib(picture['cached_free_segments_bytes'])} in whole free segments)")
+    if largest is not None:
+        said += f", the largest free block {human_bytes(largest)}"
+    if share < fragmentation.RECOVERY_THRESHOLD:
+        meaning = "If this dump came from an out-of-memory error, the work itself did not fit: little is free."
+    elif picture["expandable_segments"]:
+        meaning = ("If this dump came from an out-of-memory error, it is not fragmentation of fixed blocks "
+                   "(expandable segments are on): look for memory outside PyTorch.")
+    else:
+        meaning = ("If this dump came from an out-of-memory error, that free memory is fragmentation: set "
+                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
+    return (f"{said}. {meaning} To see what made the peak, call {RECORD_HISTORY} before the step and dump the "
+            "snapshot again.")
 
 
 def _plan_clause(found: dict[str, Any], remedies: list[dict[str, Any]], demand: Demand) -> str:

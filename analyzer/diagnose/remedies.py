@@ -20,6 +20,9 @@ The list is data (`REMEDIES`, cheapest first); each estimate is computed from th
 - quantized weights (8-bit, 4-bit) are offered only for weights nothing trains (a forward-only run, a frozen base,
   an out of memory while loading the model) that are at least QUANTIZE_SHARE of the peak; pipeline parallelism
   only for a run that trains, on more than one GPU, with at least PIPELINE_MIN_LAYERS repeated blocks seen;
+- parallelism (ZeRO, tensor, pipeline) and offload are for a model whose states do not fit one GPU, or a batch
+  that does not: a run that fits as it is (its remedies would only grow the batch) is offered them only when
+  its model states hold at least SHARD_TO_GROW_SHARE of the device (of SMALLEST_GPU where it is not known);
 - when a plan exists (analyzer.diagnose.plan, a run that does not fit a known device), it decides what to try
   first: `plan.agree` moves `try_first` to the remedy of its first step.
 """
@@ -52,6 +55,9 @@ NODE_GPUS = 8             # tensor parallelism stays inside a node
 #: and are not trained: a forward-only run, a frozen base (QLoRA), or an out of memory while loading them
 QUANTIZE_SHARE = 0.25
 PIPELINE_MIN_LAYERS = 2   # pipeline stages split repeated blocks: at least two must be seen in the module names
+#: a run that fits is offered parallelism or offload (to grow its batch) only when its model states hold this share
+#: of the device: a smaller model leaves the batch room to grow on one GPU as it is
+SHARD_TO_GROW_SHARE = 0.5
 TRAINING, FORWARD_ONLY, UNKNOWN = "training", "forward_only", "unknown"
 _LAYER = re.compile(r"^(?:.*\.)?(?:layers|layer|h|blocks|block|encoder\.layer|decoder\.layers)\.(\d+)(?:\.|$)")
 _CALL = re.compile(r"^(.*?)\[(\d+)\]")     # a call path's first numbered call: `model.py:382 forward[3]`
@@ -202,6 +208,7 @@ class Remedy:
     layout_only: bool = False   # frees reserved-but-unused memory: the allocated peak stays, the layout fits it
     first: bool = False         # tried before everything else whenever it applies, fit or not
     conditional: bool = False   # rests on a premise the recording cannot confirm: listed, never tried first
+    beyond_one_gpu: bool = False  # parallelism or offload: for states or a batch that do not fit one GPU
 
 
 def fits_any_gpu(d: Demand) -> bool:
@@ -217,6 +224,15 @@ def fits_as_is(d: Demand) -> bool:
         return False
     reserved = d.reserved_peak if d.reserved_peak is not None else d.total
     return d.total <= (1 - AMPLE_HEADROOM) * d.capacity and reserved <= FIT_HEADROOM * d.capacity
+
+
+def needs_beyond_one_gpu(d: Demand) -> bool:
+    """Parallelism and offload are worth their cost: the run does not fit as it is, or its model states hold at
+    least SHARD_TO_GROW_SHARE of the device (SMALLEST_GPU where it is not known), leaving the batch too little."""
+    if not (fits_as_is(d) or fits_any_gpu(d)):
+        return True
+    device = d.capacity if d.capacity is not None else SMALLEST_GPU
+    return d.bytes(*_STATES) >= SHARD_TO_GROW_SHARE * device
 
 
 def _batch_scaled(d: Demand) -> int:
@@ -609,6 +625,7 @@ REMEDIES: list[Remedy] = [
            plan=PlanLever(LeverName.OPTIMIZER, 4.5, _offload_optimizer_formula),
            replay=Replay(lambda s, k: optimizer_state(s, 0.0, step_temporaries=0.0)),
            estimate_term=EstimateTerm("optimizer state offloaded to CPU", 7.0, "offloaded"), variables=(),
+           beyond_one_gpu=True,
            docs="all of the optimizer state (and, replayed, the optimizer step's temporaries)"),
     Remedy(id=RemedyId.ZERO1, title=lambda d: f"ZeRO-1: shard optimizer state {_over(d, d.bytes(Category.OPTIMIZER_STATE))}",
            cost="communication; needs data parallelism",
@@ -619,7 +636,8 @@ REMEDIES: list[Remedy] = [
                                                             "ZeroRedundancyOptimizer / DeepSpeed stage 1"),
            plan=PlanLever(LeverName.ZERO, 4.75, _divide(*ZERO_SHARDED[RemedyId.ZERO1]), _zero_shards_of(RemedyId.ZERO1)),
            replay=Replay(_zero_transform(1), sharded=True), estimate_term=EstimateTerm("ZeRO-1", 4.0),
-           variables=("gpus",), docs="(1 − 1/N) of optimizer state; N named in the title; not with one GPU"),
+           variables=("gpus",), beyond_one_gpu=True,
+           docs="(1 − 1/N) of optimizer state; N named in the title; not with one GPU"),
     Remedy(id=RemedyId.ZERO2, title=_zero2_title, cost="more communication",
            how="# DeepSpeed: \"zero_optimization\": {\"stage\": 2}  |  FSDP: ShardingStrategy.SHARD_GRAD_OP",
            estimate=_zero(*ZERO_SHARDED[RemedyId.ZERO2]),
@@ -628,7 +646,8 @@ REMEDIES: list[Remedy] = [
                                                             "FSDP SHARD_GRAD_OP / DeepSpeed stage 2"),
            plan=PlanLever(LeverName.ZERO, 5.0, _divide(*ZERO_SHARDED[RemedyId.ZERO2]), _zero_shards_of(RemedyId.ZERO2)),
            replay=Replay(_zero_transform(2), sharded=True), estimate_term=EstimateTerm("ZeRO-2", 5.0),
-           variables=("gpus",), docs="(1 − 1/N) of optimizer state and gradients; N named in the title; not with one GPU"),
+           variables=("gpus",), beyond_one_gpu=True,
+           docs="(1 − 1/N) of optimizer state and gradients; N named in the title; not with one GPU"),
     Remedy(id=RemedyId.ZERO3, title=lambda d: f"ZeRO-3 / FSDP: shard parameters too, {_over(d, d.bytes(*_STATES))}",
            cost="most communication; parameters gathered per layer",
            how="from torch.distributed.fsdp import fully_shard\nfor block in model.layers: fully_shard(block)\n"
@@ -640,7 +659,8 @@ REMEDIES: list[Remedy] = [
                        "FSDP fully_shard / DeepSpeed stage 3"),
            plan=PlanLever(LeverName.ZERO, 6.0, _divide(*ZERO_SHARDED[RemedyId.ZERO3]), _zero_shards_of(RemedyId.ZERO3)),
            replay=Replay(_zero_transform(3), sharded=True), estimate_term=EstimateTerm("ZeRO-3", 6.0),
-           variables=("gpus",), docs="(1 − 1/N) of optimizer state, gradients and parameters; N named in the title; "
+           variables=("gpus",), beyond_one_gpu=True,
+           docs="(1 − 1/N) of optimizer state, gradients and parameters; N named in the title; "
                                      "not with one GPU, nor for forward only"),
     Remedy(id=RemedyId.TENSOR_PARALLEL, title=lambda d: f"Tensor parallelism over {tp_gpus(d)} GPUs (inside a node)",
            cost="needs model code changes; fast links",
@@ -653,6 +673,7 @@ REMEDIES: list[Remedy] = [
            plan=PlanLever(LeverName.TP, 8.0, _divide(Category.OPTIMIZER_STATE, Category.GRADIENT, Category.PARAMETER,
                                                  Category.ACTIVATION), tp_gpus),
            replay=None, estimate_term=EstimateTerm("tensor parallel over {k} GPUs", 8.0), variables=("gpus",),
+           beyond_one_gpu=True,
            docs="(1 − 1/N) of model states and activations, N = the GPUs given (at most 8, inside a node), else 2"),
     Remedy(id=RemedyId.PIPELINE_PARALLEL, title=_pipeline_title,
            cost="a pipeline bubble ((S-1)/(m+S-1) of the step idle with m micro-batches); the model split into stages",
@@ -668,6 +689,7 @@ REMEDIES: list[Remedy] = [
            plan=PlanLever(LeverName.PP, 8.5, _divide(Category.OPTIMIZER_STATE, Category.GRADIENT, Category.PARAMETER,
                                                  Category.ACTIVATION, Category.TEMPORARY), pipeline_stages),
            replay=None, estimate_term=EstimateTerm("{k} pipeline stages (1F1B)", 8.5), variables=(),
+           beyond_one_gpu=True,
            docs="(1 − 1/S) of model states, activations and temporaries (1F1B, the batch as S micro-batches: the first "
                 "stage holds S of them in flight over L/S layers), S = the GPUs given (at most L), else the fewest "
                 "that fit, else 8; a run that trains, L ≥ 2 repeated blocks, not one GPU; low confidence (a formula)"),
@@ -709,6 +731,7 @@ REMEDIES: list[Remedy] = [
            price=Price("large slowdown, bounded by PCIe", "weights over PCIe every step", "FSDP CPUOffload / ZeRO-Infinity"),
            plan=PlanLever(LeverName.WEIGHTS, 12.0, _offload_formula), replay=None,
            estimate_term=EstimateTerm("parameters and optimizer state offloaded to CPU", 12.0), variables=(),
+           beyond_one_gpu=True,
            docs="parameters + half the activations (forward only: the weights)"),
 ]
 
@@ -756,7 +779,7 @@ def rank_remedies(demand: Demand) -> list[dict[str, Any]]:
     grow = fits_as_is(demand) or fits_any_gpu(demand)
     out: list[dict[str, Any]] = []
     for remedy in order:
-        if not remedy.applies(demand):
+        if not remedy.applies(demand) or (remedy.beyond_one_gpu and not needs_beyond_one_gpu(demand)):
             continue
         saved, confidence = remedy.estimate(demand)
         replay = demand.replayed.get(remedy.id)

@@ -4,14 +4,19 @@ Read from what the recording holds, never from what a typical run would do:
 - training: a backward pass, an optimizer step, optimizer state, or gradients of at least GRADIENT_SHARE of
   the parameters were seen; forward-only otherwise (inference, or a profile of the forward). A recording that
   ends with an out-of-memory (on any of its devices) before any of these shows no backward yet, so whether it
-  trains is not known (`unknown`): the remedies of a training run stay, none that needs a forward-only run;
+  trains is not known (`unknown`): the remedies of a training run stay, none that needs a forward-only run. A
+  recording without a history (a snapshot of the end state alone) shows no pass at all: it is forward-only
+  when its end state holds a model (parameters of at least END_STATE_MODEL_SHARE of it) and neither gradients
+  nor optimizer state, `unknown` otherwise;
 - frozen part: gradients (or, without them, the optimizer state at one state a parameter) cover less than
   FROZEN_SHARE of the parameters: a fine-tune of a frozen base (LoRA ...) whose base has no gradients and no
   optimizer state;
 - activations kept: a forward-only run whose activations (tensors that outlive the computation that made
   them) are a meaningful share of the peak: an autograd graph (which `torch.no_grad()` /
   `torch.inference_mode()` would free as the forward goes), or tensors the code keeps (a KV cache, outputs).
-  The recording cannot tell which, so the remedy that acts on a graph is offered on that condition;
+  Where the recording says autograd was off (`trace.grad_mode`: a profiler trace's metadata, or no op with
+  a sequence number) they are no graph, and the remedy that acts on a graph is not offered; otherwise the
+  recording cannot tell which, so it is offered on that condition;
 - mixed precision on: the allocator stacks show autocast's weight casts (`at::autocast::cached_cast`, C++
   frames of stacks="all"); unknown without C++ frames;
 - GPUs: `--gpus`, else the world size the trace records; unknown otherwise.
@@ -20,12 +25,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from analyzer.core.vocabulary import Category, Phase
+from analyzer.core.vocabulary import Category, GradMode, Phase
 from analyzer.diagnose.context import DeviceContext
 
 FROZEN_SHARE = 0.5        # trainable bytes under this share of the parameters: the rest is frozen
 GRADIENT_SHARE = 0.05     # gradients of at least this share of the parameters show training without a backward seen
 GRAPH_KEPT_SHARE = 0.05   # activations at the peak of a forward-only run above this share: a graph is kept
+END_STATE_MODEL_SHARE = 0.05  # parameters of at least this share of an end state without history: a model is loaded
 _AUTOCAST_FRAME = "at::autocast::"
 
 
@@ -36,6 +42,9 @@ class Workload:
     graph_kept: bool               # forward-only with activations kept (an autograd graph, or a KV cache)
     mixed_precision_on: bool | None  # autocast seen in the stacks; None when the stacks cannot show it
     gpus: int | None               # GPUs the job can shard over, when known
+    history: bool = True           # the recording holds a history (False: an end state alone shows no pass)
+    grad_mode: str | None = None   # vocabulary.GradMode the recording shows, None where it cannot say
+    cache_kept: bool = False       # forward-only with activations kept while autograd was off: a cache or outputs
 
     @property
     def training(self) -> bool:
@@ -45,15 +54,26 @@ class Workload:
     def forward_only(self) -> bool:
         return self.kind == "forward_only"
 
+    def published(self) -> dict[str, object]:
+        """What the report shows: the workload's facts and its summary."""
+        return {"kind": self.kind, "frozen_share": self.frozen_share, "graph_kept": self.graph_kept,
+                "mixed_precision_on": self.mixed_precision_on, "gpus": self.gpus, "summary": self.describe()}
+
     def describe(self) -> str:
         """'training, bf16 autocast on, 1 GPU': what the advice was chosen for."""
         parts = {"training": "training", "forward_only": "forward only (no backward, no optimizer)",
-                 "unknown": "forward so far (the recording ends before any backward)"}[self.kind]
+                 "unknown": "forward so far (the recording ends before any backward)" if self.history else
+                 "unknown (no allocation history, and the end state holds no model: no forward, backward or "
+                 "optimizer is known)"
+                 }[self.kind]
         words = [parts]
         if self.frozen_share is not None:
             words.append(f"{self.frozen_share:.0%} of the parameters frozen (no gradients, no optimizer state)")
         if self.graph_kept:
-            words.append("activations kept (an autograd graph or a cache: the recording cannot tell)")
+            words.append("activations kept (an autograd graph or a cache: the recording cannot tell)"
+                         if self.grad_mode is None else "activations kept (autograd on: an autograd graph)")
+        if self.cache_kept:
+            words.append(f"activations kept with autograd off ({self.grad_mode}): a cache or outputs, not a graph")
         if self.mixed_precision_on:
             words.append("autocast (mixed precision) on")
         if self.gpus is not None:
@@ -74,13 +94,17 @@ def recognise(ctx: DeviceContext, *, gradient_share: float = GRADIENT_SHARE, gra
     trains = (backward or most[Category.OPTIMIZER_STATE] > 0
               or most[Category.GRADIENT] >= gradient_share * max(most[Category.PARAMETER], 1))
     ended_in_forward = not ctx.trace.ooms.empty and not trains
-    kind = "training" if trains else ("unknown" if ended_in_forward else "forward_only")
+    no_model = not ctx.trace.has_history and most[Category.PARAMETER] < END_STATE_MODEL_SHARE * ctx.d.peak.allocated_bytes
+    kind = "training" if trains else ("unknown" if ended_in_forward or no_model else "forward_only")
     activations = ctx.category_bytes(Category.ACTIVATION)
-    graph_kept = kind == "forward_only" and activations > graph_kept_share * max(ctx.d.peak.allocated_bytes, 1)
+    kept = kind == "forward_only" and activations > graph_kept_share * max(ctx.d.peak.allocated_bytes, 1)
+    grad_mode = ctx.trace.grad_mode
+    autograd_off = grad_mode is not None and GradMode(grad_mode).autograd_off
     gpus = ctx.world_size or ctx.trace.world_size
     return Workload(kind=kind, frozen_share=frozen_share(most[Category.PARAMETER], most[Category.GRADIENT],
                                                          most[Category.OPTIMIZER_STATE], frozen_below) if trains else None,
-                    graph_kept=graph_kept, mixed_precision_on=autocast_on(ctx), gpus=gpus)
+                    graph_kept=kept and not autograd_off, mixed_precision_on=autocast_on(ctx), gpus=gpus,
+                    history=ctx.trace.has_history, grad_mode=grad_mode, cache_kept=kept and autograd_off)
 
 
 def frozen_share(parameters: int, gradients: int, optimizer_state: int, below: float = FROZEN_SHARE) -> float | None:

@@ -17,7 +17,12 @@ What is kept:
 - the thread of every memory event -> `trace.event_threads`, so that later stages can attribute allocations
   by time containment on their thread (memory events carry no op id);
 - kernels only to learn which GPU the process drove; deviceProperties -> DeviceInfo name and capacity;
-  distributedInfo -> `trace.rank` / `trace.world_size`.
+  distributedInfo -> `trace.rank` / `trace.world_size`;
+- whether autograd recorded the ops -> `trace.grad_mode` (vocabulary.GradMode): the trace metadata's
+  `grad_mode` where a harness writes it (`metadata.profiler.grad_mode`, as TraceLens' moca does); else
+  `enabled` when any op carries autograd's Sequence number (every op dispatched with autograd on gets one,
+  whether or not its inputs require grad), `off` when none of at least GRAD_MODE_MIN_OPS ops does (no_grad
+  and inference_mode both leave them out), unknown (None) with fewer ops.
 
 Formats in the wild:
 - 2021 (torch 1.8-1.9): `[memory]` args hold only Device Type, Device Id and Bytes. Without addresses a free
@@ -88,6 +93,7 @@ from analyzer.ingest.limits import check_devices, named_skips
 from analyzer.core.allocator_rules import blas_workspace_bytes
 from analyzer.core.stacks import stack_op, top_user_frame
 from analyzer.core.trace import MISSING, DeviceInfo, MemoryTrace, MultiRankTrace, empty_table, make_table
+from analyzer.core.vocabulary import GradMode
 
 HOST = -1
 RECORD_HINT = ("Record it again with torch.profiler.profile(profile_memory=True, record_shapes=True, "
@@ -121,6 +127,7 @@ _BLAS_KERNEL = re.compile(r"gemm|cublas|nvjet", re.IGNORECASE)
 _FRAME = re.compile(r"^(.*)\((\d{1,9})\): (.*)$")  # a longer line number is no frame of a real file
 _MODULE_MARK = "nn.Module: "
 _HEAD_BYTES = 8 << 20
+GRAD_MODE_MIN_OPS = 100  # ops without a single sequence number that show autograd was off (fewer say nothing)
 _MAX_TS_US = 2.0**53                       # ~285 years: times beyond it are corrupt (and would overflow int64)
 _TAIL_BYTES = 8 << 20
 _SHAPES_CHARS = 160
@@ -628,8 +635,22 @@ class _Assembler:
             devices=devices, torch_era=self._era(), has_history=has_history,
             warnings=self.warnings + builder.warnings, spans=spans, event_threads=tables["event_threads"],
             rank=_int_or_none(distributed.get("rank")), world_size=_int_or_none(distributed.get("world_size")),
-            source_time_base_us=0 if self.base_ns is None else self.base_ns // 1000,
+            source_time_base_us=0 if self.base_ns is None else self.base_ns // 1000, grad_mode=self._grad_mode(),
         )
+
+    def _grad_mode(self) -> str | None:
+        """What the trace says of autograd: its metadata's grad_mode, else the ops' sequence numbers."""
+        metadata = self.meta.get("metadata")
+        profiler = metadata.get("profiler") if isinstance(metadata, dict) else None
+        recorded = profiler.get("grad_mode") if isinstance(profiler, dict) else None
+        if recorded in {m.value for m in GradMode}:
+            return str(recorded)
+        k = self.kept
+        cats = _array(k.s_cat, "b")
+        ops = (cats == _CPU_OP) | (cats == _OPERATOR)
+        if (_array(k.s_sequence, "q")[ops] != MISSING).any():
+            return GradMode.ENABLED.value
+        return GradMode.OFF.value if int(ops.sum()) >= GRAD_MODE_MIN_OPS else None
 
     def _replay(self, ts: np.ndarray, tid: np.ndarray, stack_ids: list[int | None]) -> HistoryBuilder:
         """Every device's memory events in time order (file order breaks ties) through one HistoryBuilder."""
