@@ -140,11 +140,12 @@ class CachingAllocator:
 
     # ---- finding and carving blocks ----------------------------------------------------------------
     def _get_free_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
-        candidates = pool.blocks.from_key((stream, size, 0))
-        block = next(candidates, None)
+        block = pool.blocks.first_from((stream, size, 0))
         if block is None or block.stream != stream:
             return None
         if block.expandable is not None:
+            candidates = pool.blocks.from_key((stream, size, 0))
+            next(candidates)
             if self.settings.expandable_segments:
                 # best fit counts the unmapped space after a block as part of it: prefer blocks that cannot grow
                 for nxt in candidates:
