@@ -1,0 +1,46 @@
+"""CI's performance guard (.ci/run): a 200k-entry snapshot made from a real recording (make_real_snapshot.py,
+case cpp-frames: allocator settings, C++ frames) analysed to JSON against a bare pickle.load of the same file, in
+the same run, alternately. Fails only past 4x pickle.load's time: a regression like sorting a table on every
+malloc costs 10x or more, while the shared machine's noise stays well below. The 2x goal is measured by
+bench_real.py, not here. Skips, saying so, when ../shared/real is absent.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from statistics import median
+
+from make_real_snapshot import REAL
+from measure import measure
+
+LIMIT = 4.0
+ENTRIES = 200_000
+PAIRS = 3
+
+
+def main() -> int:
+    if not REAL.is_dir():
+        print(f"performance guard skipped: {REAL} (the real recordings) is absent")
+        return 0
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "real_200k.pickle"
+        subprocess.run([sys.executable, str(Path(__file__).with_name("make_real_snapshot.py")), "cpp-frames",
+                        str(path), "--entries", str(ENTRIES)], check=True, stdout=subprocess.DEVNULL)
+        load = [sys.executable, "-c", f"import pickle; pickle.load(open({str(path)!r}, 'rb'))"]
+        analyze = [sys.executable, "-m", "analyzer", str(path), "--format", "json", "-q",
+                   "-o", str(Path(folder) / "out.json")]
+        ratios = []
+        for _ in range(PAIRS):       # each ratio from one pair run back to back, so that load changes hit both
+            base = measure(load).seconds
+            ratios.append(measure(analyze).seconds / base)
+    ratio = median(ratios)
+    verdict = "ok" if ratio <= LIMIT else f"FAILED: over {LIMIT:.0f}x"
+    print(f"performance guard: analyze --format json of a 200k-entry real-derived snapshot took {ratio:.2f}x "
+          f"a bare pickle.load (median of {PAIRS} pairs: {', '.join(f'{r:.2f}' for r in ratios)}): {verdict}")
+    return 0 if ratio <= LIMIT else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
