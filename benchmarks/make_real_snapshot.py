@@ -5,11 +5,12 @@ recordings have no license, so no derived copy of them is ever committed.
 
 Each copy of a device's history is the recorded one with its times shifted past the previous copy's end; its
 frames lists are fresh lists of the recording's frame dicts (one list per entry shared as the recording shares
-them, the dicts shared by every copy, as torch's pickle writes them). So that every copy starts from the state
+them, the dicts shared by every copy, as torch's pickle writes them), and so are its annotations (optimizer steps,
+data loading), once a copy. So that every copy starts from the state
 the recording started from, a copy after the first begins by making again what the recording freed without
 having made it (memory from before the recording: an `alloc`, or a `segment_alloc` / `segment_map`), and a copy
 before the last ends by freeing what it made and kept (the reverse). The last copy ends as the recording ends,
-and the segments, the allocator settings and the annotations are the recording's.
+and the segments and the allocator settings are the recording's.
 
     python benchmarks/make_real_snapshot.py CASE OUT --entries 1000000
 """
@@ -80,10 +81,11 @@ def _copy(entries: list[dict], shift: int, lists: dict[int, list]) -> list[dict]
     return out
 
 
-def repeat(trace: list[dict], entries: int) -> list[dict]:
-    """The history repeated to at least `entries` entries (a whole number of copies)."""
+def repeat(trace: list[dict], entries: int) -> tuple[list[dict], int, int]:
+    """The history repeated to at least `entries` entries (a whole number of copies), the number of copies and
+    the time between them."""
     if not trace:
-        return trace
+        return trace, 1, 0
     before, after = _balance([e for e in trace if e["action"] != "oom"])
     times = [e["time_us"] for e in trace if "time_us" in e]
     span = (max(times) - min(times) + 1_000) if times else 0
@@ -100,7 +102,7 @@ def repeat(trace: list[dict], entries: int) -> list[dict]:
         if not last:
             end = body[-1].get("time_us", 0)
             out += _copy([{**e, "time_us": end} if "time_us" in e else e for e in after], j * span, lists)
-    return out
+    return out, copies, span
 
 
 def make(case: str, entries: int) -> dict:
@@ -109,7 +111,15 @@ def make(case: str, entries: int) -> dict:
         snapshot = _Refusing(f).load()
     traces = snapshot["device_traces"]
     total = sum(len(t) for t in traces) or 1
-    snapshot["device_traces"] = [repeat(t, entries * len(t) // total) for t in traces]
+    repeated = [repeat(t, entries * len(t) // total) for t in traces]
+    snapshot["device_traces"] = [r[0] for r in repeated]
+    # the annotations (optimizer steps, data loading: where steps begin) of each device, once a copy
+    annotations = snapshot.get("external_annotations") or []
+    copies = {d: (n, span) for d, (_, n, span) in enumerate(repeated)}
+    snapshot["external_annotations"] = [
+        {**a, "time_us": a["time_us"] + j * span} if "time_us" in a else a
+        for a in annotations for n, span in [copies.get(a.get("device"), (1, 0))] for j in range(n)]
+    snapshot["external_annotations"].sort(key=lambda a: a.get("time_us", 0))
     return snapshot
 
 

@@ -13,6 +13,7 @@ from statistics import median
 class Run:
     seconds: float
     peak_rss_mib: float
+    cpu_seconds: float = 0.0      # user + system: what other work on a shared machine inflates least
 
 
 def measure(command: list[str]) -> Run:
@@ -23,7 +24,7 @@ def measure(command: list[str]) -> Run:
     error = process.stderr.read().decode(errors="replace") if process.stderr else ""
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"{command} failed: {error[-500:]}")
-    return Run(seconds, usage.ru_maxrss / 1024)
+    return Run(seconds, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime)
 
 
 def compare(commands: dict[str, list[str]], repeats: int) -> dict[str, Run]:

@@ -25,7 +25,6 @@ from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.remedies import BY_ID, REMEDIES, Demand, zero_shards
 from analyzer.diagnose.transforms import Stream
 from analyzer.simulate.allocator import AllocatorSettings, CachingAllocator
-from analyzer.simulate.blocks import CallContext
 from analyzer.simulate.device import DeviceMemory
 from analyzer.simulate.requests import Requests, feed
 
@@ -178,14 +177,6 @@ def _releases(trace: MemoryTrace, device: int) -> np.ndarray:
     return np.asarray(keep, dtype=np.float64)
 
 
-class _Unrecorded(CachingAllocator):
-    """The allocator model without its trace: a prediction needs the decisions, not a snapshot of them."""
-
-    def _record(self, action: str, addr: int | None, size: int, stream: int, ctx: CallContext,
-                device_free: int | None = None) -> None:
-        return None
-
-
 def replay(stream: Stream, capacity: int | None, settings: AllocatorSettings = AllocatorSettings(),
            fast_forward: bool = True) -> Prediction:
     """Feed the stream, in position order (frees before allocations at one position), to a fresh allocator on
@@ -195,7 +186,7 @@ def replay(stream: Stream, capacity: int | None, settings: AllocatorSettings = A
     rows = stream.rows[stream.rows["bytes"] > 0]
     requests = Requests.of(rows["at"].to_numpy(dtype=np.float64), rows["until"].to_numpy(dtype=np.float64),
                            rows["bytes"].to_numpy(), rows["stream"].to_numpy(), stream.releases)
-    fed = feed(_Unrecorded(DeviceMemory(capacity), settings), requests, fast_forward)
+    fed = feed(CachingAllocator(DeviceMemory(capacity), settings, record=False), requests, fast_forward)
     return Prediction(fed.peak_allocated, fed.peak_reserved, None if capacity is None else fed.oom_at is not None,
                       None if fed.oom_at is None else int(np.ceil(fed.oom_at)))
 

@@ -144,31 +144,43 @@ def checkpointing(stream: Stream) -> Stream:
         return stream
     forward = (rows["phase"] == Phase.FORWARD.value) & blocks.notna() & (rows["at"] >= 0)
     made = rows[forward & rows["category"].isin((Category.ACTIVATION.value, Category.TEMPORARY.value))]
-    calls = made.assign(block=blocks[made.index]).groupby(["step", "block"])
+    if made.empty:
+        return stream.with_rows(rows)
     backward = rows[(rows["phase"] == Phase.BACKWARD.value) & blocks.notna()]
     first_backward = backward.groupby([backward["step"], blocks[backward.index]])["at"].min()
+    # one pass over every call at once (a call: a step's forward rows of one block, in row order)
+    keys = pd.MultiIndex.from_arrays([made["step"], blocks[made.index]])
+    width = len(keys.levels[1])
+    codes, call = np.unique(keys.codes[0].astype(np.int64) * width + keys.codes[1], return_inverse=True)
+    at, original = made["at"].to_numpy(), made["until"].to_numpy()
+    index = made.index.to_numpy()
+    activation = (made["category"] == Category.ACTIVATION.value).to_numpy()
+    calls = len(codes)
+    output = np.full(calls, -1, dtype=np.int64)           # the latest activation a call made (its output)
+    np.maximum.at(output, call[activation], index[activation])
+    is_output = index == output[call]
+    dropped = activation & ~is_output
+    lo, hi = np.full(calls, np.inf), np.full(calls, -np.inf)
+    np.minimum.at(lo, call, at)
+    np.maximum.at(hi, call, at)
+    hi = hi + NUDGE / 2
     until = rows["until"].copy()
-    added = []
-    for key, call in calls:
-        activation = (call["category"] == Category.ACTIVATION.value).to_numpy()
-        if not activation.any():
-            continue
-        output = call.index[activation][-1]
-        dropped = call.index[activation & (call.index != output)]
-        lo, hi = float(call["at"].min()), float(call["at"].max()) + NUDGE / 2
-        until[dropped] = np.minimum(until[dropped], hi)
-        recompute = min(float(call.loc[dropped, "until"].min()) if len(dropped) else np.inf,
-                        float(first_backward.get(key, np.inf))) - NUDGE
-        if not np.isfinite(recompute):
-            continue
-        squeeze = NUDGE * 0.9 / max(hi - lo, 1.0)       # the block's forward again, inside (recompute - NUDGE, recompute)
-        again = call.copy()
-        again["at"] = recompute - NUDGE * 0.95 + (call["at"] - lo) * squeeze
-        again["until"] = recompute - NUDGE * 0.95 + (call["until"].clip(upper=hi) - lo) * squeeze
-        again.loc[dropped, "until"] = call.loc[dropped, "until"]
-        again.loc[output, "until"] = recompute          # the recomputed output is not kept
-        added.append(again)
-    return stream.with_rows(pd.concat([rows.assign(until=until), *added]))
+    until.loc[index[dropped]] = np.minimum(original[dropped], hi[call[dropped]])
+    first_free = np.full(calls, np.inf)
+    np.minimum.at(first_free, call[dropped], original[dropped])
+    of_call = pd.MultiIndex.from_arrays([keys.levels[0][codes // width], keys.levels[1][codes % width]])
+    backward_at = first_backward.reindex(of_call).fillna(np.inf).to_numpy(dtype=np.float64)
+    recompute = np.minimum(first_free, backward_at) - NUDGE
+    again = (output >= 0)[call] & np.isfinite(recompute)[call]
+    squeeze = NUDGE * 0.9 / np.maximum(hi - lo, 1.0)       # the block's forward again, inside (recompute - NUDGE, recompute)
+    c = call[again]
+    base = recompute[c] - NUDGE * 0.95
+    copy = made[again].assign(at=base + (at[again] - lo[c]) * squeeze[c],
+                              until=np.where(dropped[again], original[again], np.where(
+                                  is_output[again], recompute[c], base + (np.minimum(original[again], hi[c]) - lo[c])
+                                  * squeeze[c])))
+    copy = copy.iloc[np.argsort(c, kind="stable")]
+    return stream.with_rows(pd.concat([rows.assign(until=until), copy]))
 
 
 def _precision(stacks: pd.DataFrame) -> np.ndarray:

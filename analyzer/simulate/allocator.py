@@ -78,7 +78,7 @@ class CachingAllocator:
     """One device's caching allocator; every action is appended to `trace` as a torch snapshot trace entry."""
 
     def __init__(self, device: DeviceMemory, settings: AllocatorSettings = AllocatorSettings(),
-                 device_index: int = 0) -> None:
+                 device_index: int = 0, record: bool = True) -> None:
         self.device = device
         self.settings = settings
         self.device_index = device_index
@@ -86,6 +86,7 @@ class CachingAllocator:
         self.large = BlockPool(is_small=False)
         self.active: set[Block] = set()
         self.trace: list[dict[str, Any]] = []
+        self.record = record            # False: decisions only, no trace (a replay's prediction needs no snapshot)
         self.allocated_bytes = 0
         self.reserved_bytes = 0
         self._divisions = division_table({"roundup_power2_divisions": settings.roundup_power2_divisions})
@@ -117,7 +118,8 @@ class CachingAllocator:
         block.allocated = False
         self.allocated_bytes -= block.size
         self.active.discard(block)
-        self._record("free_requested", block.addr, block.requested, block.stream, ctx)
+        if self.record:
+            self._record("free_requested", block.addr, block.requested, block.stream, ctx)
         self._free_block(block, ctx)
 
     def empty_cache(self, ctx: CallContext = NO_CONTEXT) -> None:
@@ -140,11 +142,12 @@ class CachingAllocator:
 
     # ---- finding and carving blocks ----------------------------------------------------------------
     def _get_free_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
-        candidates = pool.blocks.from_key((stream, size, 0))
-        block = next(candidates, None)
+        block = pool.blocks.first_from((stream, size, 0))
         if block is None or block.stream != stream:
             return None
         if block.expandable is not None:
+            candidates = pool.blocks.from_key((stream, size, 0))
+            next(candidates)
             if self.settings.expandable_segments:
                 # best fit counts the unmapped space after a block as part of it: prefer blocks that cannot grow
                 for nxt in candidates:
@@ -193,7 +196,8 @@ class CachingAllocator:
         block.context = ctx
         self.active.add(block)
         self.allocated_bytes += block.size
-        self._record("alloc", block.addr, requested, block.stream, ctx)
+        if self.record:
+            self._record("alloc", block.addr, requested, block.stream, ctx)
         return block
 
     # ---- getting memory from the device ------------------------------------------------------------
@@ -251,7 +255,8 @@ class CachingAllocator:
 
     # ---- returning blocks to the cache -------------------------------------------------------------
     def _free_block(self, block: Block, ctx: CallContext) -> None:
-        self._record("free_completed", block.addr, block.requested, block.stream, ctx)
+        if self.record:
+            self._record("free_completed", block.addr, block.requested, block.stream, ctx)
         block.context = None
         for neighbour in (block.prev, block.next):
             self._try_merge(block, neighbour)
@@ -375,6 +380,8 @@ class CachingAllocator:
     # ---- history -----------------------------------------------------------------------------------
     def _record(self, action: str, addr: int | None, size: int, stream: int, ctx: CallContext,
                 device_free: int | None = None) -> None:
+        if not self.record:
+            return
         entry: dict[str, Any] = {"action": action}
         if addr is None:
             entry["device_free"] = device_free

@@ -8,7 +8,7 @@ that a best-fit search is a lower-bound lookup; unmapped address ranges of expan
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -59,12 +59,9 @@ class _SortedBlocks:
     """A set of blocks ordered by a key tuple, with lower-bound search (std::set in the C++)."""
 
     def __init__(self, by_size: bool) -> None:
-        self._by_size = by_size
+        self._key: Callable[[Block], tuple] = Block.size_key if by_size else Block.addr_key
         self._keys: list[tuple] = []
         self._blocks: dict[tuple, Block] = {}
-
-    def _key(self, block: Block) -> tuple:
-        return block.size_key() if self._by_size else block.addr_key()
 
     def add(self, block: Block) -> None:
         key = self._key(block)
@@ -75,10 +72,15 @@ class _SortedBlocks:
 
     def remove(self, block: Block) -> None:
         key = self._key(block)
-        if self._blocks.get(key) is not block:
+        if self._blocks.pop(key, None) is not block:
             raise AssertionError(f"block {key} is not in the set")
-        del self._blocks[key]
         del self._keys[bisect_left(self._keys, key)]
+
+    def first_from(self, key: tuple) -> Block | None:
+        """The first block at or after `key` (lower_bound), or None: the best fit's one lookup."""
+        keys = self._keys
+        i = bisect_left(keys, key)
+        return self._blocks[keys[i]] if i < len(keys) else None
 
     def __iter__(self) -> Iterator[Block]:
         return iter([self._blocks[k] for k in self._keys])

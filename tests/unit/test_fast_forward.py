@@ -11,9 +11,9 @@ import pytest
 
 from analyzer.attribute import attribute
 from analyzer.core.allocator_rules import SMALL_SIZE
-from analyzer.diagnose.counterfactual import Replayer, _Unrecorded, replay, transform_for
+from analyzer.diagnose.counterfactual import Replayer, replay, transform_for
 from analyzer.ingest import load
-from analyzer.simulate.allocator import AllocatorSettings
+from analyzer.simulate.allocator import AllocatorSettings, CachingAllocator
 from analyzer.simulate.device import DeviceMemory
 from analyzer.simulate.requests import Requests, feed
 from tests.support.paths import REAL, ROOT
@@ -48,8 +48,8 @@ def steps(count: int, growth: int = 0) -> Requests:
 
 
 def both(requests: Requests, capacity: int | None, settings: AllocatorSettings = AllocatorSettings()):
-    fast = feed(_Unrecorded(DeviceMemory(capacity), settings), requests, fast_forward=True)
-    slow = feed(_Unrecorded(DeviceMemory(capacity), settings), requests, fast_forward=False)
+    fast = feed(CachingAllocator(DeviceMemory(capacity), settings, record=False), requests, fast_forward=True)
+    slow = feed(CachingAllocator(DeviceMemory(capacity), settings, record=False), requests, fast_forward=False)
     return fast, slow
 
 
@@ -69,7 +69,7 @@ def test_a_repeating_run_is_skipped_and_predicts_the_same(settings):
 
 def test_a_run_that_fails_part_way_fails_at_the_same_request():
     requests = steps(200)
-    slow = feed(_Unrecorded(DeviceMemory(None), AllocatorSettings()), requests, fast_forward=False)
+    slow = feed(CachingAllocator(DeviceMemory(None), AllocatorSettings(), record=False), requests, fast_forward=False)
     capacity = slow.peak_reserved - 20 * MiB          # not enough for the run's peak: the first failure moves
     fast, short = both(requests, capacity)
     assert short.oom_at is not None and outcome(fast) == outcome(short)
