@@ -3,8 +3,8 @@ hand from the printed values, the cause rule on each side of every threshold, an
 from __future__ import annotations
 
 import io
-import os
 import json
+import os
 import subprocess
 import sys
 
