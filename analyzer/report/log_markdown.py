@@ -33,7 +33,8 @@ def render_log_markdown(report: LogAnalysis) -> str:
         out.append("")
     if doc["findings"] or doc["gpu_peaks"] or doc["gpu_processes"]:
         out += ["### Across the log", ""]
-        out += [f"- {md_text(f['kind'])}: {md_text(f['summary'])}" for f in doc["findings"]]
+        out += [f"- {md_text(f['kind'])}: {md_text(f['summary'])}" + (f"; try: {md_code(f['remedy'])}" if f.get("remedy") else "")
+                for f in doc["findings"]]
         out += [f"- GPU {p['device']}: at most {human_bytes(p['used_bytes'])} used (nvidia-smi)" for p in doc["gpu_peaks"]]
         out += [f"- GPU {p['device']}: {md_code(p['process'])} uses {human_bytes(p['used_bytes'])}" for p in doc["gpu_processes"]]
         out.append("")

@@ -73,7 +73,8 @@ def print_log_summary(report: LogAnalysis, console: Console) -> None:
         console.print()
         console.print(Text("across the log", style="dim"))
     for f in report.findings:
-        _said(console, Text(printable(f"{f['kind']}: {f['summary']}")))
+        remedy = f"; try: {f['remedy']}" if f.get("remedy") else ""
+        _said(console, Text(printable(f"{f['kind']}: {f['summary']}{remedy}")))
     for p in report.gpu_peaks:
         total = f" of {human_bytes(p['total_bytes'])}" if p["total_bytes"] else ""
         _said(console, Text(f"GPU {p['device']}: at most {human_bytes(p['used_bytes'])}{total} used "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 
@@ -381,3 +382,12 @@ def test_phase_of_an_optimizer_step() -> None:
     assert o.cause.outside_bytes == g(7.92) - m(156) - (g(1.67) + m(124.28))
     lightning = analyze_log(LOGS / "reserved_optimizer_dreambooth_194.log").ooms[0]
     assert (lightning.phase, lightning.user_frame) == ("optimizer", None)  # every frame is in site-packages
+
+
+def test_stdin_html_without_output_prints_the_summary_and_writes_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    done = subprocess.run([sys.executable, "-m", "analyzer", "-"], input=(LOGS / "mps_capacity_comfyui_7372.log").read_bytes(),
+                          capture_output=True, cwd=tmp_path, timeout=120, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0 and b"capacity" in done.stdout and list(tmp_path.iterdir()) == []
+    pdf = _analyze(str(LOGS / "mps_capacity_comfyui_7372.log"), "--format", "pdf")
+    assert pdf.returncode == 2 and b"a log's report is html, json, md" in pdf.stderr

@@ -21,6 +21,8 @@ from typing import IO
 
 #: bytes of one line handed to the readers at most; a longer line is handed over in pieces of this size
 MAX_LINE = 1 << 16
+#: launcher prefixes stripped from one line at most (srun's, then torchrun's, then a worker's...)
+MAX_PREFIXES = 8
 #: bytes read from the file at a time
 BLOCK = 1 << 20
 
@@ -50,9 +52,9 @@ def clean(raw: str) -> tuple[str, int | None]:
     if "&" in text and ";" in text:
         text = html.unescape(text)
     rank: int | None = None
-    stripped = True
-    while stripped:
-        stripped = False
+    stripped, rounds = True, 0
+    while stripped and rounds < MAX_PREFIXES:  # bounded: a line of ten thousand "[rank0]: " is not read ten thousand times
+        stripped, rounds = False, rounds + 1
         for prefix in (*_PREFIXES, _SGLANG_TP):
             m = prefix.match(text)
             if m and m.end() > 0:
