@@ -78,11 +78,12 @@ def deep_frames(depth: int, files: int = 4) -> dict[str, Any]:
     return rec.snapshot()
 
 
-def respelled_frames(spellings: int) -> dict[str, Any]:
-    """A snapshot whose frames name one file in `spellings` ways (`/x/./y.py`, `/x/././y.py`, ...)."""
+def respelled_frames(folder: str, spellings: int) -> dict[str, Any]:
+    """A snapshot whose `forward` frames name one file, `folder/model.py`, in `spellings` ways
+    (`folder/./model.py`, `folder/././model.py`, ...)."""
     rec = Recording()
     for i in range(spellings):
-        rec.alloc(512, where=f"/x/{'./' * (i + 1)}model.py:3", name="forward")
+        rec.alloc(512, where=f"{folder}/{'./' * (i + 1)}model.py:3", name="forward")
     return rec.snapshot()
 
 

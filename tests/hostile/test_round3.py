@@ -334,3 +334,51 @@ def test_junk_members_of_an_archive_are_counted_not_named(tmp_path: Path) -> Non
         loaded = load(path)
         assert len(loaded.traces) == 1
         assert len([w for w in loaded.warnings if w.startswith("skipped ")]) == lines, loaded.warnings[-1]
+
+
+# ---- frame paths: deep, and one file spelled many ways -------------------------------------------------------
+def _path_lookups(depth: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    from analyzer.attribute import module_paths
+    from analyzer.ingest.snapshot import snapshot_to_trace
+
+    calls = [0]
+    real = module_paths._is_regular
+
+    def counting(path: str) -> bool:
+        calls[0] += 1
+        return real(path)
+
+    monkeypatch.setattr(module_paths, "_is_regular", counting)
+    index = module_paths.SourceIndex(["/nonexistent-root"])
+    trace = snapshot_to_trace(round3.deep_frames(depth), "deep")
+    for frames in trace.stacks["frames"]:
+        module_paths.call_path(frames, index)
+    return calls[0]
+
+
+def test_locating_a_deep_frame_path_is_linear_in_its_depth(monkeypatch: pytest.MonkeyPatch) -> None:
+    """1,300 levels (a 1.4 KB file) took a minute: every suffix of the path was tried under every root."""
+    shallow, deep = _path_lookups(650, monkeypatch), _path_lookups(1300, monkeypatch)
+    assert deep == shallow, (shallow, deep)   # at most MAX_SUFFIX_PARTS suffixes a root, whatever the depth
+
+
+def test_one_file_spelled_many_ways_is_parsed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """6,000 spellings of one file (`/./`) were each parsed again: 161 s and 2 GB."""
+    from analyzer.attribute import module_paths
+    from analyzer.ingest.snapshot import snapshot_to_trace
+
+    (tmp_path / "model.py").write_text("class Block(Module):\n    def forward(self, x):\n        return x\n")
+    parses = [0]
+    real = module_paths._parse
+
+    def counting(data: bytes) -> object:
+        parses[0] += 1
+        return real(data)
+
+    monkeypatch.setattr(module_paths, "_parse", counting)
+    module_paths._parsed.cache_clear()
+    trace = snapshot_to_trace(round3.respelled_frames(str(tmp_path), 2_000), "spellings")
+    index = module_paths.SourceIndex(environment=False)
+    paths = {module_paths.call_path(frames, index) for frames in trace.stacks["frames"]}
+    assert parses[0] == 1
+    assert {lv.label for p in paths for lv in p} == {"Block"}   # every spelling still reads its class
