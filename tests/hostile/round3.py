@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import pickle
 import tarfile
 from typing import Any
 
@@ -99,3 +100,14 @@ def junk_tar(members: int, trace: bytes) -> bytes:
         info.size = len(trace)
         archive.addfile(info, io.BytesIO(trace))
     return out.getvalue()
+
+
+def shared_frame_stacks(stacks: int, frames: int) -> bytes:
+    """A gzipped snapshot of `stacks` allocations, each with a distinct stack made of the same `frames` frame
+    objects (rotations of one list): the pickle's memo makes each a few bytes a frame, gzip a few bytes a stack."""
+    rec = Recording()
+    shared = [{"filename": f"/src/m{i}.py", "line": i + 1, "name": f"f{i}"} for i in range(frames)]
+    for i in range(stacks):
+        rec.alloc(512)
+        rec.entries[-1]["frames"] = shared[i % frames:] + shared[:i % frames] + shared[:i // frames]
+    return gzip.compress(pickle.dumps(rec.snapshot(), protocol=4), 9)

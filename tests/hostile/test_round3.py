@@ -17,7 +17,7 @@ from analyzer.core.printable import printable, visible
 from analyzer.report import run_pairs
 from analyzer.report.markdown import md_text
 from analyzer.report.run_log import MAX_LINE_BYTES, read_log
-from tests.hostile import round3
+from tests.hostile import round2, round3
 from tests.hostile.test_round2 import FIXTURE, _cli, _one_error_line
 
 
@@ -382,3 +382,45 @@ def test_one_file_spelled_many_ways_is_parsed_once(tmp_path: Path, monkeypatch: 
     paths = {module_paths.call_path(frames, index) for frames in trace.stacks["frames"]}
     assert parses[0] == 1
     assert {lv.label for p in paths for lv in p} == {"Block"}   # every spelling still reads its class
+
+
+# ---- stacks sharing their frames; the CPU budget ---------------------------------------------------------------
+def _frame_conversions(stacks: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    import gzip
+
+    import analyzer.ingest.snapshot_history as history
+    from analyzer.ingest.snapshot import snapshot_to_trace
+
+    calls = [0]
+    real = history.text
+
+    def counting(value: object, what: str) -> str:
+        calls[0] += what.startswith("frame ")
+        return real(value, what)
+
+    monkeypatch.setattr(history, "text", counting)
+    data = pickle.loads(gzip.decompress(round3.shared_frame_stacks(stacks, 300)))   # the generator's own bytes
+    assert len(snapshot_to_trace(data, "shared").stacks) == stacks + 1   # and the segments' own stack
+    return calls[0]
+
+
+def test_stacks_of_shared_frames_convert_each_frame_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """3,000 distinct stacks of the same 1,500 frames (a 51 KB .pickle.gz) took 100 s of CPU: every frame of
+    every stack was converted."""
+    for stacks in (200, 400):   # the 300 shared frames once, and the one frame of each block's own stack (2 strings
+        assert _frame_conversions(stacks, monkeypatch) == 2 * (300 + stacks + 1)   # a frame); was 2 * 300 * stacks
+
+
+def test_the_cpu_budget_scales_with_what_the_input_expands_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gzip
+
+    from analyzer.ingest.confined import BASE_CPU_SECONDS, cpu_limit
+
+    monkeypatch.delenv("ANALYZER_MAX_READ_SECONDS", raising=False)
+    tiny = tmp_path / "keys.pickle"
+    tiny.write_bytes(round2.tuple_keys(60))   # stopped after 20 s of CPU in round 2
+    assert cpu_limit(tiny) == BASE_CPU_SECONDS == 5
+    body = b"".join(b"%08d\n" % i for i in range((16 << 20) // 9 + 1))[: 16 << 20]
+    packed = tmp_path / "big.pickle.gz"       # the other side: 16 MiB once decompressed has 16 s more
+    packed.write_bytes(gzip.compress(body, 1))
+    assert packed.stat().st_size < 8 << 20 and cpu_limit(packed) == BASE_CPU_SECONDS + 16
