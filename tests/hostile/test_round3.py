@@ -117,7 +117,7 @@ def _pairing_calls(n: int, monkeypatch: pytest.MonkeyPatch) -> int:
 
 def test_pairing_runs_is_linear(monkeypatch: pytest.MonkeyPatch) -> None:
     window = run_pairs.PAIR_WINDOW
-    for n in (4 * window, 8 * window):   # each run compared with at most the window before it: was n²/2 (24 s for 4,000)
+    for n in (4 * window, 8 * window):   # each run compared with the window before it: was n²/2 (24 s for 4,000)
         assert _pairing_calls(n, monkeypatch) == n * window - window * (window + 1) // 2
 
 
@@ -183,16 +183,20 @@ def test_the_local_cluster_is_on_loopback_and_refuses_clients_without_its_creden
         address = cluster.scheduler_address
         assert address.startswith("tls://127.0.0.1:")
         host, port = address.removeprefix("tls://").rsplit(":", 1)
-        with pytest.raises(Exception):                       # plain TCP
+        with pytest.raises(OSError):                         # plain TCP
             Client(address.replace("tls://", "tcp://"), timeout=3)
-        with pytest.raises(Exception):                       # other credentials: neither side trusts the other
+        with pytest.raises(OSError):                         # other credentials: neither side trusts the other
             Client(address, security=Security.temporary(), timeout=3)
         anyone = ssl.create_default_context()                # TLS that trusts the server but shows no certificate
         anyone.check_hostname, anyone.verify_mode = False, ssl.CERT_NONE
-        with pytest.raises((ssl.SSLError, OSError)):
-            with socket.create_connection((host, int(port)), timeout=3) as raw, anyone.wrap_socket(raw) as tls:
-                tls.sendall(b"\0" * 64)
-                assert tls.recv(64), "the scheduler closed the connection"
+        with socket.create_connection((host, int(port)), timeout=3) as raw:
+            try:
+                with anyone.wrap_socket(raw) as tls:
+                    tls.sendall(b"\0" * 64)
+                    answer = tls.recv(64)
+            except OSError:   # ssl.SSLError: the handshake refused
+                answer = b""
+        assert answer == b""   # not a byte of the scheduler's protocol came back
         with Client(cluster, security=security) as client:  # the other side: the analyzer's own client works
             assert client.submit(sum, [6, 36]).result() == 42
     finally:
@@ -275,7 +279,7 @@ def test_an_archive_header_declaring_gigabytes_is_refused_unread(tmp_path: Path,
     path.write_bytes(round3.tar_with_huge_first_header(kind.encode(), 4 << 30, 8 << 20))
     assert path.stat().st_size < 20_000
     run = subprocess.run([sys.executable, "-m", "analyzer", str(path), "-q", "-o", str(tmp_path / "r.json")],
-                         capture_output=True, text=True, timeout=120, preexec_fn=_limit_memory)
+                         check=False, capture_output=True, text=True, timeout=120, preexec_fn=_limit_memory)
     _one_error_line(run, "ranks.tar.gz", "declares 4294967296 bytes of name or attributes")
     (tmp_path / "job").mkdir()   # inside a folder of ranks, the archive is sniffed and skipped
     path.rename(tmp_path / "job" / "ranks.tar.gz")
