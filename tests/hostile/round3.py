@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import pickle
 import tarfile
 from typing import Any
 
 from analyzer.report.run_log import SCHEMA
+from tests.hostile.round2 import small_snapshot
 from tests.support.snapshots import MiB, Recording
 
 #: characters that show nothing, or hide text: zero-width space, non-joiner, joiner, word joiner, U+FEFF, a soft
@@ -111,3 +113,20 @@ def shared_frame_stacks(stacks: int, frames: int) -> bytes:
         rec.alloc(512)
         rec.entries[-1]["frames"] = shared[i % frames:] + shared[:i % frames] + shared[:i // frames]
     return gzip.compress(pickle.dumps(rec.snapshot(), protocol=4), 9)
+
+
+def nones_behind_a_prefix(nones: int, prefix: int) -> bytes:
+    """A gzipped snapshot whose allocator settings hold `prefix` random bytes, then whose user metadata is a list
+    of `nones` Nones (one NONE opcode each, compressed about 1000 times): as a whole it expands less than the
+    ratio limit, the list alone far more."""
+    import zlib
+
+    data = small_snapshot()
+    data["allocator_settings"]["pad"] = os.urandom(prefix)
+    data["device_traces"][0][0]["user_metadata"] = "__LIST__"
+    body = pickle.dumps(data, protocol=3)   # bytes as BINBYTES, and no frames whose lengths the list would break
+    head, tail = body.split(b"X\x08\x00\x00\x00__LIST__")   # BINUNICODE, its length, the text
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)   # gzip framing
+    out = [packer.compress(head + b"]("), *(packer.compress(b"N" * (1 << 20)) for _ in range(nones >> 20)),
+           packer.compress(b"N" * (nones & ((1 << 20) - 1)) + b"e" + tail), packer.flush()]
+    return b"".join(out)

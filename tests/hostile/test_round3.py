@@ -428,3 +428,39 @@ def test_the_cpu_budget_scales_with_what_the_input_expands_to(tmp_path: Path, mo
     packed = tmp_path / "big.pickle.gz"       # the other side: 16 MiB once decompressed has 16 s more
     packed.write_bytes(gzip.compress(body, 1))
     assert packed.stat().st_size < 8 << 20 and cpu_limit(packed) == BASE_CPU_SECONDS + 16
+
+
+# ---- a bomb behind an incompressible prefix -------------------------------------------------------------------
+def test_nones_behind_a_random_prefix_are_stopped_by_the_windowed_ratio(tmp_path: Path) -> None:
+    """1 MiB of random bytes, then 100M pickled Nones: 1.1 MB that expand 90 times as a whole (under the limit of
+    200), 1000 times after the prefix. The unpickler would hold 1.6 GB for the list; 600M took past 3 GB."""
+    path = tmp_path / "nones.pickle.gz"
+    path.write_bytes(round3.nones_behind_a_prefix(100 << 20, 1 << 20))
+    assert path.stat().st_size * 200 > (101 << 20)
+    _one_error_line(_cli(path, "-q", "-o", tmp_path / "r.json"), "nones.pickle.gz",
+                    "200 times its compressed size over 64 MiB", "ANALYZER_MAX_COMPRESSION_RATIO")
+
+
+def _gunzipped(body: bytes) -> int:
+    import gzip
+    import io
+
+    from analyzer.ingest.sniff import gunzip
+
+    with gunzip(io.BytesIO(gzip.compress(body, 6)), "window.gz") as stream:
+        return sum(len(chunk) for chunk in iter(lambda: stream.read(1 << 16), b""))
+
+
+def test_the_ratio_is_checked_over_every_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At a scale of 1 MiB windows and a ratio limit of 10: random bytes then zeros expand 3 times as a whole
+    and are refused at the second window; text that expands 2-3 times in every window is read whole."""
+    from analyzer.errors import ResourceLimit
+    from analyzer.ingest import sniff
+
+    monkeypatch.setattr(sniff, "RATIO_FLOOR_BYTES", 1 << 20)
+    monkeypatch.setenv("ANALYZER_MAX_COMPRESSION_RATIO", "10")
+    prefix = os.urandom(1 << 20)
+    with pytest.raises(ResourceLimit, match="10 times its compressed size over 1 MiB"):
+        _gunzipped(prefix + bytes(2 << 20))
+    text = os.urandom(3 << 19).hex().encode()   # 3 MiB of hex digits: 2 times in every window
+    assert _gunzipped(prefix + text) == (1 << 20) + len(text)
