@@ -20,6 +20,7 @@ import os
 from collections import Counter
 import re
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -256,7 +257,8 @@ def _connect(address: str) -> Any:
         await comm.close()
 
     try:
-        asyncio.run(asyncio.wait_for(probe(), CONNECT_SECONDS))
+        with ThreadPoolExecutor(1) as thread:   # its own event loop: the caller may be running one (a notebook)
+            thread.submit(asyncio.run, asyncio.wait_for(probe(), CONNECT_SECONDS)).result()
         return Client(address, timeout=CONNECT_SECONDS)
     except (OSError, asyncio.TimeoutError, ValueError, TypeError) as error:
         raise AnalyzerError(None, f"the Dask scheduler at {printable(address)} did not answer as one within "

@@ -25,7 +25,7 @@ import os
 import re
 import stat
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -35,6 +35,9 @@ from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR
 SEPARATOR = MODULE_PATH_SEPARATOR
 #: no real source file is larger; bigger ones are not read
 MAX_SOURCE_BYTES = 4 << 20
+#: components of a recorded path's longest suffix looked for under a root (no checkout nests deeper; trying
+#: every suffix of a 1,300-level path was quadratic in its depth)
+MAX_SUFFIX_PARTS = 64
 
 _FORWARD, _INIT = "forward", "__init__"
 _TORCH = re.compile(r"(^|[\\/])torch[\\/]")
@@ -155,21 +158,33 @@ def _parse(data: bytes) -> _Source:
     return _Source(tuple(methods), frozenset(modules), tuple(text.splitlines()))
 
 
+@dataclass(frozen=True)
+class _FileVersion:
+    """A file as it is now, by identity: every spelling of its path (`/x/./y.py`, `/x//y.py`, a link) is one."""
+
+    device: int
+    inode: int
+    mtime_ns: int
+    size: int
+    name: str = field(compare=False)   # one of its spellings, to read it by
+
+
 @lru_cache(maxsize=1024)
-def _parsed(filename: str, mtime_ns: int, size: int) -> _Source:
-    data = _read_regular_file(filename)
+def _parsed(version: _FileVersion) -> _Source:
+    data = _read_regular_file(version.name)
     return _EMPTY if data is None else _parse(data)
 
 
 def read_source(filename: str) -> _Source:
-    """The parsed source of a readable file (cached until it changes), else an empty one."""
+    """The parsed source of a readable file (parsed once per file, whatever the spelling of its path, and again
+    only when it changes), else an empty one."""
     try:
         st = os.stat(filename)
     except (OSError, ValueError):
         return _EMPTY
     if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SOURCE_BYTES:
         return _EMPTY
-    return _parsed(filename, st.st_mtime_ns, st.st_size)
+    return _parsed(_FileVersion(st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, filename))
 
 
 def _parts(filename: str) -> list[str]:
@@ -223,7 +238,7 @@ class SourceIndex:
             return None
         best: tuple[int, str] | None = None
         for root in self.roots:
-            for start in range(len(parts)):
+            for start in range(max(0, len(parts) - MAX_SUFFIX_PARTS), len(parts)):
                 length = len(parts) - start
                 if best is not None and length <= best[0]:
                     break

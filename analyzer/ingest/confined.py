@@ -30,10 +30,11 @@ from analyzer.ingest import sniff
 
 T = TypeVar("T")
 
-#: CPU seconds a read may take: this much for any file, plus CPU_SECONDS_PER_MIB per MiB it holds (reading runs
-#: at ~40 MiB a CPU second, so a genuine file has 40 times the time it needs); ANALYZER_MAX_READ_SECONDS sets a
-#: fixed limit instead
-BASE_CPU_SECONDS = 20
+#: CPU seconds a read may take: this much for any file, plus CPU_SECONDS_PER_MIB per MiB it expands to (reading
+#: runs at ~40 MiB a CPU second, so a genuine file has 40 times the time it needs, and a small one a few seconds:
+#: an 80-byte pickle of nested tuple keys ran 20 s before the limit); ANALYZER_MAX_READ_SECONDS sets a fixed
+#: limit instead
+BASE_CPU_SECONDS = 5
 CPU_SECONDS_PER_MIB = 1.0
 #: memory a read may take: at least this, or MEMORY_PER_BYTE times what the input expands to (the 1M-entry
 #: benchmark takes 5 times its pickle's size); ANALYZER_MAX_READ_MEMORY sets a fixed limit instead (e.g. 8GiB)
@@ -48,7 +49,7 @@ def cpu_limit(path: Path) -> int:
     fixed = os.environ.get("ANALYZER_MAX_READ_SECONDS")
     if fixed:
         return max(1, int(float(fixed)))
-    return int(BASE_CPU_SECONDS + CPU_SECONDS_PER_MIB * _size(path) / 2**20)
+    return int(BASE_CPU_SECONDS + CPU_SECONDS_PER_MIB * _expanded_size(path) / 2**20)
 
 
 def memory_limit(path: Path) -> int:

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
+import pickle
 import tarfile
 from typing import Any
 
 from analyzer.report.run_log import SCHEMA
+from tests.hostile.round2 import small_snapshot
 from tests.support.snapshots import MiB, Recording
 
 #: characters that show nothing, or hide text: zero-width space, non-joiner, joiner, word joiner, U+FEFF, a soft
@@ -78,11 +81,12 @@ def deep_frames(depth: int, files: int = 4) -> dict[str, Any]:
     return rec.snapshot()
 
 
-def respelled_frames(spellings: int) -> dict[str, Any]:
-    """A snapshot whose frames name one file in `spellings` ways (`/x/./y.py`, `/x/././y.py`, ...)."""
+def respelled_frames(folder: str, spellings: int) -> dict[str, Any]:
+    """A snapshot whose `forward` frames name one file, `folder/model.py`, in `spellings` ways
+    (`folder/./model.py`, `folder/././model.py`, ...)."""
     rec = Recording()
     for i in range(spellings):
-        rec.alloc(512, where=f"/x/{'./' * (i + 1)}model.py:3", name="forward")
+        rec.alloc(512, where=f"{folder}/{'./' * (i + 1)}model.py:3", name="forward")
     return rec.snapshot()
 
 
@@ -98,3 +102,31 @@ def junk_tar(members: int, trace: bytes) -> bytes:
         info.size = len(trace)
         archive.addfile(info, io.BytesIO(trace))
     return out.getvalue()
+
+
+def shared_frame_stacks(stacks: int, frames: int) -> bytes:
+    """A gzipped snapshot of `stacks` allocations, each with a distinct stack made of the same `frames` frame
+    objects (rotations of one list): the pickle's memo makes each a few bytes a frame, gzip a few bytes a stack."""
+    rec = Recording()
+    shared = [{"filename": f"/src/m{i}.py", "line": i + 1, "name": f"f{i}"} for i in range(frames)]
+    for i in range(stacks):
+        rec.alloc(512)
+        rec.entries[-1]["frames"] = shared[i % frames:] + shared[:i % frames] + shared[:i // frames]
+    return gzip.compress(pickle.dumps(rec.snapshot(), protocol=4), 9)
+
+
+def nones_behind_a_prefix(nones: int, prefix: int) -> bytes:
+    """A gzipped snapshot whose allocator settings hold `prefix` random bytes, then whose user metadata is a list
+    of `nones` Nones (one NONE opcode each, compressed about 1000 times): as a whole it expands less than the
+    ratio limit, the list alone far more."""
+    import zlib
+
+    data = small_snapshot()
+    data["allocator_settings"]["pad"] = os.urandom(prefix)
+    data["device_traces"][0][0]["user_metadata"] = "__LIST__"
+    body = pickle.dumps(data, protocol=3)   # bytes as BINBYTES, and no frames whose lengths the list would break
+    head, tail = body.split(b"X\x08\x00\x00\x00__LIST__")   # BINUNICODE, its length, the text
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)   # gzip framing
+    out = [packer.compress(head + b"]("), *(packer.compress(b"N" * (1 << 20)) for _ in range(nones >> 20)),
+           packer.compress(b"N" * (nones & ((1 << 20) - 1)) + b"e" + tail), packer.flush()]
+    return b"".join(out)
