@@ -32,7 +32,7 @@ from typing import Any
 
 import pandas as pd
 
-from analyzer.core.units import gib
+from analyzer.core.units import gib, human_bytes
 from analyzer.core.vocabulary import Category, Phase, category_plural
 
 RELEVANT_SHARE = 0.05     # a remedy must act on at least this share of the peak to be listed
@@ -487,7 +487,9 @@ def _same_saving(d: Demand, remedy: Remedy, saved: int | None, cheaper: list[dic
     other = BY_ID[same["id"]]
     shared = [c for c in remedy.acts_on if c in other.acts_on and d.bytes(c)] or list(remedy.acts_on)
     what = " and ".join(category_plural(str(c)) for c in shared) or "the same memory"
-    return (f"the same saving as #{same['rank']} ({same['title']}): both estimates rest on the {what} at the peak; "
+    alike = "the same saving" if human_bytes(same["saved_bytes"]) == human_bytes(saved) else \
+        f"about the same saving ({human_bytes(saved)} against {human_bytes(same['saved_bytes'])})"
+    return (f"{alike} as #{same['rank']} ({same['title']}): both estimates rest on the {what} at the peak; "
             "the cheaper one is listed first")
 
 
