@@ -111,7 +111,7 @@ def end_state(trace: MemoryTrace, device: int, timeline: pd.DataFrame, reserved_
     snapshot); else the timeline's last point (the trace's last running totals), with what it cannot hold
     (blocks; reserved bytes it did not record) None. The JSON and every report read this one dict."""
     if trace.source_kind in SEGMENTED_SOURCES or timeline.empty:
-        blocks = trace.end_state(device)
+        blocks: dict[str, int | None] = dict(trace.end_state(device))
         return blocks if trace.source_kind in SEGMENTED_SOURCES else \
             {**blocks, "inactive_bytes": None, "largest_free_block_bytes": None}
     last = timeline.iloc[-1]

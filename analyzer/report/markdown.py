@@ -125,10 +125,10 @@ def mermaid_chart(d: DeviceView) -> list[str]:
     span = max(last - first + 1, 1)
     count = min(MERMAID_POINTS, span)
     bins = ((seq - first) * count // span).clip(0, count - 1)
-    highest = [int(allocated[bins == b].max()) if (bins == b).any() else None for b in range(count)]
-    for i, value in enumerate(highest):   # a span without a drawn point holds what the one before held
-        if value is None:
-            highest[i] = highest[i - 1] if i else int(allocated[0])
+    highest: list[int] = []
+    for b in range(count):   # a span without a drawn point holds what the one before held
+        inside = allocated[bins == b]
+        highest.append(int(inside.max()) if len(inside) else highest[-1] if highest else int(allocated[0]))
     top = max(chart.peak_bytes, chart.capacity_bytes or 0, 1)
     scale, unit = binary_unit(top)
     name = _MERMAID_SAFE.sub("", d.name)[:60]
