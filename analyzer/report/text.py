@@ -135,8 +135,8 @@ def _remedies(d: DeviceView) -> Group:
 
 
 def _plan(d: DeviceView) -> Group | None:
-    """The plan's steps, one change each with the peak predicted after it, when it combines changes; a plan of
-    one change is the remedy marked 'try first' below, and its alternatives are the remedies listed there."""
+    """The plan's steps, one change each with the peak predicted after it, and the other combinations, when it
+    combines changes; a plan of one change is the remedy marked 'try first' below, its alternatives the list's."""
     assert d.plan is not None
     if not d.plan.fits:
         return Group(Text("plan: no combination of the offered remedies fits", style="dim"))
@@ -151,6 +151,8 @@ def _plan(d: DeviceView) -> Group | None:
         line.append(*((" fits", "green") if step.fits else (" not yet", "red")))
         line.append(f" [{step.source}]", "dim")
         lines.append(_indented(line, 0, len(f"{i}. ")))
+    for changes, peak, cost in d.plan.alternatives:   # other combinations: the list below has single changes
+        lines.append(_indented(Text(printable(f"or {changes}: peak {human_bytes(peak)} ({cost})"), style="dim"), 3, 3))
     return Group(*lines)
 
 
