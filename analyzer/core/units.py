@@ -27,10 +27,12 @@ def parse_count(text: str) -> float:
 
 
 #: how a size is written: `auto` the largest binary unit it fills (tables: "512 B", "1.50 MiB", "80.00 GiB"),
-#: `GiB` always GiB (sentences comparing sizes: "0.50 GiB of 80.00 GiB"), `rate` MiB below a GiB and GiB above
+#: `GiB` GiB from SMALLEST_GIB up (sentences comparing sizes: "0.50 GiB of 80.00 GiB"; "16 B", not "0.00 GiB"), `rate` MiB below a GiB and GiB above
 #: (a per-step growth reads best in MiB: "+12.0 MiB per step")
 ByteUnits = Literal["auto", "GiB", "rate"]
 _BINARY = ("B", "KiB", "MiB", "GiB", "TiB")
+#: below this a size written in GiB reads 0.00 or 0.01 GiB, which says nothing: it is written in the unit it fills
+SMALLEST_GIB = 2**30 // 100
 
 
 def binary_unit(n: int | float) -> tuple[int, str]:
@@ -44,7 +46,7 @@ def format_bytes(n: int | float | None, units: ByteUnits = "auto") -> str:
     """A size for people, in binary units by the `units` policy; "unknown" for None."""
     if n is None:
         return "unknown"
-    if units == "GiB":
+    if units == "GiB" and abs(n) >= SMALLEST_GIB:
         return f"{n / 2**30:.2f} GiB"
     if units == "rate":
         return f"{n / 2**20:.1f} MiB" if abs(n) < 2**30 else f"{n / 2**30:.2f} GiB"

@@ -35,7 +35,7 @@ from typing import Any
 
 import pandas as pd
 
-from analyzer.core.units import gib
+from analyzer.core.units import gib, human_bytes
 from analyzer.core.vocabulary import Category, Phase, RemedyId, Word, category_plural
 from analyzer.diagnose.transforms import (Stream, accumulation, bf16, checkpointing, micro_batch, optimizer_state,
                                           zero, zero3)
@@ -821,7 +821,9 @@ def _same_saving(d: Demand, remedy: Remedy, saved: int | None, cheaper: list[dic
     other = BY_ID[same["id"]]
     shared = [c for c in remedy.acts_on if c in other.acts_on and d.bytes(c)] or list(remedy.acts_on)
     what = " and ".join(category_plural(str(c)) for c in shared) or "the same memory"
-    return (f"the same saving as #{same['rank']} ({same['title']}): both estimates rest on the {what} at the peak; "
+    alike = "the same saving" if human_bytes(same["saved_bytes"]) == human_bytes(saved) else \
+        f"about the same saving ({human_bytes(saved)} against {human_bytes(same['saved_bytes'])})"
+    return (f"{alike} as #{same['rank']} ({same['title']}): both estimates rest on the {what} at the peak; "
             "the cheaper one is listed first")
 
 

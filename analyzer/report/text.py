@@ -4,13 +4,15 @@ and the three cheapest remedies. Strings from the input are passed as `Text`, ne
 from __future__ import annotations
 
 from rich.columns import Columns
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.padding import Padding
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
 from analyzer.core.units import human_bytes
 from analyzer.report.job_report import Report, report_view
-from analyzer.report.view import DeviceView, RecordingRow, Share, reserved, words
+from analyzer.report.view import DeviceView, RecordingRow, ReportView, Share, reserved, words
 from analyzer.core.printable import printable
 from analyzer.core.stacks import short_frame
 
@@ -18,6 +20,41 @@ TOP_MODULES = 5
 TOP_REMEDIES = 3
 TOP_LIVE = 5
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "dim"}
+
+
+LIVE_COLUMNS = 32   # what the live-at-the-peak table's size and category columns take, with their gaps
+
+
+class _Trimmed:
+    """A renderable's lines without the spaces at their ends (tables pad every cell to its width): output to
+    copy into an issue, like git's or pip's, has none."""
+
+    def __init__(self, inner: RenderableType) -> None:
+        self.inner = inner
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for line in console.render_lines(self.inner, options, pad=False, new_lines=False):
+            segments = list(line)
+            while segments and not segments[-1].control and not segments[-1].text.rstrip(" "):
+                segments.pop()
+            if segments and not segments[-1].control:
+                last = segments[-1]
+                segments[-1] = Segment(last.text.rstrip(" "), last.style)
+            yield from segments
+            yield Segment.line()
+
+
+def _indented(text: Text, indent: int, hang: int = 0) -> Padding:
+    """`text` at `indent` columns, its wrapped lines at `indent + hang` (a numbered item's body under its text,
+    not under its number)."""
+    if not hang:
+        return Padding(text, (0, 0, 0, indent))
+    grid = Table.grid()
+    grid.add_column(width=hang, no_wrap=True)
+    grid.add_column()
+    head, body = text[:hang], text[hang:]
+    grid.add_row(head, body)
+    return Padding(grid, (0, 0, 0, indent))
 
 
 def _shares(rows: list[Share], title: str) -> Table:
@@ -30,15 +67,22 @@ def _shares(rows: list[Share], title: str) -> Table:
     return table
 
 
-def _largest(d: DeviceView) -> Group:
+def _left_cut(text: str, width: int) -> str:
+    """`text` within `width` columns, shortened from the left ('…/models.py:231 forward'): the file, the line
+    number and the function are never the part cut."""
+    return text if len(text) <= width else "…" + text[len(text) - width + 1:]
+
+
+def _largest(d: DeviceView, width: int) -> Group:
     """The largest allocations live at the peak, each with the user line that made it."""
     table = Table(box=None, pad_edge=False, header_style="dim", show_edge=False)
     table.add_column("live at the peak", justify="right", no_wrap=True)
     table.add_column("category", no_wrap=True)
-    table.add_column("allocated by (innermost user frame)", overflow="fold")
+    table.add_column("allocated by (innermost user frame)", no_wrap=True)
+    room = max(width - LIVE_COLUMNS, 24)
     for a in d.live[:TOP_LIVE]:
         table.add_row(human_bytes(a.allocated_bytes), words(a.category),
-                      Text(printable(short_frame(a.where))) if a.where else
+                      Text(_left_cut(printable(short_frame(a.where)), room)) if a.where else
                       Text(printable(f"no user frame; {a.op}") if a.op else "no user frame recorded", style="dim"))
     return Group(table)
 
@@ -69,7 +113,7 @@ def _findings(d: DeviceView) -> Table:
 
 def _remedies(d: DeviceView) -> Group:
     """One line a remedy (what, saving, new peak, fits), its first line of code under it: readable at any width."""
-    lines: list[Text] = [Text(d.remedies_heading, style="dim")]
+    lines: list[RenderableType] = [Text(d.remedies_heading, style="dim")]
     for i, r in enumerate(d.remedies[:TOP_REMEDIES], 1):
         line = Text.assemble((printable(f"{i}. {r.title}"), "bold" if r.try_first else ""))
         if r.saved_bytes is not None and r.new_peak_bytes is not None:
@@ -81,81 +125,105 @@ def _remedies(d: DeviceView) -> Group:
             line.append(" (low confidence)", "yellow")
         if r.try_first:
             line.append("  ← try first" + (f" ({printable(r.plan_step)})" if r.plan_step else ""), "bold green")
-        lines.append(line)
+        lines.append(_indented(line, 0, len(f"{i}. ")))
         if r.note:
-            lines.append(Text("     " + r.note, style="dim"))
+            lines.append(_indented(Text(printable(r.note), style="dim"), 5))
         how = (r.how or "").strip().splitlines()
         if how:
-            lines.append(Text("     " + printable(how[0]) + (" …" if len(how) > 1 else ""), style="cyan"))
+            lines.append(_indented(Text(printable(how[0]) + (" …" if len(how) > 1 else ""), style="cyan"), 5))
     return Group(*lines)
 
 
-def _plan(d: DeviceView) -> Group:
-    """The plan's steps, one change each with the peak predicted after it, then the alternatives."""
+def _plan(d: DeviceView) -> Group | None:
+    """The plan's steps, one change each with the peak predicted after it, and the other combinations, when it
+    combines changes; a plan of one change is the remedy marked 'try first' below, its alternatives the list's."""
     assert d.plan is not None
     if not d.plan.fits:
         return Group(Text("plan: no combination of the offered remedies fits", style="dim"))
-    lines = [Text("plan: one change at a time, cheapest first; stop at the first that fits", style="dim")]
+    if len(d.plan.steps) < 2:
+        return None
+    lines: list[RenderableType] = [Text("plan: one change at a time, cheapest first; stop at the first that fits",
+                                        style="dim")]
     for i, step in enumerate(d.plan.steps, 1):
         line = Text(printable(f"{i}. {step.title}") + f": peak {human_bytes(step.peak_allocated_bytes)}")
         if step.peak_reserved_bytes is not None:
             line.append(f" ({human_bytes(step.peak_reserved_bytes)} reserved)")
         line.append(*((" fits", "green") if step.fits else (" not yet", "red")))
         line.append(f" [{step.source}]", "dim")
-        lines.append(line)
-    for changes, peak, cost in d.plan.alternatives:
-        lines.append(Text(printable(f"   or {changes}: peak {human_bytes(peak)} ({cost})"), style="dim"))
+        lines.append(_indented(line, 0, len(f"{i}. ")))
+    for changes, peak, cost in d.plan.alternatives:   # other combinations: the list below has single changes
+        lines.append(_indented(Text(printable(f"or {changes}: peak {human_bytes(peak)} ({cost})"), style="dim"), 3, 3))
     return Group(*lines)
 
 
-def _device(d: DeviceView, console: Console, several: bool) -> None:
+def _when(d: DeviceView) -> str:
+    """Where the peak is in the history: 'at 2.725 s, event 420 of 596'; before any event, or without one, said
+    so (never 'event -1 of 1')."""
+    if d.trace_entries == 0:
+        return "in the end state (no history recorded)"
+    if d.peak_event < 0:
+        return f"before the first of {d.trace_entries} recorded events"
+    return f"at {d.peak_when}, event {d.peak_event} of {d.trace_entries}"
+
+
+def _device(d: DeviceView, width: int, said: str) -> list[RenderableType]:
+    """One device's lines; its verdict only when the summary's first line (`said`) is not already it."""
     head = Text.assemble((printable(d.name), "bold"), "  peak ", (human_bytes(d.peak_allocated_bytes), "bold"),
                          f" allocated ({human_bytes(d.peak_requested_bytes)} requested, "
-                         f"{reserved(d.peak_reserved_bytes)}) at {d.peak_when}, event {d.peak_event} "
-                         f"of {d.trace_entries}" + ("" if d.reserved_peak_bytes is None else
+                         f"{reserved(d.peak_reserved_bytes)}) {_when(d)}" + ("" if d.reserved_peak_bytes is None else
                                                     f"; highest reserved {human_bytes(d.reserved_peak_bytes)}"))
-    console.print()
-    console.print(head)
-    if several:
-        console.print(Text(printable(d.verdict)))
+    out: list[RenderableType] = [Text(), head]
+    if printable(d.verdict) not in said:
+        out.append(Text(printable(d.verdict)))
     if d.oom:
-        line = Text.assemble(("  OUT OF MEMORY", "bold red"), f" at {d.oom.when}: asked for "
+        line = Text.assemble(("OUT OF MEMORY", "bold red"), f" at {d.oom.when}: asked for "
                              f"{human_bytes(d.oom.requested_bytes)} with {human_bytes(d.oom.device_free_bytes)} free")
         if d.oom.where:
             line.append(printable(f" from {short_frame(d.oom.where)}"))
-        console.print(line)
+        out.append(_indented(line, 2))
     if d.by_category:
-        console.print(Columns([_shares(d.by_category, "category"), _shares(d.by_phase, "phase"),
-                               _shares(d.by_module[:TOP_MODULES], "top modules")], padding=(0, 4)))
+        out.append(Columns([_shares(d.by_category, "category"), _shares(d.by_phase, "phase"),
+                            _shares(d.by_module[:TOP_MODULES], "top modules")], padding=(0, 4)))
     if d.live:
-        console.print(_largest(d))
+        out.append(_largest(d, width))
     if d.findings:
-        console.print(Group(Text("findings", style="dim"), _findings(d)))
-    if d.plan is not None:
-        console.print(_plan(d))
+        out.append(Group(Text("findings", style="dim"), _findings(d)))
+    plan = _plan(d) if d.plan is not None else None
+    if plan is not None:
+        out.append(plan)
     if d.remedies:
-        console.print(_remedies(d))
-    console.print(f"  end: {human_bytes(d.end['allocated_bytes'])} allocated, {reserved(d.end['reserved_bytes'])}, "
-                  "largest free block "
-                  + ("not recorded" if d.end["largest_free_block_bytes"] is None else human_bytes(d.end["largest_free_block_bytes"])))
+        out.append(_remedies(d))
+    free = d.end["largest_free_block_bytes"]
+    out.append(_indented(Text(f"end: {human_bytes(d.end['allocated_bytes'])} allocated, "
+                              f"{reserved(d.end['reserved_bytes'])}, largest free block "
+                              + ("not recorded" if free is None else human_bytes(free))), 2))
+    return out
+
+
+def _input_line(view: ReportView) -> Text:
+    """The input and what it is: 'run.json.gz  kineto (absolute microseconds)', each description once."""
+    parts = list(dict.fromkeys(p.strip() for p in [view.input.kind, *view.input.torch_era.split(", ")] if p.strip()))
+    described = [p for p in parts if not any(o != p and o.startswith(p) for o in parts)]   # not 'kineto, kineto (…)'
+
+    return Text.assemble((printable(view.input.path), ""), (f"  {', '.join(described)}", "dim"))
 
 
 def print_summary(report: Report, console: Console) -> None:
     if console.quiet:
         return
     view = report_view(report)
-    console.print(Text(printable(view.verdict), style="bold"))
-    console.print(Text.assemble((printable(view.input.path), ""), (f"  {view.input.kind}, {view.input.torch_era}", "dim")))
+    out: list[RenderableType] = [Text(printable(view.verdict), style="bold"), _input_line(view)]
     if view.recordings is not None:
-        console.print(_recordings(view.recordings))
+        out.append(_recordings(view.recordings))
     if view.comparison is not None:
-        console.print(Text.assemble(("imbalance: ", "yellow"), printable(view.comparison.summary)))
-        for remedy in view.comparison.remedies:
-            console.print(Text(f"  - {printable(remedy)}"))
+        out.append(Text.assemble(("imbalance: ", "yellow"), printable(view.comparison.summary)))
+        out += [_indented(Text(f"- {printable(remedy)}"), 2, 2) for remedy in view.comparison.remedies]
+    said = printable(view.verdict)
     for d in view.in_full():
-        _device(d, console, len(view.devices) > 1)
+        out += _device(d, console.width, said)
     if len(view.in_full()) < len(view.devices):
-        console.print(Text(f"{len(view.devices) - len(view.in_full())} more devices are in the report's overview",
-                           style="dim"))
-    for w in view.warnings:
-        console.print(Text.assemble(("warning: ", "yellow"), printable(w)))
+        out.append(Text(f"{len(view.devices) - len(view.in_full())} more devices are in the report's overview",
+                        style="dim"))
+    out += [_indented(Text.assemble(("warning: ", "yellow"), printable(w)), 0, len("warning: ")) for w in view.warnings]
+    for renderable in out:
+        console.print(_Trimmed(renderable))

@@ -214,3 +214,33 @@ def test_the_explorer_shows_the_category_in_force_at_the_moment(browser: Chromiu
         state = _state(browser)
         assert (int(state["shownBytes"]), int(state["shownCount"])) == (int(expected["allocated_bytes"].sum()),
                                                                          len(expected)), category
+
+
+@pytest.mark.parametrize("width", [800, 1400])
+def test_chart_ticks_are_round_binary_sizes_and_never_clipped(browser: Chromium, tmp_path: Path, width: int) -> None:
+    """Issue 33.5: the y ticks sit at round values of one binary unit (0, 5, 10, 15, 20 GiB; never 18.63 GiB at a
+    decimal-GB position), every label fits the axis at 800 and 1400 px, and the default x axis is the events',
+    where the peak and the OOM are apart (on the clock they are milliseconds in seconds)."""
+    import re
+
+    a = analysis(SIM / "capacity_oom.pickle")
+    page = tmp_path / "report.html"
+    write_html(a, page)
+    record = browser.open(page.as_uri(), width=width)
+    assert record.errors() == []
+    box = browser.evaluate("Object.assign({}, document.querySelector('#explore-0 .uchart').dataset)")
+    assert box["xAxis"] == "seq" and browser.evaluate("document.querySelector('#explore-0 select.xaxis').value") == "seq"
+    labels = box["yTicks"].split("|")
+    assert len(labels) >= 3, labels
+    values = []
+    for label in labels:
+        match = re.fullmatch(r"(\d+(?:\.\d+)?) (B|KiB|MiB|GiB|TiB)", label)
+        assert match, label
+        values.append(float(match.group(1)))
+        assert float(match.group(1)) * 4 == int(float(match.group(1)) * 4), f"{label} is not a round size"
+    steps = {b - a for a, b in zip(values, values[1:])}
+    assert len(steps) == 1 and values[0] == 0, labels   # evenly spaced from zero
+    widest = browser.evaluate("(() => { const c = document.createElement('canvas').getContext('2d'); "
+                              "c.font = '12px system-ui, -apple-system, \"Segoe UI\", Roboto, sans-serif'; "
+                              f"return Math.max(...{labels!r}.map((t) => c.measureText(t).width)); }})()")
+    assert widest + 15 <= float(box["yAxisWidth"]), (widest, box["yAxisWidth"])   # tick and gap: 15 px

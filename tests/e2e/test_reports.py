@@ -25,7 +25,7 @@ from analyzer.report.text import print_summary
 from analyzer.core.units import human_bytes
 from analyzer.report.view import CHART_POINTS, FRAMES_SHOWN, LIVE_SHOWN, build_view
 from support.chromium import Chromium, chromium_binary
-from support.paths import FIXTURES
+from support.paths import FIXTURES, REAL
 
 SIM = FIXTURES / "sim"
 MAX_HTML_BYTES = 5 * 2**20
@@ -371,17 +371,37 @@ def test_markdown_summary_numbers_and_chart(tmp_path: Path) -> None:
     assert write_markdown(a, out) == [out, tmp_path / "issue.png"]
     md = out.read_text()
     d = build_view(a).devices[0]
-    assert md.index("**Verdict:**") < md.index("![") < md.index("| at the peak |")
+    assert md.index("**Verdict:**") < md.index("```mermaid\nxychart-beta") < md.index("| at the peak |")
     for r in d.by_category:
         assert f"| {md_text(r.label)} | {human_bytes(r.bytes)} | {r.share:.0%} |" in md
     assert f"1. **Halve the micro-batch**: saves 11.00 GiB; peak {human_bytes(d.demand_bytes)} → 12.00 GiB; fits" in md
     assert "batch_size //= 2" in md
     assert "- **critical** oom (2.00 GiB): 2 GiB asked, 1.8 GiB free" in md
     html = _github_html(md)
-    plans = sum(1 for device in a.devices if device.diagnosis.plan)   # a plan is a table of its steps
-    assert html.count("<table>") == 1 + plans and re.findall(r'<img src="([^"]+)"', html) == ["issue.png"]
+    plans = sum(1 for device in a.devices if device.diagnosis.plan and (len(device.diagnosis.plan["steps"]) > 1
+                                                                         or not device.diagnosis.plan["fits"]))
+    # a plan of several changes is a table of its steps; a plan of one is the remedy marked try first
+    assert html.count("<table>") == 1 + plans and "<img" not in html   # issue 33.6: nothing a paste loses
+    line = re.search(r"^    line \[(.*)\]$", md, re.MULTILINE).group(1).split(", ")
+    assert max(float(v) for v in line) == round(a.devices[0].peak.allocated_bytes / 2**30, 2)   # the peak shows
     assert "<a " not in html
-    assert len(md) < 6000
+    assert len(md) < 7000
+
+
+def test_markdown_of_three_devices_says_each_remedy_once() -> None:
+    """Issue 33.6: constructor-sun's three GPUs list the same remedies; the Markdown says each once, with what it
+    does on each device, and the overview table once."""
+    if not REAL.is_dir():
+        pytest.skip(f"real recordings not found at {REAL}")
+    view = build_view(analysis(REAL / "constructor-sun-code_location" / "memory_snapshot.pickle"))
+    md = render_markdown(view, None)
+    titles = {r.title for d in view.in_full() for r in d.remedies[:3]}
+    assert len(view.in_full()) == 3 and titles
+    assert all(md.count(f"**{md_text(t)}**") == 1 for t in titles)
+    assert md.count("| device | peak |") == 1 and md.count("```mermaid") == 3
+    assert md.count("\n   cuda\\:1: saves 41.50 GiB; peak 83.23 GiB → 41.74 GiB; fits; confidence high; **try first**") == 1
+    assert md.count("\n   cuda\\:0: saves 2.70 GiB; peak 7.88 GiB → 5.17 GiB; confidence high; **try first**") == 1
+    assert md.count(md_text(view.devices[0].verdict)) == 1   # the lead verdict, said once at the top
 
 
 def test_markdown_escaping_on_github() -> None:
@@ -396,8 +416,9 @@ def test_hostile_strings_are_text_in_markdown(tmp_path: Path, hostile: Analysis)
     md = render_markdown(build_view(hostile), "chart.png")
     html = _github_html(md)
     assert "<script" not in html and "<a " not in html
-    assert re.findall(r"<img[^>]*>", html) == ['<img src="chart.png" alt="memory over time: allocated bytes by '
-                                               'category, reserved bytes, phases, the peak and the OOM" />']
+    assert "<img" not in html
+    titles = re.findall(r'^    title "(.*)"$', md, re.MULTILINE)
+    assert titles and all(re.fullmatch(r"[A-Za-z0-9 :._()-]*", t) for t in titles)   # nothing of the input's markup
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "](http://evil)" in html
     assert "&lt;img src=x onerror=alert(1)&gt;" in html
 

@@ -12,7 +12,7 @@ import math
 import pytest
 
 import analyzer
-from analyzer.diagnose.remedies import Demand, count_layers, gpus_for, rank_remedies
+from analyzer.diagnose.remedies import BY_ID, Demand, count_layers, gpus_for, rank_remedies
 from analyzer.diagnose.workload import frozen_share
 from support.paths import FIXTURES, REAL
 from support.snapshots import GiB, MiB, Recording
@@ -129,6 +129,21 @@ def test_equal_savings_name_the_cheaper_remedy_and_what_both_act_on():
     assert remedies["activation_checkpointing"]["note"].startswith(
         f"the same saving as #{remedies['micro_batch']['rank']} (Halve the micro-batch): both estimates rest on the "
         "activations")
+
+
+def test_savings_that_print_differently_are_about_the_same_not_the_same():
+    """Issue 33.4: two savings within SAME_SAVING_SHARE of the peak whose printed sizes differ (5.04 vs 5.14 GiB)
+    are 'about the same saving', each size said; printed alike, 'the same saving'."""
+    from analyzer.diagnose.remedies import _same_saving
+
+    demand = Demand(total=80 * GiB, by_category={"activation": 80 * GiB}, capacity=CAPACITY, world_size=None,
+                    layers=None, oomed=True)
+    cheaper = [{"id": "micro_batch", "rank": 1, "title": "Halve the micro-batch", "saved_bytes": 5 * GiB}]
+    remedy = BY_ID["activation_checkpointing"]
+    assert _same_saving(demand, remedy, 5 * GiB + 2**20, cheaper).startswith("the same saving as #1")
+    assert _same_saving(demand, remedy, int(5.1 * GiB), cheaper).startswith(
+        "about the same saving (5.10 GiB against 5.00 GiB) as #1 (Halve the micro-batch)")
+    assert _same_saving(demand, remedy, 6 * GiB, cheaper) is None   # beyond 1% of the peak: not the same at all
 
 
 def test_the_order_is_the_cost_order_and_try_first_the_cheapest_that_fits():

@@ -64,9 +64,11 @@ def test_the_attribution_reads_the_protocol():
 
 @pytest.mark.parametrize(("n", "auto", "in_gib", "rate"), [
     (None, "unknown", "unknown", "unknown"),
-    (512, "512 B", "0.00 GiB", "0.0 MiB"),
-    (1536, "1.50 KiB", "0.00 GiB", "0.0 MiB"),
-    (-3 * 2**20, "-3.00 MiB", "-0.00 GiB", "-3.0 MiB"),
+    (512, "512 B", "512 B", "0.0 MiB"),          # issue 33.4: never "0.00 GiB" for a few bytes
+    (1536, "1.50 KiB", "1.50 KiB", "0.0 MiB"),
+    (-3 * 2**20, "-3.00 MiB", "-3.00 MiB", "-3.0 MiB"),
+    (2**30 // 100 - 1, "10.24 MiB", "10.24 MiB", "10.2 MiB"),   # SMALLEST_GIB, each side
+    (2**30 // 100, "10.24 MiB", "0.01 GiB", "10.2 MiB"),
     (80 * 2**30, "80.00 GiB", "80.00 GiB", "80.00 GiB"),
     (2**45, "32.00 TiB", "32768.00 GiB", "32768.00 GiB"),
 ])

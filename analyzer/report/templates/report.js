@@ -14,6 +14,22 @@
     while (p > 0 && Math.abs(n) < 1024 ** p) p--;
     return p === 0 ? `${n.toFixed(0)} B` : `${(n / 1024 ** p).toFixed(2)} ${UNITS[p]}`;
   };
+  // y ticks at round values of one binary unit (0, 16, 32, 48 GiB), never decimal-GB positions written in GiB
+  const TICK_STEPS = [0.25, 0.5, 1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 200, 256, 500, 512, 1000];
+  const binaryUnit = (n) => { let p = UNITS.length - 1; while (p > 0 && Math.abs(n) < 1024 ** p) p--; return p; };
+  const binaryTicks = (u, axis, min, max) => {
+    const unit = 1024 ** binaryUnit(max), top = max / unit;
+    const step = TICK_STEPS.find((s) => top / s <= 6) || Math.ceil(top / 6);
+    const ticks = [];
+    for (let k = 0; k * step <= top + 1e-9; k++) ticks.push(k * step * unit);
+    return ticks;
+  };
+  const tickLabels = (u, ticks) => {
+    const p = binaryUnit(Math.max(...ticks, 1));
+    return ticks.map((v) => `${+(v / 1024 ** p).toFixed(2)} ${UNITS[p]}`);
+  };
+  // the y axis as wide as its longest label, so no label is clipped at any width
+  const labelRoom = (u, values) => (values && values.length ? Math.max(...values.map((v) => String(v).length)) * 7 + 22 : 50);
   const pct = (share) => (share < 0.1 ? `${(share * 100).toFixed(1)}%` : `${(share * 100).toFixed(0)}%`);
   const undelta = (xs) => { let s = 0; return xs.map((v) => (s += v)); };
   const words = (i) => (i < 0 ? "—" : TEXT[i].replaceAll("_", " "));
@@ -92,9 +108,10 @@
     // --- memory over time ---------------------------------------------------------------------------------
     chart() {
       const c = this.d.chart, ch = this.dev.chart;
-      this.axis = c.t ? "t" : "seq";
+      this.axis = "seq";   // by event: the peak and the OOM are a few events apart, and a few ms on a clock
       const pick = this.root.querySelector("select.xaxis");
-      if (!c.t) { pick.querySelector("option[value=t]").disabled = true; pick.value = "seq"; }
+      pick.value = "seq";
+      if (!c.t) pick.querySelector("option[value=t]").disabled = true;
       pick.addEventListener("change", () => { this.axis = pick.value; this.draw(); });
       this.root.querySelector("button.reset").addEventListener("click", () => this.plot.setScale("x", this.full()));
       const box = this.root.querySelector(".uchart");
@@ -130,9 +147,10 @@
         cursor: { drag: { x: true, y: false }, points: { show: false } },
         scales: { x: { time: false, range: (u, lo, hi) => [lo, hi] }, y: { range: (u, lo, hi) => [0, Math.max(hi, ch.capacity && ch.capacity <= 1.5 * hi ? ch.capacity : 0) * 1.08 || 1] } },
         axes: [{ label: this.axis === "t" ? "seconds since the first event" : "allocator event" },
-               { values: (u, ticks) => ticks.map(bytes), size: 80 }],
+               { splits: binaryTicks, values: tickLabels, size: labelRoom }],
         series,
-        hooks: { drawClear: [(u) => this.bands(u)], draw: [(u) => this.marks(u)], setCursor: [(u) => this.hover(u)] },
+        hooks: { drawClear: [(u) => this.bands(u)], draw: [(u) => this.marks(u), (u) => this.sayAxis(u, box)],
+                 setCursor: [(u) => this.hover(u)] },
       };
       this.plot = new uPlot(opts, data, box);
       const over = this.plot.over;
@@ -144,6 +162,12 @@
       });
       over.addEventListener("wheel", (e) => this.wheel(e), { passive: false });
       this.cursor = c.seq.indexOf(this.dev.peak);
+    }
+
+    sayAxis(u, box) {   // what the y axis shows, on the page for a reader of the DOM (and the browser tests)
+      box.dataset.yTicks = (u.axes[1]._values || []).join("|");
+      box.dataset.yAxisWidth = String(u.axes[1]._size);
+      box.dataset.xAxis = this.axis;
     }
 
     bands(u) {
