@@ -260,8 +260,9 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _written(console: Console, what: str, path: Path) -> None:
-    """A path printed as plain text: brackets in a folder's name are not markup, controls are shown escaped."""
-    console.print(Text(f"{what} ") + Text(printable(str(path)), style="bold"))
+    """A path printed as plain text (brackets in a folder's name are not markup, controls are shown escaped) and
+    whole: never wrapped, so it can be copied and no line ends in the space before it."""
+    console.print(Text(f"{what} ") + Text(printable(str(path)), style="bold"), soft_wrap=True)
 
 
 def _summary(report: Report, console: Console) -> None:

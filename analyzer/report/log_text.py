@@ -4,13 +4,13 @@ the memory lines show and what to record next. Every string from the log is prin
 from __future__ import annotations
 
 from rich.console import Console
-from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
 from analyzer.core.printable import printable
 from analyzer.core.units import human_bytes
 from analyzer.log_result import LogAnalysis, LogOom
+from analyzer.report.terminal import Trimmed, indented
 
 TOP_REMEDIES = 3
 #: (label, JSON key of LogOom.to_json()) of the numbers shown per OOM, in the message's order
@@ -27,9 +27,9 @@ def numbers_table(o: dict[str, object]) -> list[tuple[str, int]]:
     return [(label, value) for label, key in NUMBERS if isinstance(value := o.get(key), int)]
 
 
-def _said(console: Console, text: Text, indent: int = 2) -> None:
-    """A line indented by `indent` whose wrapped lines keep that indent."""
-    console.print(Padding(text, (0, 0, 0, indent)) if indent else text)
+def _said(console: Console, text: Text, indent: int = 2, hang: int = 0) -> None:
+    """A line at `indent` whose wrapped lines keep it (plus `hang`), with no space at the ends of its lines."""
+    console.print(Trimmed(indented(text, indent, hang)))
 
 
 def _code(console: Console, code: str, indent: int) -> None:
@@ -54,18 +54,18 @@ def _oom(console: Console, oom: LogOom, index: int) -> None:
         table.add_row(f"  {label}", human_bytes(value))
     for p in o["other_processes"]:
         table.add_row(Text(printable(f"  process {p['pid']}")), human_bytes(p["bytes"]))
-    console.print(table)
+    console.print(Trimmed(table))
     for note in [*o["inconsistent"], *o["notes"]]:
         _said(console, Text(printable(f"note: {note}"), style="yellow"))
     for i, r in enumerate(o["remedies"][:TOP_REMEDIES], 1):
         saves = f" ({human_bytes(r['bytes'])})" if r["bytes"] else ""
-        _said(console, Text(printable(f"{i}. {r['title']}{saves}: {r['detail']}")))
+        _said(console, Text(printable(f"{i}. {r['title']}{saves}: {r['detail']}")), hang=len(f"{i}. "))
         if r["code"]:
             _code(console, r["code"], 7)
 
 
 def print_log_summary(report: LogAnalysis, console: Console) -> None:
-    console.print(Text(printable(report.verdict), style="bold"))
+    console.print(Trimmed(Text(printable(report.verdict), style="bold")))
     for i, oom in enumerate(report.ooms, 1):
         console.print()
         _oom(console, oom, i)

@@ -4,9 +4,7 @@ and the three cheapest remedies. Strings from the input are passed as `Text`, ne
 from __future__ import annotations
 
 from rich.columns import Columns
-from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
-from rich.padding import Padding
-from rich.segment import Segment
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -15,6 +13,7 @@ from analyzer.report.job_report import Report, report_view
 from analyzer.report.view import DeviceView, RecordingRow, ReportView, Share, reserved, words
 from analyzer.core.printable import printable
 from analyzer.core.stacks import short_frame
+from analyzer.report.terminal import Trimmed, indented
 
 TOP_MODULES = 5
 TOP_REMEDIES = 3
@@ -23,38 +22,6 @@ _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "dim"}
 
 
 LIVE_COLUMNS = 32   # what the live-at-the-peak table's size and category columns take, with their gaps
-
-
-class _Trimmed:
-    """A renderable's lines without the spaces at their ends (tables pad every cell to its width): output to
-    copy into an issue, like git's or pip's, has none."""
-
-    def __init__(self, inner: RenderableType) -> None:
-        self.inner = inner
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        for line in console.render_lines(self.inner, options, pad=False, new_lines=False):
-            segments = list(line)
-            while segments and not segments[-1].control and not segments[-1].text.rstrip(" "):
-                segments.pop()
-            if segments and not segments[-1].control:
-                last = segments[-1]
-                segments[-1] = Segment(last.text.rstrip(" "), last.style)
-            yield from segments
-            yield Segment.line()
-
-
-def _indented(text: Text, indent: int, hang: int = 0) -> Padding:
-    """`text` at `indent` columns, its wrapped lines at `indent + hang` (a numbered item's body under its text,
-    not under its number)."""
-    if not hang:
-        return Padding(text, (0, 0, 0, indent))
-    grid = Table.grid()
-    grid.add_column(width=hang, no_wrap=True)
-    grid.add_column()
-    head, body = text[:hang], text[hang:]
-    grid.add_row(head, body)
-    return Padding(grid, (0, 0, 0, indent))
 
 
 def _shares(rows: list[Share], title: str) -> Table:
@@ -125,12 +92,12 @@ def _remedies(d: DeviceView) -> Group:
             line.append(" (low confidence)", "yellow")
         if r.try_first:
             line.append("  ← try first" + (f" ({printable(r.plan_step)})" if r.plan_step else ""), "bold green")
-        lines.append(_indented(line, 0, len(f"{i}. ")))
+        lines.append(indented(line, 0, len(f"{i}. ")))
         if r.note:
-            lines.append(_indented(Text(printable(r.note), style="dim"), 5))
+            lines.append(indented(Text(printable(r.note), style="dim"), 5))
         how = (r.how or "").strip().splitlines()
         if how:
-            lines.append(_indented(Text(printable(how[0]) + (" …" if len(how) > 1 else ""), style="cyan"), 5))
+            lines.append(indented(Text(printable(how[0]) + (" …" if len(how) > 1 else ""), style="cyan"), 5))
     return Group(*lines)
 
 
@@ -150,9 +117,9 @@ def _plan(d: DeviceView) -> Group | None:
             line.append(f" ({human_bytes(step.peak_reserved_bytes)} reserved)")
         line.append(*((" fits", "green") if step.fits else (" not yet", "red")))
         line.append(f" [{step.source}]", "dim")
-        lines.append(_indented(line, 0, len(f"{i}. ")))
+        lines.append(indented(line, 0, len(f"{i}. ")))
     for changes, peak, cost in d.plan.alternatives:   # other combinations: the list below has single changes
-        lines.append(_indented(Text(printable(f"or {changes}: peak {human_bytes(peak)} ({cost})"), style="dim"), 3, 3))
+        lines.append(indented(Text(printable(f"or {changes}: peak {human_bytes(peak)} ({cost})"), style="dim"), 3, 3))
     return Group(*lines)
 
 
@@ -180,7 +147,7 @@ def _device(d: DeviceView, width: int, said: str) -> list[RenderableType]:
                              f"{human_bytes(d.oom.requested_bytes)} with {human_bytes(d.oom.device_free_bytes)} free")
         if d.oom.where:
             line.append(printable(f" from {short_frame(d.oom.where)}"))
-        out.append(_indented(line, 2))
+        out.append(indented(line, 2))
     if d.by_category:
         out.append(Columns([_shares(d.by_category, "category"), _shares(d.by_phase, "phase"),
                             _shares(d.by_module[:TOP_MODULES], "top modules")], padding=(0, 4)))
@@ -194,7 +161,7 @@ def _device(d: DeviceView, width: int, said: str) -> list[RenderableType]:
     if d.remedies:
         out.append(_remedies(d))
     free = d.end["largest_free_block_bytes"]
-    out.append(_indented(Text(f"end: {human_bytes(d.end['allocated_bytes'])} allocated, "
+    out.append(indented(Text(f"end: {human_bytes(d.end['allocated_bytes'])} allocated, "
                               f"{reserved(d.end['reserved_bytes'])}, largest free block "
                               + ("not recorded" if free is None else human_bytes(free))), 2))
     return out
@@ -217,13 +184,13 @@ def print_summary(report: Report, console: Console) -> None:
         out.append(_recordings(view.recordings))
     if view.comparison is not None:
         out.append(Text.assemble(("imbalance: ", "yellow"), printable(view.comparison.summary)))
-        out += [_indented(Text(f"- {printable(remedy)}"), 2, 2) for remedy in view.comparison.remedies]
+        out += [indented(Text(f"- {printable(remedy)}"), 2, 2) for remedy in view.comparison.remedies]
     said = printable(view.verdict)
     for d in view.in_full():
         out += _device(d, console.width, said)
     if len(view.in_full()) < len(view.devices):
         out.append(Text(f"{len(view.devices) - len(view.in_full())} more devices are in the report's overview",
                         style="dim"))
-    out += [_indented(Text.assemble(("warning: ", "yellow"), printable(w)), 0, len("warning: ")) for w in view.warnings]
+    out += [indented(Text.assemble(("warning: ", "yellow"), printable(w)), 0, len("warning: ")) for w in view.warnings]
     for renderable in out:
-        console.print(_Trimmed(renderable))
+        console.print(Trimmed(renderable))

@@ -101,17 +101,17 @@ def test_the_environment_names_the_log_and_an_oom_gone_is_measured_in_reserved_m
     assert "OOM gone" in _run(["log", str(log)], capsys)[1]
 
 
-@pytest.mark.parametrize("where", ["missing folder", "a directory", "a full disk"])
+@pytest.mark.parametrize("where", ["missing folder", "a directory", "a device"])
 def test_a_log_that_cannot_be_written_is_one_line_and_exit_2(where, tmp_path, capsys):
     path = {"missing folder": tmp_path / "no" / "runs.jsonl", "a directory": tmp_path,
-            "a full disk": Path("/dev/full")}[where]
-    if where == "a full disk" and not path.exists():
+            "a device": Path("/dev/full")}[where]
+    if where == "a device" and not path.exists():
         pytest.skip("no /dev/full on this system")
     code, out, err = _run([str(SIM / "healthy.pickle"), "-q", "-o", str(tmp_path / "r.html"), "--log", str(path)],
                           capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert str(path) in err and {"missing folder": "does not exist", "a directory": "is a directory",
-                                 "a full disk": "is not a regular file"}[where] in err
+                                 "a device": "is not a regular file"}[where] in err   # only a file is a log
 
 
 def test_log_wins_over_the_environment_and_an_empty_variable_is_unset(tmp_path, capsys, monkeypatch):

@@ -199,6 +199,15 @@ def test_the_local_cluster_is_on_loopback_and_refuses_clients_without_its_creden
         assert answer == b""   # not a byte of the scheduler's protocol came back
         with Client(cluster, security=security) as client:  # the other side: the analyzer's own client works
             assert client.submit(sum, [6, 36]).result() == 42
+        import dask
+
+        from analyzer.job import _connect
+
+        tls = {"distributed.comm.tls.ca-file": security.tls_ca_file,   # --scheduler tls://... with Dask's
+               "distributed.comm.tls.client.cert": security.tls_client_cert,   # TLS settings (PEM text here)
+               "distributed.comm.tls.client.key": security.tls_client_key}
+        with dask.config.set(tls), _connect(address) as client:
+            assert client.submit(sum, [1, 2]).result() == 3
     finally:
         cluster.close()
 

@@ -391,3 +391,24 @@ def test_stdin_html_without_output_prints_the_summary_and_writes_nothing(tmp_pat
     assert done.returncode == 0 and b"capacity" in done.stdout and list(tmp_path.iterdir()) == []
     pdf = _analyze(str(LOGS / "mps_capacity_comfyui_7372.log"), "--format", "pdf")
     assert pdf.returncode == 2 and b"a log's report is html, json, md" in pdf.stderr
+
+
+def test_the_terminal_summary_at_80_columns_has_no_trailing_space_and_whole_code_lines(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Every log fixture: no line ends in spaces, a remedy's wrapped text stays under its title (not at the
+    margin), and its code is printed whole on one line, however long, so that it can be copied."""
+    from analyzer.commands import main
+
+    monkeypatch.setenv("COLUMNS", "80")
+    for log in sorted(LOGS.glob("*.log")):
+        assert main([str(log), "-o", str(tmp_path / "r.html")]) in (0, 1)
+        lines = capsys.readouterr().out.splitlines()
+        assert not [line for line in lines if line != line.rstrip()], log.name
+        numbered = [i for i, line in enumerate(lines) if line.startswith("  1. ")]
+        for i in numbered:   # its continuation lines, up to its code or the next item, are indented under it
+            for line in lines[i + 1:]:
+                if not line.startswith("     ") or line.lstrip().startswith(("PYTORCH_", "model.", "nvidia-smi")):
+                    break
+                assert line.startswith("     ") and not line.startswith("      "), (log.name, line)
+    main([str(LOGS / "ofwhich_fragmentation_lerf_73.log"), "-o", str(tmp_path / "r.html")])
+    assert "       PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python train.py" in capsys.readouterr().out.splitlines()

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import re
 
-# MARK then any opcode ("(dp0", "(S'x'", "(cos"), unless it is a Ray/vLLM worker prefix "(Name pid=1)"
-_PICKLE_V0_LINE = re.compile(rb"^(?:\((?![A-Za-z_]\w*\s+pid=\d).*|c[\w.]+|[}\]]q?.*|[IJKLFSVNGhgpa]\S*|\.)\r?$")
+# MARK then any opcode ("(dp0", "(S'x'", "(cos"), unless it is a Ray/vLLM worker prefix "(Name pid=1)"; a global
+# ("cos"); an empty dict or list; an int, long, float, string or None written as protocol 0 writes them. Not a bare
+# letter and anything: `GPU:0` (torch.cuda.list_gpu_processes()) opens a log, not a BINFLOAT
+_PICKLE_V0_LINE = re.compile(rb"^(?:\((?![A-Za-z_]\w*\s+pid=\d).*|c[\w.]+|[}\]]q?.*|I-?\d+|L-?\d+L?|F-?[\d.eE+-]+"
+                             rb"|S'.*'|N|\.)\r?$")
 _JSON_LIST = re.compile(rb"^\s*\[\s*(?:\[|\{|\]|\"|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?\s*[,\]])")
 
 
