@@ -28,17 +28,20 @@ def measure(command: list[str]) -> Run:
 
 
 def compare(commands: dict[str, list[str]], repeats: int) -> dict[str, Run]:
-    """Median wall time and peak RSS of each command, runs interleaved so load changes hit all alike."""
+    """Median wall time, peak RSS and CPU time of each command, runs interleaved so load changes hit all alike."""
     runs: dict[str, list[Run]] = {name: [] for name in commands}
     for _ in range(repeats):
         for name, command in commands.items():
             runs[name].append(measure(command))
-    return {name: Run(median(r.seconds for r in rs), median(r.peak_rss_mib for r in rs)) for name, rs in runs.items()}
+    return {name: Run(median(r.seconds for r in rs), median(r.peak_rss_mib for r in rs),
+                      median(r.cpu_seconds for r in rs)) for name, rs in runs.items()}
 
 
 def print_table(results: dict[str, Run], baseline: str) -> None:
     base = results[baseline]
-    print(f"{'tool':<34} {'wall s':>8} {'peak RSS MiB':>13} {'time ratio':>11} {'RSS ratio':>10}")
+    print(f"{'tool':<34} {'wall s':>8} {'cpu s':>7} {'peak RSS MiB':>13} {'time ratio':>11} {'cpu ratio':>10} "
+          f"{'RSS ratio':>10}")
     for name, r in results.items():
-        print(f"{name:<34} {r.seconds:>8.2f} {r.peak_rss_mib:>13.0f} {r.seconds / base.seconds:>10.2f}x "
+        print(f"{name:<34} {r.seconds:>8.2f} {r.cpu_seconds:>7.2f} {r.peak_rss_mib:>13.0f} "
+              f"{r.seconds / base.seconds:>10.2f}x {r.cpu_seconds / base.cpu_seconds:>9.2f}x "
               f"{r.peak_rss_mib / base.peak_rss_mib:>9.2f}x")
