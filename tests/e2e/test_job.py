@@ -150,6 +150,10 @@ def test_a_folder_of_unrelated_traces_is_not_one_job(tmp_path):
         ["rank0.json.gz", "sampled_rank-0.json.gz", "sampled_rank-1.json.gz", "df_index_resolver.json.gz",
          "rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", "memory_timeline.raw.gz"])
     assert report.document["job"]["separate"] == job.separate
+    from analyzer.report.markdown import render_markdown
+
+    md = render_markdown(report.view, None)
+    assert "| `rank0.json.gz` | no GPU memory |" in md and "| `df_index_resolver.json.gz` | 6.17 GiB cuda\\:1 |" in md
 
 
 def test_two_windows_of_one_worker_are_not_two_ranks():
