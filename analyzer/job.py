@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections import Counter
 import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +33,7 @@ from analyzer.report.interactive import allocator_pictures, module_icicle
 from analyzer.report.job_report import DevicePictures, JobReport
 from analyzer.report.view import (InputView, RecordingRow, ReportView, build_view, comparison_view, with_imbalance,
                                   worst_first as devices_worst_first)
-from analyzer.result import Analysis, RankSetAnalysis, ranks_document
+from analyzer.result import Analysis, Claim, RankSetAnalysis, not_one_job, ranks_document
 
 SCHEDULER_VARIABLE = "ANALYZER_DASK_SCHEDULER"
 #: seconds to reach a scheduler given (a silent or wrong endpoint is told this soon)
@@ -88,38 +87,6 @@ class JobAnalysis:
         document["job"] = {"imbalance": self.imbalance, "separate": self.separate,
                            "failed_ranks": [{"label": r.label, "path": r.path, "error": r.error} for r in failed]}
         return document
-
-
-@dataclass(frozen=True)
-class Claim:
-    """What one file says about its place in a job: its rank (file name, else metadata) and the world size."""
-
-    name: str
-    rank: int | None
-    world_size: int | None
-
-
-def not_one_job(claims: Sequence[Claim]) -> str | None:
-    """Why these files are not the ranks of one job, or None when they are. Files are ranks of one job only when
-    they say so: each names its rank (in its file name or its metadata), no rank twice, one world size that holds
-    every rank; two profiling windows of one worker, or traces of different jobs in one folder, are not."""
-    if len(claims) < 2:
-        return None
-    sizes = sorted({c.world_size for c in claims if c.world_size})
-    if len(sizes) > 1:
-        return f"their world sizes differ: {', '.join(map(str, sizes))}"
-    counts = Counter(c.rank for c in claims if c.rank is not None)
-    twice = sorted(rank for rank, n in counts.items() if n > 1)
-    if twice:
-        return f"rank {twice[0]} is in {counts[twice[0]]} files"
-    unranked = [c.name for c in claims if c.rank is None]
-    if unranked:
-        more = f" and {len(unranked) - 1} more" if len(unranked) > 1 else ""
-        return f"{unranked[0]}{more} name{'' if more else 's'} no rank"
-    highest = max(c.rank for c in claims if c.rank is not None)
-    if sizes and highest >= sizes[0]:
-        return f"rank {highest} is outside a world of {sizes[0]}"
-    return None
 
 
 def _claim(r: RankResult) -> Claim:

@@ -7,7 +7,9 @@ Made once by `analyzer.pipeline.analyze` and never changed afterwards; reporters
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -223,12 +225,50 @@ class Analysis:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """What one file says about its place in a job: its rank (file name, else metadata) and the world size."""
+
+    name: str
+    rank: int | None
+    world_size: int | None
+
+
+def not_one_job(claims: Sequence[Claim]) -> str | None:
+    """Why these files are not the ranks of one job, or None when they are. Files are ranks of one job only when
+    they say so: each names its rank (in its file name or its metadata), no rank twice, one world size that holds
+    every rank; two profiling windows of one worker, or traces of different jobs in one folder, are not."""
+    if len(claims) < 2:
+        return None
+    sizes = sorted({c.world_size for c in claims if c.world_size})
+    if len(sizes) > 1:
+        return f"their world sizes differ: {', '.join(map(str, sizes))}"
+    counts = Counter(c.rank for c in claims if c.rank is not None)
+    twice = sorted(rank for rank, n in counts.items() if n > 1)
+    if twice:
+        return f"rank {twice[0]} is in {counts[twice[0]]} files"
+    unranked = [c.name for c in claims if c.rank is None]
+    if unranked:
+        more = f" and {len(unranked) - 1} more" if len(unranked) > 1 else ""
+        return f"{unranked[0]}{more} name{'' if more else 's'} no rank"
+    highest = max(c.rank for c in claims if c.rank is not None)
+    if sizes and highest >= sizes[0]:
+        return f"rank {highest} is outside a world of {sizes[0]}"
+    return None
+
+
+@dataclass(frozen=True)
 class RankSetAnalysis:
     """A job recorded as one file per rank: one Analysis each, in rank order."""
 
     source_path: str
     ranks: list[Analysis]
     warnings: list[str] = field(default_factory=list)  # about the set itself (files that are not traces, ...)
+
+    @property
+    def separate(self) -> str | None:
+        """Why these files are not the ranks of one job (not_one_job), or None when they are."""
+        return not_one_job([Claim(Path(a.trace.source_path.rsplit("!", 1)[-1]).name, a.trace.rank, a.trace.world_size)
+                            for a in self.ranks])   # an archive's member is named after its `!`
 
     def to_json(self) -> dict[str, Any]:
         """One analyzer/1 document for the job: every device carries its `rank`."""

@@ -81,7 +81,7 @@ def find_imbalance(peaks: Sequence[PeakSummary], *, ratio: float = IMBALANCE_RAT
     median = min((p for p in peaks if p.peak_bytes == median_bytes), key=lambda p: p.label)
     category, category_gap = _largest_gap(worst.by_category, median.by_category)
     module, module_gap = _largest_gap(worst.by_module, median.by_module)
-    ratio = worst.peak_bytes / median_bytes
+    ratio = round(worst.peak_bytes / median_bytes, 3)   # the one value every sentence formats (never 2.1x, then 2.2x)
     why = f"{category_plural(category)} make {gib(category_gap)} of the difference" if category else ""
     if module:
         why += f"{', most in ' if why else ''}{module_in_sentence(module)} ({gib(module_gap)})"
@@ -94,7 +94,7 @@ def find_imbalance(peaks: Sequence[PeakSummary], *, ratio: float = IMBALANCE_RAT
         "summary": (f"{worst.label} peaks at {gib(worst.peak_bytes)}, {ratio:.1f}x the median "
                     f"({median.label}, {gib(median.peak_bytes)}){': ' + why if why else ''}"),
         "evidence": {"details": {
-            "worst": worst.label, "median": median.label, "ratio": round(ratio, 3),
+            "worst": worst.label, "median": median.label, "ratio": ratio,
             "worst_peak_bytes": worst.peak_bytes, "median_peak_bytes": int(median.peak_bytes),
             "category": category, "category_gap_bytes": category_gap,
             "module": module, "module_gap_bytes": module_gap,

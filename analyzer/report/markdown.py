@@ -214,6 +214,16 @@ def _overview(devices: list[DeviceView]) -> list[str]:
     return lines + [""]
 
 
+def _recordings(view: ReportView) -> list[str]:
+    """Separate recordings analysed together: one row each, its fullest GPU's peak and its verdict."""
+    assert view.recordings is not None
+    lines = ["| recording | peak | verdict |", "| --- | ---: | --- |"]
+    lines += [f"| {md_code(r.label, in_table=True)} | "
+              f"{'no GPU memory' if r.peak_bytes is None else f'{human_bytes(r.peak_bytes)} {md_text(r.device)}'} | "
+              f"{md_text(r.verdict)} |" for r in view.recordings]
+    return lines + [""]
+
+
 def render_markdown(view: ReportView, chart_name: str | None) -> str:
     """The summary; `chart_name` is the PNG's path relative to the Markdown file (None: no chart)."""
     lines = [f"## GPU memory report: {md_code(Path(view.input.path).name)}", "",
@@ -221,6 +231,8 @@ def render_markdown(view: ReportView, chart_name: str | None) -> str:
     if view.comparison is not None:
         lines += [f"**Imbalance:** {md_text(view.comparison.summary)}", ""]
         lines += [f"- {md_text(r)}" for r in view.comparison.remedies] + [""]
+    if view.recordings is not None:
+        lines += _recordings(view)
     several = len(view.devices) > 1
     if several:
         lines += _overview(view.devices)

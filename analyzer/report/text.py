@@ -40,6 +40,16 @@ def _left_cut(text: str, width: int) -> str:
     return text if len(text) <= width else "…" + text[len(text) - width + 1:]
 
 
+def _right_cut(text: str, width: int) -> str:
+    """`text` within `width` columns, its end cut after a separator ('aten::mm(float[32, …'): an operator's name
+    comes first, and no number or name is cut in two."""
+    if len(text) <= width:
+        return text
+    kept = text[: width - 1]
+    at = max(kept.rfind(c) for c in " ,([")
+    return (kept[: at + 1] if at > width // 2 else kept) + "…"
+
+
 def _largest(d: DeviceView, width: int) -> Group:
     """The largest allocations live at the peak, each with the user line that made it."""
     table = Table(box=None, pad_edge=False, header_style="dim", show_edge=False)
@@ -50,7 +60,8 @@ def _largest(d: DeviceView, width: int) -> Group:
     for a in d.live[:TOP_LIVE]:
         table.add_row(human_bytes(a.allocated_bytes), words(a.category),
                       Text(_left_cut(printable(short_frame(a.where)), room)) if a.where else
-                      Text(printable(f"no user frame; {a.op}") if a.op else "no user frame recorded", style="dim"))
+                      Text(_right_cut(printable(f"no user frame; {a.op}"), room) if a.op else "no user frame recorded",
+                           style="dim"))
     return Group(table)
 
 
@@ -129,7 +140,8 @@ def _when(d: DeviceView) -> str:
     if d.trace_entries == 0:
         return "in the end state (no history recorded)"
     if d.peak_event < 0:
-        return f"before the first of {d.trace_entries} recorded events"
+        return "before the only recorded event" if d.trace_entries == 1 else \
+            f"before the first of {d.trace_entries} recorded events"
     return f"at {d.peak_when}, event {d.peak_event} of {d.trace_entries}"
 
 

@@ -127,7 +127,9 @@ def test_a_job_whose_ranks_hold_no_memory_says_so_not_that_they_failed():
     from analyzer.job import job_of, job_report
     from analyzer.pipeline import analyze
 
-    report = job_report(job_of(analyze(REAL / "param" / "dlrm_kineto.tar.gz")))   # 8 ranks, no [memory] events
+    ranks = analyze(REAL / "param" / "dlrm_kineto.tar.gz")
+    assert ranks.separate is None   # ranks 0-7 of a world of 8: one job, in the Python API too
+    report = job_report(job_of(ranks))   # 8 ranks, no [memory] events
     assert report.view.verdict.startswith("None of the 8 ranks analysed recorded any memory")
     assert not report.view.devices and report.document["job"]["failed_ranks"] == []
     warned = report.view.warnings
@@ -151,6 +153,10 @@ def test_a_folder_of_unrelated_traces_is_not_one_job(tmp_path):
         ["rank0.json.gz", "sampled_rank-0.json.gz", "sampled_rank-1.json.gz", "df_index_resolver.json.gz",
          "rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", "memory_timeline.raw.gz"])
     assert report.document["job"]["separate"] == job.separate
+    from analyzer.report.markdown import render_markdown
+
+    md = render_markdown(report.view, None)
+    assert "| `rank0.json.gz` | no GPU memory |" in md and "| `df_index_resolver.json.gz` | 6.17 GiB cuda\\:1 |" in md
 
 
 def test_two_windows_of_one_worker_are_not_two_ranks():
@@ -160,3 +166,6 @@ def test_two_windows_of_one_worker_are_not_two_ranks():
     job = analyze_job(REAL / "kineto-tb_plugin" / "resnet50_num_workers_0", workers=2)
     assert job.separate == "worker0.1623143089861.pt.trace.json.gz and 1 more name no rank"
     assert job.imbalance is None
+    from analyzer.pipeline import analyze
+
+    assert analyze(REAL / "kineto-tb_plugin" / "resnet50_num_workers_0").separate == job.separate   # the API too

@@ -43,8 +43,9 @@ def test_reads_well_at_80_columns(name: str, out: Path) -> None:
         lines = text.splitlines()
         assert not [line for line in lines if line != line.rstrip()], f"{name} at {width}: lines end in spaces"
         assert all(len(line) <= width for line in lines), f"{name} at {width}: a line is wider than the terminal"
-        for meaningless in ("event -1 ", "kineto, kineto", " 0.00 GiB", "-0.00 GiB"):
+        for meaningless in ("event -1 ", "kineto, kineto", " 0.00 GiB", "-0.00 GiB", "first of 1 "):
             assert meaningless not in text, (name, width, meaningless)
+        assert not re.search(r"\d…", text), f"{name} at {width}: a number is cut"
     assert set(_FILE_LINE.findall(wide)) <= set(_FILE_LINE.findall(narrow)), f"{name}: a file:line is cut at 80"
     lines = narrow.splitlines()
     for i, line in enumerate(lines):   # a wrapped line keeps its item's indent: remedies, bullets, warnings
@@ -61,3 +62,15 @@ def test_reads_well_at_80_columns(name: str, out: Path) -> None:
     if "plan: one change at a time" in narrow:   # a plan of several changes, never one that repeats the list
         plan = narrow.split("plan: one change at a time")[1].split("\n")
         assert sum(1 for line in plan if re.match(r"\d+\. ", line)) >= 2
+
+
+def test_cut_text_keeps_the_line_number_and_whole_numbers() -> None:
+    from analyzer.report.text import _left_cut, _right_cut
+
+    frame = "…/site-packages/transformers/modeling_utils.py:4346 to"
+    assert _left_cut(frame, len(frame)) == frame
+    assert _left_cut(frame, 30).endswith("modeling_utils.py:4346 to") and len(_left_cut(frame, 30)) == 30
+    op = "no user frame; aten::mm(float[32, 4096], float[4096, 4096])"
+    assert _right_cut(op, len(op)) == op
+    assert _right_cut(op, 40) == "no user frame; aten::mm(float[32, …"
+    assert len(_right_cut(op, 40)) <= 40

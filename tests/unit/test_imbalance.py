@@ -89,3 +89,16 @@ def test_ranks_are_lined_up_by_step():
                  for o in others]
     without = find_imbalance([worst, *unaligned])   # the median rank recorded no step 7
     assert without["evidence"]["details"]["median_at_that_step_bytes"] is None and "in step" not in without["summary"]
+
+
+def test_the_ratio_reads_the_same_in_every_sentence():
+    """Issue 33.3: 6.17 GiB against 2.87 GiB read '2.1x' in the verdict and '2.2x' in the next line; both now
+    format the one rounded ratio."""
+    from analyzer.report.view import with_imbalance
+
+    worst, median = 2_150_300 << 10, 1_000_000 << 10   # 2.1503: '2.2x' unrounded, 2.15 (a float just under) once rounded
+    found = find_imbalance([PeakSummary(label="cuda:0", peak_bytes=worst, oom=False),
+                            PeakSummary(label="cuda:1", peak_bytes=median, oom=False)])
+    assert found is not None
+    said = f"{found['evidence']['details']['ratio']:.1f}x"
+    assert said in found["summary"] and said in with_imbalance("v.", found, "cuda:0")

@@ -104,7 +104,7 @@ def test_files_of_one_rank_from_different_runs_are_all_kept(tmp_path):
 
 def test_files_are_one_job_only_when_they_say_so():
     """Issue 33.3, each rule on each side: ranks named, none twice, one world size that holds them."""
-    from analyzer.job import Claim, not_one_job
+    from analyzer.result import Claim, not_one_job
 
     def claims(*spec):
         return [Claim(f"f{i}", rank, world) for i, (rank, world) in enumerate(spec)]
