@@ -20,6 +20,7 @@ The list is data (`REMEDIES`, cheapest first); each estimate is computed from th
 - quantized weights (8-bit, 4-bit) are offered only for weights nothing trains (a forward-only run, a frozen base,
   an out of memory while loading the model) that are at least QUANTIZE_SHARE of the peak; pipeline parallelism
   only for a run that trains, on more than one GPU, with at least PIPELINE_MIN_LAYERS repeated blocks seen;
+  a torch.nn layer called in a loop (an MLP's Linear layers) is no such block;
 - parallelism (ZeRO, tensor, pipeline) and offload are for a model whose states do not fit one GPU, or a batch
   that does not: a run that fits as it is (its remedies would only grow the batch) is offered them only when
   its model states hold at least SHARD_TO_GROW_SHARE of the device (of SMALLEST_GPU where it is not known);
@@ -36,7 +37,7 @@ from typing import Any
 import pandas as pd
 
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import Category, Phase, category_plural
+from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, Category, Phase, category_plural
 
 RELEVANT_SHARE = 0.05     # a remedy must act on at least this share of the peak to be listed
 MIN_SAVING_SHARE = 0.01   # a remedy must save more than this share of the peak to be listed
@@ -59,6 +60,7 @@ SHARD_TO_GROW_SHARE = 0.5
 TRAINING, FORWARD_ONLY, UNKNOWN = "training", "forward_only", "unknown"
 _LAYER = re.compile(r"^(?:.*\.)?(?:layers|layer|h|blocks|block|encoder\.layer|decoder\.layers)\.(\d+)(?:\.|$)")
 _CALL = re.compile(r"^(.*?)\[(\d+)\]")     # a call path's first numbered call: `model.py:382 forward[3]`
+_TORCH_LAYER = "torch/nn/modules/"         # the files of torch.nn's own layers (Linear, Conv2d, LayerNorm ...)
 _BATCH = (Category.ACTIVATION, Category.INPUT, Category.TEMPORARY)
 _STATES = (Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE)
 #: what each ZeRO stage shards over its GPUs: its estimate, its plan lever and its replay all take it from here
@@ -429,13 +431,14 @@ BY_ID = {r.id: r for r in REMEDIES}
 
 def count_layers(modules: list[str]) -> int | None:
     """Repeated blocks seen in module names: `layers.N`, `h.N`, `blocks.N` ... of qualified names; else, in call
-    paths (Python frames only), the most calls `forward[N]` one line made (a loop over the layers)."""
+    paths (Python frames only), the most calls `forward[N]` one line made (a loop over the layers). A torch.nn
+    layer called N times (`torch/nn/modules/linear.py`: an MLP's Linear layers) is no block to split."""
     numbers = {m.group(1) for name in modules if (m := _LAYER.match(name))}
     if numbers:
         return len(numbers)
     calls: dict[str, set[str]] = {}
     for name in modules:
-        if (m := _CALL.match(name)) is not None:
+        if (m := _CALL.match(name)) is not None and _TORCH_LAYER not in m.group(1).rsplit(MODULE_PATH_SEPARATOR, 1)[-1]:
             calls.setdefault(m.group(1), set()).add(m.group(2))
     most = max((len(n) for n in calls.values()), default=0)
     return most if most >= 2 else None

@@ -13,6 +13,7 @@ import pytest
 
 import analyzer
 from analyzer.core.vocabulary import RECORD_HISTORY
+from analyzer.diagnose.imbalance import PeakSummary, find_imbalance
 from analyzer.diagnose.remedies import Demand, rank_remedies
 from analyzer.ingest.kineto import read_kineto
 from analyzer.ingest.snapshot import snapshot_to_trace
@@ -202,3 +203,43 @@ def test_a_real_resnet50_that_fits_any_gpu_is_offered_no_sharding_or_offload():
     assert 100 * MiB > d.theory["parameter_bytes"] > 90 * MiB, "ResNet-50's 25.6 M fp32 parameters"
     ids = {r["id"] for r in d.remedies}
     assert ids and not BEYOND_ONE_GPU & ids
+
+
+# ---- imbalance: the heavy device, and why --------------------------------------------------------------------
+PIPELINE_MIN_LAYERS = 2   # remedies.PIPELINE_MIN_LAYERS: pipeline stages need two repeated blocks or more
+
+
+def _device(label: str, activations: int, replicas: bool = False, layers: int | None = None) -> PeakSummary:
+    return PeakSummary(label, activations + GiB, False, by_category={"activation": activations, "parameter": GiB},
+                       by_module={"model.py:231 forward": activations}, data_parallel_replicas=replicas, layers=layers)
+
+
+def test_a_heavy_dataparallel_replica_is_told_of_the_uneven_scatter_not_of_the_master_copy():
+    found = find_imbalance([_device("cuda:0", 5 * GiB), _device("cuda:1", 78 * GiB, replicas=True, layers=8),
+                            _device("cuda:2", 19 * GiB, replicas=True, layers=8)])
+    assert found["remedies"][0].startswith("Split each batch by size, not by count: cuda:1 holds 59.00 GiB more "
+                                           "activations than cuda:2 in the same code (model.py:231 forward)")
+    assert not any("master copy" in r or "pipeline" in r for r in found["remedies"])
+
+
+def test_a_heavy_dataparallel_source_is_told_of_its_master_copy():
+    found = find_imbalance([_device("cuda:0", 78 * GiB), _device("cuda:1", 19 * GiB, replicas=True),
+                            _device("cuda:2", 19 * GiB, replicas=True)])
+    assert "master copy of the model on the GPU it scatters from (cuda:0)" in found["remedies"][0]
+    assert not any("by size, not by count" in r for r in found["remedies"])
+
+
+@pytest.mark.parametrize(("layers", "pipelined"), [(PIPELINE_MIN_LAYERS, True), (PIPELINE_MIN_LAYERS - 1, False),
+                                                   (None, False)])
+def test_pipeline_stages_are_advised_only_where_there_are_blocks_to_split(layers, pipelined):
+    found = find_imbalance([_device(f"rank {i}", 10 * GiB, layers=layers) for i in range(3)]
+                           + [_device("rank 3", 40 * GiB, layers=layers)])
+    assert any("pipeline stages" in r for r in found["remedies"]) is pipelined
+
+
+def test_a_real_dataparallel_graph_network_is_told_which_device_is_heavy_and_why():
+    found = _real("constructor-sun-code_location/memory_snapshot.pickle").imbalance
+    assert found["evidence"]["details"]["worst"] == "cuda:1"
+    assert found["remedies"][0].startswith("Split each batch by size, not by count: cuda:1 holds 59.45 GiB more "
+                                           "activations than cuda:2 in the same code (models.py:231 forward)")
+    assert not any("master copy" in r or "pipeline" in r for r in found["remedies"])
