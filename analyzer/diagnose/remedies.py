@@ -36,7 +36,7 @@ from typing import Any
 
 import pandas as pd
 
-from analyzer.core.units import gib
+from analyzer.core.units import gib, human_bytes
 from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, Category, Phase, category_plural
 
 RELEVANT_SHARE = 0.05     # a remedy must act on at least this share of the peak to be listed
@@ -50,6 +50,8 @@ SMALLEST_GPU = 8 * 2**30
 ASSUMED_GPUS = 8          # GPUs a sharding estimate assumes when neither --gpus nor the device memory is known
 MAX_GPUS = 64             # the most GPUs "the fewest that fit" looks at
 NODE_GPUS = 8             # tensor parallelism stays inside a node
+#: host memory a GPU server node usually has (8-GPU servers ship with 1-2 TiB): what offload can count on
+NODE_HOST_MEMORY = 2**40
 #: quantized weights act where the weights are this share of the peak or more (8-bit then saves an eighth of it)
 #: and are not trained: a forward-only run, a frozen base (QLoRA), or an out of memory while loading them
 QUANTIZE_SHARE = 0.25
@@ -109,7 +111,7 @@ class Demand:
 class Remedy:
     id: str
     title: str | Callable[[Demand], str]
-    cost: str
+    cost: str | Callable[[Demand], str]
     how: str | Callable[[Demand], str]                     # code, or code written for this run
     estimate: Callable[[Demand], tuple[int | None, str]]   # (bytes saved, confidence)
     applies: Callable[[Demand], bool]
@@ -298,6 +300,34 @@ def _pipeline_title(d: Demand) -> str:
             + (f" ({how})" if how else ""))
 
 
+def host_memory(d: Demand, host: int, what: str) -> str:
+    """'needs 12.00 GiB of host memory (what); 96.00 GiB for the 8 GPUs of a node, within the 1 TiB ...': what an
+    offload moves to the CPU, per GPU and for the GPUs of one node that each offload their own (at most
+    NODE_GPUS), against NODE_HOST_MEMORY."""
+    gpus = min(d.world_size or 1, NODE_GPUS)
+    node = host * gpus
+    where = f"; {gib(node)} for the {gpus} GPUs of a node" if gpus > 1 else ""
+    verdict = ("within" if node <= NODE_HOST_MEMORY else "beyond")
+    return (f"needs {gib(host)} of host memory ({what}){where}, {verdict} the {human_bytes(NODE_HOST_MEMORY)} a "
+            "GPU server node usually has")
+
+
+def _optimizer_offload_cost(d: Demand) -> str:
+    """Adam's state moves to the host: 12 bytes a parameter (two fp32 moments, fp32 master weights) in mixed
+    precision, 8 in fp32 (the moments); as measured otherwise."""
+    what = {True: "12 bytes a parameter: Adam's two fp32 moments and the fp32 master weights",
+            False: "8 bytes a parameter: Adam's two fp32 moments"}.get(d.mixed_precision, "the optimizer state as measured")
+    return "slower optimizer steps, bounded by PCIe; " + host_memory(d, d.bytes(Category.OPTIMIZER_STATE), what)
+
+
+def _offload_cost(d: Demand) -> str:
+    """The weights (and, training, the activations saved on the CPU) move to the host."""
+    if d.workload == FORWARD_ONLY:
+        return "large slowdown, bounded by PCIe; " + host_memory(d, d.bytes(Category.PARAMETER), "the weights")
+    return ("large slowdown, bounded by PCIe; " + host_memory(
+        d, d.bytes(Category.PARAMETER) + d.bytes(Category.ACTIVATION) // 2, "the parameters and half the activations"))
+
+
 def _fix_leak_how(d: Demand) -> str:
     return ("# memory kept from every step, by where it was allocated:\n"
             + "".join(f"#   {line}\n" for line in d.leak_stacks)
@@ -363,7 +393,7 @@ REMEDIES: list[Remedy] = [
            "from transformers.optimization import Adafactor\noptimizer = Adafactor(model.parameters(), lr=lr, relative_step=False)",
            lambda d: (int(_optimizer_moments(d) * 0.9), "low"), _relevant(Category.OPTIMIZER_STATE),
            acts_on=(Category.OPTIMIZER_STATE,)),
-    Remedy("optimizer_offload", "Offload optimizer state to CPU", "slower optimizer steps, bounded by PCIe",
+    Remedy("optimizer_offload", "Offload optimizer state to CPU", _optimizer_offload_cost,
            "# DeepSpeed: \"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": {\"device\": \"cpu\"}}",
            lambda d: (d.bytes(Category.OPTIMIZER_STATE), "medium"), _relevant(Category.OPTIMIZER_STATE),
            acts_on=(Category.OPTIMIZER_STATE,), beyond_one_gpu=True),
@@ -412,7 +442,7 @@ REMEDIES: list[Remedy] = [
            lambda d: (d.recoverable_fragmentation // 2, "low"),
            lambda d: d.expandable_segments is True and d.oom_verdict == "fragmentation", layout_only=True),
     Remedy("offload", lambda d: "Offload the weights to CPU (accelerate device_map='auto')" if d.workload == FORWARD_ONLY
-           else "Offload parameters / activations to CPU", "large slowdown, bounded by PCIe",
+           else "Offload parameters / activations to CPU", _offload_cost,
            lambda d: ("model = AutoModel.from_pretrained(name, device_map='auto', max_memory={0: '20GiB', 'cpu': '200GiB'})"
                       if d.workload == FORWARD_ONLY else
                       "# FSDP: CPUOffload(offload_params=True)  |  torch.autograd.graph.save_on_cpu() for activations"),
@@ -484,7 +514,7 @@ def rank_remedies(demand: Demand) -> list[dict[str, Any]]:
         out.append({"id": remedy.id, "rank": len(out) + 1, "title": title, "saved_bytes": saved,
                     "new_peak_bytes": new_peak, "fits": fits, "confidence": confidence, "try_first": False,
                     "purpose": "grow" if grow else "fix", "note": _same_saving(demand, remedy, saved, out),
-                    "how": remedy.how(demand) if callable(remedy.how) else remedy.how, "cost": remedy.cost,
+                    "how": remedy.how(demand) if callable(remedy.how) else remedy.how, "cost": remedy.cost(demand) if callable(remedy.cost) else remedy.cost,
                     "saving_source": "formula" if replay is None or remedy.layout_only else "replay", "replay": replay,
                     "plan_step": None})
     if grow:

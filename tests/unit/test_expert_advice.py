@@ -243,3 +243,41 @@ def test_a_real_dataparallel_graph_network_is_told_which_device_is_heavy_and_why
     assert found["remedies"][0].startswith("Split each batch by size, not by count: cuda:1 holds 59.45 GiB more "
                                            "activations than cuda:2 in the same code (models.py:231 forward)")
     assert not any("master copy" in r or "pipeline" in r for r in found["remedies"])
+
+
+# ---- every offload says how much host memory it needs --------------------------------------------------------
+NODE_HOST_MEMORY = 1 << 40   # remedies.NODE_HOST_MEMORY: 1 TiB, what a GPU server node usually has
+NODE_GPUS = 8                # remedies.NODE_GPUS
+
+
+def _offloaded(optimizer_state: int, world_size: int | None, mixed_precision: bool | None) -> dict[str, Any]:
+    """An out-of-memory training run on 80 GiB whose optimizer state is `optimizer_state` bytes."""
+    by_category = {"parameter": 10 * GiB, "gradient": 10 * GiB, "optimizer_state": optimizer_state,
+                   "activation": 40 * GiB}
+    demand = Demand(total=sum(by_category.values()), by_category=by_category, capacity=CAPACITY,
+                    world_size=world_size, layers=None, oomed=True, mixed_precision=mixed_precision)
+    return {r["id"]: r for r in rank_remedies(demand)}
+
+
+@pytest.mark.parametrize(("state", "verdict"), [(NODE_HOST_MEMORY // NODE_GPUS, "within"),
+                                                (NODE_HOST_MEMORY // NODE_GPUS + BLOCK, "beyond")],
+                         ids=["a node's worth", "one block more"])
+def test_optimizer_offload_says_the_host_memory_of_a_node_of_gpus(state, verdict):
+    cost = _offloaded(state, NODE_GPUS, True)["optimizer_offload"]["cost"]
+    assert f"needs {state / GiB:.2f} GiB of host memory (12 bytes a parameter" in cost
+    assert f"{state * NODE_GPUS / GiB:.2f} GiB for the 8 GPUs of a node, {verdict} the 1.00 TiB" in cost
+
+
+def test_fp32_adam_offloads_its_two_moments_and_weight_offload_its_parameters_and_activations():
+    remedies = _offloaded(20 * GiB, 1, False)
+    assert "8 bytes a parameter: Adam's two fp32 moments" in remedies["optimizer_offload"]["cost"]
+    assert "for the" not in remedies["optimizer_offload"]["cost"], "one GPU: no node total"
+    assert ("needs 30.00 GiB of host memory (the parameters and half the activations), within the 1.00 TiB"
+            in remedies["offload"]["cost"])
+
+
+def test_a_real_inference_offload_says_the_host_memory_of_its_weights():
+    d = _real("yiyi-llm-inference/oom_snapshot.pickle").devices[0].diagnosis
+    offload = next(r for r in d.remedies if r["id"] == "offload")
+    assert offload["cost"].endswith("needs 11.03 GiB of host memory (the weights), within the 1.00 TiB a GPU "
+                                    "server node usually has")
