@@ -37,7 +37,7 @@ from typing import Any
 import pandas as pd
 
 from analyzer.core.units import gib, human_bytes
-from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, Category, Phase, category_plural
+from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, UNATTRIBUTED, Category, Phase, category_plural
 
 RELEVANT_SHARE = 0.05     # a remedy must act on at least this share of the peak to be listed
 MIN_SAVING_SHARE = 0.01   # a remedy must save more than this share of the peak to be listed
@@ -315,8 +315,9 @@ def host_memory(d: Demand, host: int, what: str) -> str:
 def _optimizer_offload_cost(d: Demand) -> str:
     """Adam's state moves to the host: 12 bytes a parameter (two fp32 moments, fp32 master weights) in mixed
     precision, 8 in fp32 (the moments); as measured otherwise."""
-    what = {True: "12 bytes a parameter: Adam's two fp32 moments and the fp32 master weights",
-            False: "8 bytes a parameter: Adam's two fp32 moments"}.get(d.mixed_precision, "the optimizer state as measured")
+    what = ("the optimizer state as measured" if d.mixed_precision is None else
+            "12 bytes a parameter: Adam's two fp32 moments and the fp32 master weights" if d.mixed_precision else
+            "8 bytes a parameter: Adam's two fp32 moments")
     return "slower optimizer steps, bounded by PCIe; " + host_memory(d, d.bytes(Category.OPTIMIZER_STATE), what)
 
 
@@ -431,6 +432,12 @@ REMEDIES: list[Remedy] = [
     Remedy("model_changes", "Model changes: GQA/MQA, efficient attention (SDPA/FlashAttention), fewer or narrower layers",
            "changes the model; may need retraining", "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)",
            lambda d: (None, "low"), _relevant(Category.ACTIVATION), acts_on=(Category.ACTIVATION,)),
+    # a transient no tensor holds, where convolutions run: cuDNN's workspace, its autotuner's trials the largest
+    Remedy("cudnn_benchmark_off", "Turn cuDNN's autotuner off (torch.backends.cudnn.benchmark = False)",
+           "convolutions may pick slower algorithms; or cap the workspace instead (CUDNN_CONV_WSCAP_DBG=<MiB>)",
+           "torch.backends.cudnn.benchmark = False   # or: export CUDNN_CONV_WSCAP_DBG=1024  (MiB of workspace)",
+           lambda d: (d.bytes(UNATTRIBUTED), "low"), lambda d: "conv_workspace" in d.findings,
+           acts_on=(UNATTRIBUTED,), conditional=True),
     Remedy("expandable_segments", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "none measurable",
            "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
            lambda d: (d.recoverable_fragmentation, "medium"),

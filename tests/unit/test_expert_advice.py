@@ -281,3 +281,38 @@ def test_a_real_inference_offload_says_the_host_memory_of_its_weights():
     offload = next(r for r in d.remedies if r["id"] == "offload")
     assert offload["cost"].endswith("needs 11.03 GiB of host memory (the weights), within the 1.00 TiB a GPU "
                                     "server node usually has")
+
+
+# ---- a large transient no tensor holds, in a memory timeline: cuDNN's workspace ---------------------------------
+UNKNOWN_SHARE = 0.5   # conv_workspace.UNKNOWN_SHARE: torch's unknown memory from half the peak is named
+
+
+def _timeline(tmp_path, unknown: int, freed: bool = True) -> Any:
+    """A raw memory timeline (export_memory_timeline_raw rows [t_ns, action, bytes, category]): 100 MiB of
+    parameters from before, 200 MiB of activations, then `unknown` bytes in torch's unknown category (7),
+    freed 2 ms later unless `freed` is False."""
+    ms = 1_000_000
+    rows = [[-1, 1, 100 * MiB, 0], [10 * ms, 2, 200 * MiB, 4], [20 * ms, 2, unknown, 7]]
+    if freed:
+        rows.append([22 * ms, 4, -unknown, 7])
+    rows.append([30 * ms, 4, -200 * MiB, 4])
+    path = tmp_path / "run.raw.json"
+    path.write_text(json.dumps(rows))
+    return analyzer.analyze(path).devices[0].diagnosis
+
+
+@pytest.mark.parametrize(("unknown", "named"), [(300 * MiB, True), (300 * MiB - BLOCK, False)],
+                         ids=["half the peak", "one block under"])
+def test_a_transient_of_half_the_peak_in_torchs_unknown_category_is_named_cudnns_workspace(tmp_path, unknown, named):
+    d = _timeline(tmp_path, unknown)
+    found = next((f for f in d.findings if f["kind"] == "conv_workspace"), None)
+    assert (found is not None) is named
+    assert ("cudnn_benchmark_off" in [r["id"] for r in d.remedies]) is named
+    if named:
+        assert found["summary"].startswith("0.29 GiB of the 0.59 GiB peak (50%) is memory no tensor holds")
+        assert "cuDNN's convolution workspace" in found["summary"] and "lived 2.0 ms" in found["summary"]
+    assert ("50% of it is a transient no tensor holds, most likely cuDNN's convolution workspace" in d.verdict) is named
+
+
+def test_unknown_memory_kept_to_the_end_is_no_workspace(tmp_path):
+    assert not [f for f in _timeline(tmp_path, 400 * MiB, freed=False).findings if f["kind"] == "conv_workspace"]
