@@ -131,6 +131,7 @@ class RemedyId(Word):
     EXPANDABLE_SEGMENTS = "expandable_segments"
     MAX_SPLIT_SIZE = "max_split_size"
     OFFLOAD = "offload"
+    CUDNN_BENCHMARK_OFF = "cudnn_benchmark_off"
 
 
 #: the label of what could not be attributed (category, phase or module)

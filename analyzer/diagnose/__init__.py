@@ -13,8 +13,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from analyzer.diagnose import (activation_peak, checkpoint_gather, fragmentation, leak, oom, optimizer_spike, outside,
-                               reserved_growth)
+from analyzer.diagnose import (activation_peak, checkpoint_gather, conv_workspace, fragmentation, leak, oom,
+                               optimizer_spike, outside, reserved_growth)
 from analyzer.diagnose import counterfactual, plan
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import oom_where
@@ -26,9 +26,10 @@ from analyzer.diagnose.remedies import (LAYOUT_ONLY, SMALLEST_GPU, Demand, check
 from analyzer.diagnose.theory import explain_model_states
 from analyzer.diagnose.thresholds import Thresholds
 from analyzer.diagnose.workload import Workload, recognise
-from analyzer.result import Diagnosis
+from analyzer.result import DeviceMeasures, Diagnosis
 
-DETECTORS = [outside, oom, leak, reserved_growth, activation_peak, optimizer_spike, checkpoint_gather, fragmentation]
+DETECTORS = [outside, oom, leak, reserved_growth, activation_peak, optimizer_spike, checkpoint_gather, fragmentation,
+             conv_workspace]
 
 
 def _tuned(t: Thresholds) -> dict[ModuleType, dict[str, Any]]:
@@ -216,15 +217,25 @@ def _sentence(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list
         return f"{opening}: a leak, not the size of the work: {_leak_clause(leak_finding)}.{advice}"
     if oom_finding is not None:
         reason = _oom_reason(oom_finding)
-        composition = d.composition()
+        composition = _composition(d, findings)
         return (f"Out of memory on {ctx.trace.device_label(d.device)}{' ' + where if where else ''}: {reason}"
                 f"{'; ' + composition if composition else ''}.{advice}")
     if not ctx.trace.has_history and ctx.fragmentation_at_peak and ctx.fragmentation_at_peak["segments_recorded"]:
         return _end_state_sentence(ctx, ctx.fragmentation_at_peak) + advice
     place = oom_where(d.peak_phase, d.peak_module, d.peak_step)
-    composition = d.composition()
+    composition = _composition(d, findings)
     return (f"Peak {gib(d.peak.allocated_bytes)} allocated on {ctx.trace.device_label(d.device)}{' ' + place if place else ''}"
             f"{': ' + composition if composition else ''}.{advice}")
+
+
+def _composition(d: DeviceMeasures, findings: list[dict[str, Any]]) -> str:
+    """What the peak is made of, in words: the largest known category, or the transient no tensor holds that
+    the conv_workspace finding names."""
+    workspace = next((f for f in findings if f["kind"] == "conv_workspace"), None)
+    if workspace is None:
+        return d.composition()
+    return (f"{workspace['evidence']['details']['share']:.0%} of it is a transient no tensor holds, most likely "
+            "cuDNN's convolution workspace")
 
 
 def _end_state_sentence(ctx: DeviceContext, picture: dict[str, Any]) -> str:

@@ -4,7 +4,12 @@ Large jobs run out of memory on one rank of many. The worst peak is compared wit
 rank whose peak is the median of all): the category and the module that hold most of the difference say why
 (an uneven scatter of the batch makes activations, an unevenly split model makes parameters, gradients and
 optimizer state, DataParallel's replicas and gathered outputs sit on the first GPU), and the remedies follow from
-that category. The comparison needs only each peak's breakdowns, so it runs on summaries that travel back from
+that category and from the device that is heavy. Under nn.DataParallel (its replicas seen on some device) the
+device without a replica is the one it scatters from and gathers to, which holds the model's own copy: only
+when that device is the heavy one is DataParallel's first GPU the reason; a heavy replica device with more
+activations in the same code got a larger share of the inputs (DataParallel splits a batch by count, not by
+size). Pipeline stages are advised only without DataParallel (every GPU then holds the whole model) and where
+the model shows PIPELINE_MIN_LAYERS repeated blocks to split. The comparison needs only each peak's breakdowns, so it runs on summaries that travel back from
 the workers of a distributed analysis (`PeakSummary`), never on whole traces. Ranks are lined up by step: the
 worst peak's step is compared with the same step on the median rank (steps from ProfilerStep#N and step labels).
 """
@@ -18,6 +23,7 @@ from typing import Any
 from analyzer.core.module_tree import module_in_sentence
 from analyzer.core.units import gib
 from analyzer.core.vocabulary import UNATTRIBUTED, Category, category_plural
+from analyzer.diagnose.remedies import PIPELINE_MIN_LAYERS, count_layers
 from analyzer.result import DeviceAnalysis
 
 #: the worst peak over the median peak from which the spread is a finding, and the least gap in bytes (two small
@@ -43,6 +49,7 @@ class PeakSummary:
     peak_step: int | None = None
     peak_phase: str | None = None
     data_parallel_replicas: bool = False   # DataParallel's replicate made parameters on this device
+    layers: int | None = None              # repeated blocks seen in its module names (remedies.count_layers)
     step_peaks: dict[int, int] = field(default_factory=dict)   # step -> its peak allocated bytes
 
 
@@ -55,6 +62,7 @@ def summarise(label: str, d: DeviceAnalysis) -> PeakSummary:
                        by_category={r["name"]: int(r["bytes"]) for r in d.by_category},
                        by_module={r["name"]: int(r["bytes"]) for r in d.by_module},
                        peak_step=d.peak_step, peak_phase=d.peak_phase, data_parallel_replicas=replicas,
+                       layers=count_layers([r["name"] for r in d.by_module]),
                        step_peaks={int(s["step"]): int(s["peak_allocated_bytes"]) for s in d.steps
                                    if s.get("step") is not None})
 
@@ -101,7 +109,7 @@ def find_imbalance(peaks: Sequence[PeakSummary], *, ratio: float = IMBALANCE_RAT
             "step": worst.peak_step, "median_at_that_step_bytes": same_step,
             "peaks": [{"label": p.label, "peak_bytes": p.peak_bytes, "oom": p.oom, "peak_step": p.peak_step,
                        "peak_phase": p.peak_phase} for p in worst_first(peaks)]}},
-        "remedies": _remedies(category, worst),
+        "remedies": _remedies(category, category_gap, worst, median, module, any(p.data_parallel_replicas for p in peaks)),
     }
 
 
@@ -114,19 +122,31 @@ def _largest_gap(worst: dict[str, int], median: dict[str, int]) -> tuple[str | N
     return (name, int(gaps[name])) if gaps[name] > 0 else (None, 0)
 
 
-def _remedies(category: str | None, worst: PeakSummary) -> list[str]:
-    """What evens the load, for the category that makes the difference."""
-    if worst.data_parallel_replicas or (category == Category.ACTIVATION and worst.label.startswith("cuda:0")):
-        first = ["Use DistributedDataParallel instead of nn.DataParallel: DataParallel gathers outputs and "
-                 "keeps the master copy of the model on the first GPU"]
-    else:
-        first = []
+def _remedies(category: str | None, gap: int, worst: PeakSummary, median: PeakSummary, module: str | None,
+              data_parallel: bool) -> list[str]:
+    """What evens the load, for the category that makes the difference and the device that is heavy."""
+    first = []
+    scattered = data_parallel and worst.data_parallel_replicas and category in (Category.ACTIVATION.value,
+                                                                               Category.TEMPORARY.value)
+    if data_parallel and not worst.data_parallel_replicas or (
+            not data_parallel and category == Category.ACTIVATION and worst.label.startswith("cuda:0")):
+        first = [f"Use DistributedDataParallel instead of nn.DataParallel: DataParallel gathers outputs and keeps "
+                 f"the master copy of the model on the GPU it scatters from{' (' + worst.label + ')' if data_parallel else ''}"]
+    pipelined = not data_parallel and (worst.layers or 0) >= PIPELINE_MIN_LAYERS
     if category in _MODEL_STATES:
-        return first + ["Shard the model states evenly (FSDP / ZeRO) instead of placing whole layers per GPU",
-                        "Balance the pipeline stages: give the stage that holds the embedding or the LM head "
-                        "fewer layers"]
+        return first + ["Shard the model states evenly (FSDP / ZeRO) instead of placing whole layers per GPU"] + (
+            ["Balance the pipeline stages: give the stage that holds the embedding or the LM head fewer layers"]
+            if pipelined else [])
+    if scattered:
+        same_code = f" in the same code ({module_in_sentence(module)})" if module and module in median.by_module else ""
+        return [f"Split each batch by size, not by count: {worst.label} holds {gib(gap)} more "
+                f"{category_plural(str(category))} than {median.label}{same_code}, so nn.DataParallel's even split by count gave it inputs that need far "
+                "more memory (graphs or sequences of very different sizes); bucket the samples so every GPU gets the "
+                "same number of nodes or tokens",
+                "Use DistributedDataParallel (one process a GPU, each with its own batch) with a sampler that "
+                "balances the batches by size"]
     if category in (Category.ACTIVATION.value, Category.TEMPORARY.value):
         return first + ["Give every GPU the same share of the batch: an uneven scatter (samples, graphs or "
-                        "sequences of very different sizes) makes one GPU's activations larger",
-                        "Balance the pipeline stages: the first stage keeps the most micro-batches in flight"]
+                        "sequences of very different sizes) makes one GPU's activations larger"] + (
+            ["Balance the pipeline stages: the first stage keeps the most micro-batches in flight"] if pipelined else [])
     return first + ["Compare the worst rank's report with the median rank's to see what it holds more of"]

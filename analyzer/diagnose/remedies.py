@@ -20,6 +20,7 @@ The list is data (`REMEDIES`, cheapest first); each estimate is computed from th
 - quantized weights (8-bit, 4-bit) are offered only for weights nothing trains (a forward-only run, a frozen base,
   an out of memory while loading the model) that are at least QUANTIZE_SHARE of the peak; pipeline parallelism
   only for a run that trains, on more than one GPU, with at least PIPELINE_MIN_LAYERS repeated blocks seen;
+  a torch.nn layer called in a loop (an MLP's Linear layers) is no such block;
 - parallelism (ZeRO, tensor, pipeline) and offload are for a model whose states do not fit one GPU, or a batch
   that does not: a run that fits as it is (its remedies would only grow the batch) is offered them only when
   its model states hold at least SHARD_TO_GROW_SHARE of the device (of SMALLEST_GPU where it is not known);
@@ -36,7 +37,7 @@ from typing import Any
 import pandas as pd
 
 from analyzer.core.units import gib, human_bytes
-from analyzer.core.vocabulary import Category, Phase, RemedyId, Word, category_plural
+from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, UNATTRIBUTED, Category, Phase, RemedyId, Word, category_plural
 from analyzer.diagnose.transforms import (Stream, accumulation, bf16, checkpointing, micro_batch, optimizer_state,
                                           zero, zero3)
 
@@ -51,6 +52,8 @@ SMALLEST_GPU = 8 * 2**30
 ASSUMED_GPUS = 8          # GPUs a sharding estimate assumes when neither --gpus nor the device memory is known
 MAX_GPUS = 64             # the most GPUs "the fewest that fit" looks at
 NODE_GPUS = 8             # tensor parallelism stays inside a node
+#: host memory a GPU server node usually has (8-GPU servers ship with 1-2 TiB): what offload can count on
+NODE_HOST_MEMORY = 2**40
 #: quantized weights act where the weights are this share of the peak or more (8-bit then saves an eighth of it)
 #: and are not trained: a forward-only run, a frozen base (QLoRA), or an out of memory while loading them
 QUANTIZE_SHARE = 0.25
@@ -61,6 +64,7 @@ SHARD_TO_GROW_SHARE = 0.5
 TRAINING, FORWARD_ONLY, UNKNOWN = "training", "forward_only", "unknown"
 _LAYER = re.compile(r"^(?:.*\.)?(?:layers|layer|h|blocks|block|encoder\.layer|decoder\.layers)\.(\d+)(?:\.|$)")
 _CALL = re.compile(r"^(.*?)\[(\d+)\]")     # a call path's first numbered call: `model.py:382 forward[3]`
+_TORCH_LAYER = "torch/nn/modules/"         # the files of torch.nn's own layers (Linear, Conv2d, LayerNorm ...)
 _BATCH = (Category.ACTIVATION, Category.INPUT, Category.TEMPORARY)
 _STATES = (Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE)
 #: what each ZeRO stage shards over its GPUs: its estimate, its plan lever and its replay all take it from here
@@ -194,7 +198,7 @@ class Remedy:
 
     id: RemedyId
     title: str | Callable[[Demand], str]
-    cost: str
+    cost: str | Callable[[Demand], str]
     how: str | Callable[[Demand], str]                     # code, or code written for this run
     estimate: Callable[[Demand], tuple[int | None, str]]   # (bytes saved, confidence)
     applies: Callable[[Demand], bool]
@@ -383,6 +387,35 @@ def _pipeline_title(d: Demand) -> str:
     return (f"Pipeline parallelism over {s} GPUs: the {d.layers} layers as {s} stages (1F1B, the batch as {s} "
             "micro-batches)"
             + (f" ({how})" if how else ""))
+
+
+def host_memory(d: Demand, host: int, what: str) -> str:
+    """'needs 12.00 GiB of host memory (what); 96.00 GiB for the 8 GPUs of a node, within the 1 TiB ...': what an
+    offload moves to the CPU, per GPU and for the GPUs of one node that each offload their own (at most
+    NODE_GPUS), against NODE_HOST_MEMORY."""
+    gpus = min(d.world_size or 1, NODE_GPUS)
+    node = host * gpus
+    where = f"; {gib(node)} for the {gpus} GPUs of a node" if gpus > 1 else ""
+    verdict = ("within" if node <= NODE_HOST_MEMORY else "beyond")
+    return (f"needs {gib(host)} of host memory ({what}){where}, {verdict} the {human_bytes(NODE_HOST_MEMORY)} a "
+            "GPU server node usually has")
+
+
+def _optimizer_offload_cost(d: Demand) -> str:
+    """Adam's state moves to the host: 12 bytes a parameter (two fp32 moments, fp32 master weights) in mixed
+    precision, 8 in fp32 (the moments); as measured otherwise."""
+    what = ("the optimizer state as measured" if d.mixed_precision is None else
+            "12 bytes a parameter: Adam's two fp32 moments and the fp32 master weights" if d.mixed_precision else
+            "8 bytes a parameter: Adam's two fp32 moments")
+    return "slower optimizer steps, bounded by PCIe; " + host_memory(d, d.bytes(Category.OPTIMIZER_STATE), what)
+
+
+def _offload_cost(d: Demand) -> str:
+    """The weights (and, training, the activations saved on the CPU) move to the host."""
+    if d.workload == FORWARD_ONLY:
+        return "large slowdown, bounded by PCIe; " + host_memory(d, d.bytes(Category.PARAMETER), "the weights")
+    return ("large slowdown, bounded by PCIe; " + host_memory(
+        d, d.bytes(Category.PARAMETER) + d.bytes(Category.ACTIVATION) // 2, "the parameters and half the activations"))
 
 
 def _fix_leak_how(d: Demand) -> str:
@@ -616,7 +649,7 @@ REMEDIES: list[Remedy] = [
            plan=PlanLever(LeverName.OPTIMIZER, 4.25, _ADAFACTOR.formula), replay=Replay(_ADAFACTOR.transform),
            estimate_term=EstimateTerm("Adafactor", 5.5, "adafactor"), variables=(),
            docs="90% of Adam's moments (all state when fp32, 8/12 of it with fp32 master weights)"),
-    Remedy(id=RemedyId.OPTIMIZER_OFFLOAD, title="Offload optimizer state to CPU", cost="slower optimizer steps, bounded by PCIe",
+    Remedy(id=RemedyId.OPTIMIZER_OFFLOAD, title="Offload optimizer state to CPU", cost=_optimizer_offload_cost,
            how="# DeepSpeed: \"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": {\"device\": \"cpu\"}}",
            estimate=lambda d: (d.bytes(Category.OPTIMIZER_STATE), "medium"), applies=_relevant(Category.OPTIMIZER_STATE),
            acts_on=(Category.OPTIMIZER_STATE,),
@@ -700,6 +733,14 @@ REMEDIES: list[Remedy] = [
            estimate=lambda d: (None, "low"), applies=_relevant(Category.ACTIVATION), acts_on=(Category.ACTIVATION,),
            price=None, plan=None, replay=None, estimate_term=None, variables=(),
            docs="GQA/MQA, fused attention, smaller model: listed, not quantified"),
+    # a transient no tensor holds, where convolutions run: cuDNN's workspace, its autotuner's trials the largest
+    Remedy(id=RemedyId.CUDNN_BENCHMARK_OFF, title="Turn cuDNN's autotuner off (torch.backends.cudnn.benchmark = False)",
+           cost="convolutions may pick slower algorithms; or cap the workspace instead (CUDNN_CONV_WSCAP_DBG=<MiB>)",
+           how="torch.backends.cudnn.benchmark = False   # or: export CUDNN_CONV_WSCAP_DBG=1024  (MiB of workspace)",
+           estimate=lambda d: (d.bytes(UNATTRIBUTED), "low"), applies=lambda d: "conv_workspace" in d.findings,
+           acts_on=(), price=None, plan=None, replay=None, estimate_term=None, variables=(),   # no category: a transient
+           conditional=True, docs="the transient no tensor holds where convolutions run (when the conv_workspace "
+                                  "finding names cuDNN's workspace or autotuner)"),
     Remedy(id=RemedyId.EXPANDABLE_SEGMENTS, title="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
            cost="none measurable", how="export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
            estimate=lambda d: (d.recoverable_fragmentation, "medium"),
@@ -720,7 +761,7 @@ REMEDIES: list[Remedy] = [
            variables=(), layout_only=True,
            docs="half the free pieces inside used segments, when expandable segments are on and the OOM is fragmentation"),
     Remedy(id=RemedyId.OFFLOAD, title=lambda d: "Offload the weights to CPU (accelerate device_map='auto')"
-           if d.workload == FORWARD_ONLY else "Offload parameters / activations to CPU", cost="large slowdown, bounded by PCIe",
+           if d.workload == FORWARD_ONLY else "Offload parameters / activations to CPU", cost=_offload_cost,
            how=lambda d: ("model = AutoModel.from_pretrained(name, device_map='auto', max_memory={0: '20GiB', 'cpu': '200GiB'})"
                           if d.workload == FORWARD_ONLY else
                           "# FSDP: CPUOffload(offload_params=True)  |  torch.autograd.graph.save_on_cpu() for activations"),
@@ -744,13 +785,14 @@ BY_ID: dict[str, Remedy] = {r.id: r for r in REMEDIES}
 
 def count_layers(modules: list[str]) -> int | None:
     """Repeated blocks seen in module names: `layers.N`, `h.N`, `blocks.N` ... of qualified names; else, in call
-    paths (Python frames only), the most calls `forward[N]` one line made (a loop over the layers)."""
+    paths (Python frames only), the most calls `forward[N]` one line made (a loop over the layers). A torch.nn
+    layer called N times (`torch/nn/modules/linear.py`: an MLP's Linear layers) is no block to split."""
     numbers = {m.group(1) for name in modules if (m := _LAYER.match(name))}
     if numbers:
         return len(numbers)
     calls: dict[str, set[str]] = {}
     for name in modules:
-        if (m := _CALL.match(name)) is not None:
+        if (m := _CALL.match(name)) is not None and _TORCH_LAYER not in m.group(1).rsplit(MODULE_PATH_SEPARATOR, 1)[-1]:
             calls.setdefault(m.group(1), set()).add(m.group(2))
     most = max((len(n) for n in calls.values()), default=0)
     return most if most >= 2 else None
@@ -796,7 +838,7 @@ def rank_remedies(demand: Demand) -> list[dict[str, Any]]:
         out.append({"id": remedy.id.value, "rank": len(out) + 1, "title": title, "saved_bytes": saved,
                     "new_peak_bytes": new_peak, "fits": fits, "confidence": confidence, "try_first": False,
                     "purpose": "grow" if grow else "fix", "note": _same_saving(demand, remedy, saved, out),
-                    "how": remedy.how(demand) if callable(remedy.how) else remedy.how, "cost": remedy.cost,
+                    "how": remedy.how(demand) if callable(remedy.how) else remedy.how, "cost": remedy.cost(demand) if callable(remedy.cost) else remedy.cost,
                     "saving_source": "formula" if replay is None or remedy.layout_only else "replay", "replay": replay,
                     "plan_step": None})
     if grow:

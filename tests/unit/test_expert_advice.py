@@ -13,6 +13,7 @@ import pytest
 
 import analyzer
 from analyzer.core.vocabulary import RECORD_HISTORY
+from analyzer.diagnose.imbalance import PeakSummary, find_imbalance
 from analyzer.diagnose.remedies import Demand, rank_remedies
 from analyzer.ingest.kineto import read_kineto
 from analyzer.ingest.snapshot import snapshot_to_trace
@@ -202,3 +203,116 @@ def test_a_real_resnet50_that_fits_any_gpu_is_offered_no_sharding_or_offload():
     assert 100 * MiB > d.theory["parameter_bytes"] > 90 * MiB, "ResNet-50's 25.6 M fp32 parameters"
     ids = {r["id"] for r in d.remedies}
     assert ids and not BEYOND_ONE_GPU & ids
+
+
+# ---- imbalance: the heavy device, and why --------------------------------------------------------------------
+PIPELINE_MIN_LAYERS = 2   # remedies.PIPELINE_MIN_LAYERS: pipeline stages need two repeated blocks or more
+
+
+def _device(label: str, activations: int, replicas: bool = False, layers: int | None = None) -> PeakSummary:
+    return PeakSummary(label, activations + GiB, False, by_category={"activation": activations, "parameter": GiB},
+                       by_module={"model.py:231 forward": activations}, data_parallel_replicas=replicas, layers=layers)
+
+
+def test_a_heavy_dataparallel_replica_is_told_of_the_uneven_scatter_not_of_the_master_copy():
+    found = find_imbalance([_device("cuda:0", 5 * GiB), _device("cuda:1", 78 * GiB, replicas=True, layers=8),
+                            _device("cuda:2", 19 * GiB, replicas=True, layers=8)])
+    assert found["remedies"][0].startswith("Split each batch by size, not by count: cuda:1 holds 59.00 GiB more "
+                                           "activations than cuda:2 in the same code (model.py:231 forward)")
+    assert not any("master copy" in r or "pipeline" in r for r in found["remedies"])
+
+
+def test_a_heavy_dataparallel_source_is_told_of_its_master_copy():
+    found = find_imbalance([_device("cuda:0", 78 * GiB), _device("cuda:1", 19 * GiB, replicas=True),
+                            _device("cuda:2", 19 * GiB, replicas=True)])
+    assert "master copy of the model on the GPU it scatters from (cuda:0)" in found["remedies"][0]
+    assert not any("by size, not by count" in r for r in found["remedies"])
+
+
+@pytest.mark.parametrize(("layers", "pipelined"), [(PIPELINE_MIN_LAYERS, True), (PIPELINE_MIN_LAYERS - 1, False),
+                                                   (None, False)])
+def test_pipeline_stages_are_advised_only_where_there_are_blocks_to_split(layers, pipelined):
+    found = find_imbalance([_device(f"rank {i}", 10 * GiB, layers=layers) for i in range(3)]
+                           + [_device("rank 3", 40 * GiB, layers=layers)])
+    assert any("pipeline stages" in r for r in found["remedies"]) is pipelined
+
+
+def test_a_real_dataparallel_graph_network_is_told_which_device_is_heavy_and_why():
+    found = _real("constructor-sun-code_location/memory_snapshot.pickle").imbalance
+    assert found["evidence"]["details"]["worst"] == "cuda:1"
+    assert found["remedies"][0].startswith("Split each batch by size, not by count: cuda:1 holds 59.45 GiB more "
+                                           "activations than cuda:2 in the same code (models.py:231 forward)")
+    assert not any("master copy" in r or "pipeline" in r for r in found["remedies"])
+
+
+# ---- every offload says how much host memory it needs --------------------------------------------------------
+NODE_HOST_MEMORY = 1 << 40   # remedies.NODE_HOST_MEMORY: 1 TiB, what a GPU server node usually has
+NODE_GPUS = 8                # remedies.NODE_GPUS
+
+
+def _offloaded(optimizer_state: int, world_size: int | None, mixed_precision: bool | None) -> dict[str, Any]:
+    """An out-of-memory training run on 80 GiB whose optimizer state is `optimizer_state` bytes."""
+    by_category = {"parameter": 10 * GiB, "gradient": 10 * GiB, "optimizer_state": optimizer_state,
+                   "activation": 40 * GiB}
+    demand = Demand(total=sum(by_category.values()), by_category=by_category, capacity=CAPACITY,
+                    world_size=world_size, layers=None, oomed=True, mixed_precision=mixed_precision)
+    return {r["id"]: r for r in rank_remedies(demand)}
+
+
+@pytest.mark.parametrize(("state", "verdict"), [(NODE_HOST_MEMORY // NODE_GPUS, "within"),
+                                                (NODE_HOST_MEMORY // NODE_GPUS + BLOCK, "beyond")],
+                         ids=["a node's worth", "one block more"])
+def test_optimizer_offload_says_the_host_memory_of_a_node_of_gpus(state, verdict):
+    cost = _offloaded(state, NODE_GPUS, True)["optimizer_offload"]["cost"]
+    assert f"needs {state / GiB:.2f} GiB of host memory (12 bytes a parameter" in cost
+    assert f"{state * NODE_GPUS / GiB:.2f} GiB for the 8 GPUs of a node, {verdict} the 1.00 TiB" in cost
+
+
+def test_fp32_adam_offloads_its_two_moments_and_weight_offload_its_parameters_and_activations():
+    remedies = _offloaded(20 * GiB, 1, False)
+    assert "8 bytes a parameter: Adam's two fp32 moments" in remedies["optimizer_offload"]["cost"]
+    assert "for the" not in remedies["optimizer_offload"]["cost"], "one GPU: no node total"
+    assert ("needs 30.00 GiB of host memory (the parameters and half the activations), within the 1.00 TiB"
+            in remedies["offload"]["cost"])
+
+
+def test_a_real_inference_offload_says_the_host_memory_of_its_weights():
+    d = _real("yiyi-llm-inference/oom_snapshot.pickle").devices[0].diagnosis
+    offload = next(r for r in d.remedies if r["id"] == "offload")
+    assert offload["cost"].endswith("needs 11.03 GiB of host memory (the weights), within the 1.00 TiB a GPU "
+                                    "server node usually has")
+
+
+# ---- a large transient no tensor holds, in a memory timeline: cuDNN's workspace ---------------------------------
+UNKNOWN_SHARE = 0.5   # conv_workspace.UNKNOWN_SHARE: torch's unknown memory from half the peak is named
+
+
+def _timeline(tmp_path, unknown: int, freed: bool = True) -> Any:
+    """A raw memory timeline (export_memory_timeline_raw rows [t_ns, action, bytes, category]): 100 MiB of
+    parameters from before, 200 MiB of activations, then `unknown` bytes in torch's unknown category (7),
+    freed 2 ms later unless `freed` is False."""
+    ms = 1_000_000
+    rows = [[-1, 1, 100 * MiB, 0], [10 * ms, 2, 200 * MiB, 4], [20 * ms, 2, unknown, 7]]
+    if freed:
+        rows.append([22 * ms, 4, -unknown, 7])
+    rows.append([30 * ms, 4, -200 * MiB, 4])
+    path = tmp_path / "run.raw.json"
+    path.write_text(json.dumps(rows))
+    return analyzer.analyze(path).devices[0].diagnosis
+
+
+@pytest.mark.parametrize(("unknown", "named"), [(300 * MiB, True), (300 * MiB - BLOCK, False)],
+                         ids=["half the peak", "one block under"])
+def test_a_transient_of_half_the_peak_in_torchs_unknown_category_is_named_cudnns_workspace(tmp_path, unknown, named):
+    d = _timeline(tmp_path, unknown)
+    found = next((f for f in d.findings if f["kind"] == "conv_workspace"), None)
+    assert (found is not None) is named
+    assert ("cudnn_benchmark_off" in [r["id"] for r in d.remedies]) is named
+    if named:
+        assert found["summary"].startswith("0.29 GiB of the 0.59 GiB peak (50%) is memory no tensor holds")
+        assert "cuDNN's convolution workspace" in found["summary"] and "lived 2.0 ms" in found["summary"]
+    assert ("50% of it is a transient no tensor holds, most likely cuDNN's convolution workspace" in d.verdict) is named
+
+
+def test_unknown_memory_kept_to_the_end_is_no_workspace(tmp_path):
+    assert not [f for f in _timeline(tmp_path, 400 * MiB, freed=False).findings if f["kind"] == "conv_workspace"]

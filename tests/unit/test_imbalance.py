@@ -48,10 +48,11 @@ def test_the_category_and_module_that_make_the_difference():
 
 
 def test_model_states_point_at_the_split_of_the_model_and_replicas_at_ddp():
-    states = [peak("cuda:1", 10 * GiB, parameter=8 * GiB), peak("cuda:2", 10 * GiB, parameter=8 * GiB),
-              peak("cuda:0", 30 * GiB, replicas=True, parameter=28 * GiB)]
+    # DataParallel replicates onto cuda:1 and cuda:2; cuda:0, which it scatters from, holds the model's own copy
+    states = [peak("cuda:1", 10 * GiB, replicas=True, parameter=8 * GiB),
+              peak("cuda:2", 10 * GiB, replicas=True, parameter=8 * GiB), peak("cuda:0", 30 * GiB, parameter=28 * GiB)]
     remedies = find_imbalance(states)["remedies"]
-    assert remedies[0].startswith("Use DistributedDataParallel")
+    assert remedies[0].startswith("Use DistributedDataParallel") and "(cuda:0)" in remedies[0]
     assert any("Shard the model states" in r for r in remedies)
 
 
