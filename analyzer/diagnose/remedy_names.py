@@ -5,13 +5,18 @@ part of exactly one id (`accumulation`, `expandable`); anything else is an error
 """
 from __future__ import annotations
 
+from analyzer.core.vocabulary import RemedyId
 from analyzer.diagnose.remedies import BY_ID
 from analyzer.errors import AnalyzerError
 
-#: common names that are not part of the id they mean
-ALIASES = {"amp": "bf16", "autocast": "bf16", "fp16": "bf16", "mixed_precision": "bf16",
-           "fsdp": "zero3", "inference_mode": "no_grad", "adam8bit": "optimizer_8bit", "8bit_adam": "optimizer_8bit",
-           "tp": "tensor_parallel", "pp": "pipeline_parallel"}
+#: common names that are not part of the id they mean, or are part of several (`checkpointing` is what people
+#: call full activation checkpointing; the selective kind is asked for by its name)
+ALIASES: dict[str, str] = {
+    "amp": RemedyId.BF16, "autocast": RemedyId.BF16, "fp16": RemedyId.BF16, "mixed_precision": RemedyId.BF16,
+    "fsdp": RemedyId.ZERO3, "inference_mode": RemedyId.NO_GRAD, "adam8bit": RemedyId.OPTIMIZER_8BIT,
+    "8bit_adam": RemedyId.OPTIMIZER_8BIT, "tp": RemedyId.TENSOR_PARALLEL, "pp": RemedyId.PIPELINE_PARALLEL,
+    "checkpointing": RemedyId.ACTIVATION_CHECKPOINTING, "gradient_checkpointing": RemedyId.ACTIVATION_CHECKPOINTING,
+    "selective": RemedyId.SELECTIVE_CHECKPOINTING}
 
 
 def _key(name: str) -> str:
@@ -25,7 +30,7 @@ def resolve_remedy(name: str) -> str:
     if key in BY_ID:
         return key
     if key in ALIASES:
-        return ALIASES[key]
+        return str(ALIASES[key])
     if key.replace("_", "") in squashed:               # zero-3, micro-batch
         return squashed[key.replace("_", "")]
     within = [i for i in BY_ID if key and key in i]
