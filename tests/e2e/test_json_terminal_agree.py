@@ -54,7 +54,10 @@ def test_json_and_terminal_agree(path) -> None:
         shown, peak, end = sections[name], d["peak"], d["end"]
         assert (f"peak {human_bytes(peak['allocated_bytes'])} allocated ({human_bytes(peak['requested_bytes'])} "
                 f"requested, {reserved(peak['reserved_bytes'] if d['reserved_recorded'] else None)})") in shown, name
-        assert f"event {peak['event_index']} of {d['trace_entries']}" in shown, name
+        n, at = d["trace_entries"], peak["event_index"]
+        when = ("in the end state (no history recorded)" if n == 0 else "before the only recorded event" if at < 0
+                and n == 1 else f"before the first of {n} recorded events" if at < 0 else f"event {at} of {n}")
+        assert when in shown, name
         assert f"end: {human_bytes(end['allocated_bytes'])} allocated, {reserved(end['reserved_bytes'])}" in shown, name
         free = end["largest_free_block_bytes"]
         assert f"largest free block {'not recorded' if free is None else human_bytes(free)}" in shown, name
