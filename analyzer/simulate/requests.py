@@ -99,12 +99,10 @@ class Requests:
         mixed = codes[0] + 3 * codes[1] + (codes[2] << 7) * 1_000_003 + (codes[3] << 3) * 998_244_353
         anchor = n // 2
         pattern = mixed[anchor:anchor + _WINDOW]
-        distances: list[int] = []
-        for j in (np.flatnonzero(mixed[anchor + 1:n - _WINDOW] == mixed[anchor]) + anchor + 1).tolist():
-            if np.array_equal(mixed[j:j + _WINDOW], pattern):
-                distances.append(j - anchor)
-                if len(distances) == _CANDIDATES:
-                    break
+        found = np.arange(anchor + 1, max(anchor + 1, n - _WINDOW))
+        for k, code in enumerate(pattern.tolist()):    # where the window after the anchor comes again, narrowed
+            found = found[mixed[found + k] == code]     # one request at a time (vectorised)
+        distances = (found[:_CANDIDATES] - anchor).tolist()
         sample = np.linspace(0, n - 1, min(_SAMPLE, n)).astype(np.int64)
         best, share = 0, 0.0
         for length in distances:
