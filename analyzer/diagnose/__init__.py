@@ -262,8 +262,9 @@ def _end_state_sentence(ctx: DeviceContext, picture: dict[str, Any]) -> str:
         meaning = ("If this dump came from an out-of-memory error, it is not fragmentation of fixed blocks "
                    "(expandable segments are on): look for memory outside PyTorch.")
     else:
-        meaning = ("If this dump came from an out-of-memory error, that free memory is fragmentation: set "
-                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
+        meaning = ("If this dump came from an out-of-memory error, that free memory is fragmentation (the "
+                   "allocator releases whole free segments and retries before it gives up, so what failed was a "
+                   "request larger than the largest free block): set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
     return (f"{said}. {meaning} To see what made the peak, call {RECORD_HISTORY} before the step and dump the "
             "snapshot again.")
 
