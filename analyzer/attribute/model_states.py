@@ -117,7 +117,7 @@ def _construction_state(sizes: np.ndarray, t_alloc: np.ndarray, phase: np.ndarra
     for row in loaded:
         if init_site[row] is not None:
             by_site[init_site[row]].append(row)
-    for site, rows in by_site.items():
+    for rows in by_site.values():
         group = np.asarray(rows)
         before = loading[(t_alloc[loading] < t_alloc[group].min()) & ~np.isin(loading, group)]
         if len(group) >= 2 and _repeats(sizes[group], sizes[before]):

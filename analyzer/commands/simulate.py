@@ -68,7 +68,7 @@ class SimulateCommand:
             try:
                 namespace = runpy.run_path(str(args.file))
             except Exception as error:
-                raise user_code_error(error, args.file) or error
+                raise (user_code_error(error, args.file) or error) from None
             missing = [name for name in _REQUIRED if not callable(namespace.get(name))]
             if missing:
                 print(f"analyze simulate: {args.file} does not define {', '.join(missing)}", file=sys.stderr)
@@ -82,7 +82,7 @@ class SimulateCommand:
                                  save_fn=namespace.get("save_fn"), expandable_segments=args.expandable_segments,
                                  fake=args.fake, stacks=args.stacks)
             except Exception as error:  # the user's model raising is their bug, one line; one of ours is reported
-                raise user_code_error(error, args.file) or error
+                raise (user_code_error(error, args.file) or error) from None
         else:
             print(f"usage: {USAGE}", file=sys.stderr)
             return 2

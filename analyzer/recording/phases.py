@@ -25,7 +25,7 @@ def _nvtx() -> types.ModuleType | None:
         import nvtx
     except ImportError:
         warnings.warn("the nvtx package is not installed: phases and modules are not shown in Nsight Systems "
-                      "(pip install nvtx); profiler traces and snapshots still get them", CaptureWarning)
+                      "(pip install nvtx); profiler traces and snapshots still get them", CaptureWarning, stacklevel=2)
         return None
     return nvtx
 

@@ -70,7 +70,7 @@ def _on_allocator_oom(device: int, allocated: int, device_total: int, device_fre
     try:
         active.dump_oom()
     except Exception as error:  # never turn an OOM into a crash inside the allocator
-        warnings.warn(f"could not dump the snapshot at an out-of-memory error: {error}", CaptureWarning)
+        warnings.warn(f"could not dump the snapshot at an out-of-memory error: {error}", CaptureWarning, stacklevel=2)
 
 
 def _history_options(record: Callable[..., Any], context: str, stacks: str, max_entries: int,

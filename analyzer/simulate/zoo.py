@@ -78,7 +78,7 @@ def checkpointed_llama() -> torch.nn.Module:
     """A small Llama with HF gradient checkpointing on (each decoder layer recomputed in backward)."""
     model = build("llama")
     # transformers 5 names it activation_checkpointing_enable; gradient_checkpointing_enable is its old name
-    enable: Any = getattr(model, "activation_checkpointing_enable", None) or getattr(model, "gradient_checkpointing_enable")
+    enable: Any = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         enable()
@@ -88,7 +88,7 @@ def checkpointed_llama() -> torch.nn.Module:
 
 def _config(model: torch.nn.Module) -> Any:
     """A transformers model's config (torch's stubs type an undeclared attribute as Tensor | Module)."""
-    return getattr(model, "config")
+    return model.config
 
 
 def compiled_llama() -> torch.nn.Module:
