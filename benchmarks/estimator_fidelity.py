@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from analyzer.core.units import human_bytes
+from analyzer.core.vocabulary import RemedyId
 from analyzer.evaluate import estimator_fidelity as fidelity
 from analyzer.evaluate.estimator_fidelity import (ACTIVATION, CATEGORIES, GRADIENT, OPTIMIZER, PARAMETER, TOTAL, Row,
                                                    Workload)
@@ -39,7 +40,8 @@ REAL = ROOT.parent / "shared" / "real"
 RESULTS = Path(__file__).resolve().parent / "results" / "estimator_fidelity.md"
 LEAKING = ("leak", "activation_cache")
 LLMEM = 0.016      # LLMem's reported error of the peak on one GPU (Kim et al., IJCAI 2024)
-VARIANTS = ("as is", "activation_checkpointing", "zero1", "zero2", "gradient_accumulation", "optimizer_8bit")
+VARIANTS = ("as is", RemedyId.ACTIVATION_CHECKPOINTING, RemedyId.ZERO1, RemedyId.ZERO2, RemedyId.GRADIENT_ACCUMULATION,
+            RemedyId.OPTIMIZER_8BIT)
 
 Estimator = Callable[[Workload], dict[str, float | None]]
 

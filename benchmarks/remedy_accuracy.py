@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from analyzer.core.vocabulary import RemedyId
 from analyzer.diagnose.counterfactual import predict, recorded_stream, replay, usable_capacity
 from analyzer.pipeline import analyze
 from analyzer.simulate.gpt import GPTConfig
@@ -31,8 +32,8 @@ GiB = 1 << 30
 RESULTS = Path(__file__).resolve().parent / "results" / "remedy_accuracy.md"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "sim"
 #: the issue's bars: |predicted - simulated| / simulated peak
-TOLERANCE = {"micro_batch": 0.10, "gradient_accumulation": 0.10, "activation_checkpointing": 0.10, "zero1": 0.10,
-             "zero2": 0.10, "zero3": 0.10, "bf16": 0.25}
+TOLERANCE = {RemedyId.MICRO_BATCH: 0.10, RemedyId.GRADIENT_ACCUMULATION: 0.10, RemedyId.ACTIVATION_CHECKPOINTING: 0.10,
+             RemedyId.ZERO1: 0.10, RemedyId.ZERO2: 0.10, RemedyId.ZERO3: 0.10, RemedyId.BF16: 0.25}
 
 CONFIGS = [
     RemedySetup("eager d768 L6 s1024 b8", GPTConfig(d_model=768, layers=6, heads=12, max_seq=1024), batch=8, seq=1024),
@@ -99,7 +100,7 @@ def expandable_pair() -> str:
     stream = recorded_stream(before.trace, 0)
     assert stream is not None
     base = replay(stream, usable_capacity(before.trace, 0, 22 * GiB))    # the recording replayed unchanged
-    p = predict(before.trace, 0, ["expandable_segments"], 22 * GiB, None)["expandable_segments"]
+    p = predict(before.trace, 0, [RemedyId.EXPANDABLE_SEGMENTS], 22 * GiB, None)[RemedyId.EXPANDABLE_SEGMENTS]
     oom = "yes" if after.oom is not None else "no"
     return (f"| fragmentation (22 GiB) | expandable_segments | {p.peak_allocated_bytes / GiB:.2f} | "
             f"{after.peak.allocated_bytes / GiB:.2f} | {(p.peak_allocated_bytes - after.peak.allocated_bytes) / after.peak.allocated_bytes:+.1%} | "

@@ -16,6 +16,7 @@ from analyzer.pipeline import analyze
 from analyzer.commands.estimate import device_memory
 from analyzer.diagnose.remedies import BY_ID, LAYOUT_ONLY
 from analyzer.core.units import gib
+from analyzer.core.vocabulary import RemedyId
 from analyzer.errors import AnalyzerError, UnsupportedFormat
 
 SHRANK = 0.05   # a category shrank when it lost at least this share of its bytes
@@ -30,7 +31,7 @@ def compare_device(before: DeviceAnalysis, after: DeviceAnalysis, remedy_id: str
                   for name in sorted(set(b_cat) | set(a_cat))}
     leak_gone = _has_leak(before) and not _has_leak(after)   # fixing a leak shrinks no category of its own
     estimated = [r for r in before.diagnosis.remedies if r.get("saved_bytes") is not None
-                 and (_shrank(r["id"], b_cat, a_cat) or (r["id"] == "fix_leak" and leak_gone))]
+                 and (_shrank(r["id"], b_cat, a_cat) or (r["id"] == RemedyId.FIX_LEAK and leak_gone))]
     chosen, how = None, None
     layout = [r for r in before.diagnosis.remedies if r["id"] in LAYOUT_ONLY]
     if remedy_id:

@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.core.units import gib, parse_bytes, parse_count
+from analyzer.core.vocabulary import RemedyId
 from analyzer.diagnose import plan as lattice
 from analyzer.diagnose.plan import Config, Level
+from analyzer.diagnose.remedies import BY_ID, REMEDIES
 from analyzer.diagnose.theory import (PRECISIONS, activation_bytes, loss_backward_bytes, model_states,
                                       output_layer_bytes)
 from analyzer.errors import AnalyzerError
@@ -31,8 +33,8 @@ from analyzer.errors import AnalyzerError
 OVERHEAD = 0.10   # CUDA context, workspaces and fragmentation: keep this share of the device free
 NODE_GPUS = 8     # tensor parallelism stays inside a node
 # the optimizer lever's levels as theory.OPTIMIZERS names them (the bytes each keeps per parameter are there)
-OPTIMIZER_KINDS = {"adam": "adam", "optimizer_8bit": "adam_8bit", "adafactor": "adafactor",
-                   "optimizer_offload": "offloaded"}
+OPTIMIZER_KINDS = {"adam": "adam", **{r.id.value: r.estimate_term.optimizer for r in REMEDIES
+                                      if r.estimate_term is not None and r.estimate_term.optimizer is not None}}
 REGIMES = {"mixed": "mixed-precision Adam", "fp32": "fp32 Adam"}
 
 
@@ -153,6 +155,18 @@ def per_gpu_bytes(params: float, gpus: int, shape: Shape | None, job: Layout) ->
     return states + in_flight * layers * layer + tail
 
 
+_ZERO = (RemedyId.ZERO1, RemedyId.ZERO2, RemedyId.ZERO3)
+
+
+def _level(remedy: str, value: int | None = None, extra_cost: float = 0.0, times: float = 1.0,
+           **words: int) -> Level:
+    """The remedy as a level of this lattice: its estimate term's words and cost (analyzer.diagnose.remedies),
+    at a value (k micro-batches, N GPUs, ZeRO stage), a deeper level costing `times` its cost, `extra_cost` more."""
+    term = BY_ID[remedy].estimate_term
+    assert term is not None   # only remedies with an estimate term are levels here
+    return Level(str(remedy), term.title.format(k=value, **words), term.cost * times + extra_cost, value)
+
+
 def _degrees(n: int, limit: int) -> list[int]:
     return [d for d in (2, 4, 8, 16, 32, 64) if d <= limit and n % d == 0]
 
@@ -164,38 +178,31 @@ def plan(params: float, gpus: int, zero: int, usable: float, shape: Shape | None
     levers = []
     if shape is not None:
         levers.append(lattice.lever("micro_batch", [
-            Level("micro_batch", f"micro-batch {shape.micro_batch // k} with gradient accumulation x{k}",
-                  lattice.COST["micro_batch"] * math.log2(k), k)
+            _level(RemedyId.MICRO_BATCH, k, times=math.log2(k), b=shape.micro_batch // k)
             for k in range(2, shape.micro_batch + 1) if shape.micro_batch % k == 0], as_is))
-        full = Level("activation_checkpointing", "full activation checkpointing", lattice.COST["activation_checkpointing"])
-        levels = [] if checkpointing else [full]
+        levels = [] if checkpointing else [_level(RemedyId.ACTIVATION_CHECKPOINTING)]
         if not shape.flash_attention and not checkpointing:   # fused attention keeps no scores to drop
             levels.insert(0, Level("selective_checkpointing", "selective activation checkpointing (attention)",
                                    lattice.COST["selective_checkpointing"]))
         levers.append(lattice.lever("checkpointing", levels, as_is))
-    levers.append(lattice.lever("optimizer", [
-        Level("optimizer_8bit", "8-bit Adam", lattice.COST["optimizer_8bit"]),
-        Level("adafactor", "Adafactor", lattice.COST["adafactor"]),
-        Level("optimizer_offload", "optimizer state offloaded to CPU", lattice.COST["optimizer_offload"])], as_is))
+    levers.append(lattice.lever("optimizer", [_level(r) for r in OPTIMIZER_KINDS if r != "adam"], as_is))
     if gpus > 1:
-        levers.append(lattice.lever("zero", [Level(f"zero{z}", f"ZeRO-{z}", lattice.COST[f"zero{z}"], z)
-                                             for z in (1, 2, 3) if z > zero], as_is))
+        levers.append(lattice.lever("zero", [_level(z, stage) for stage, z in enumerate(_ZERO, 1) if stage > zero],
+                                    as_is))
         heads = shape.heads if shape is not None else NODE_GPUS
         levers.append(lattice.lever("tp", [
-            Level("tensor_parallel", f"tensor parallel over {t} GPUs",
-                  lattice.COST["tensor_parallel"] + math.log2(t) - 1, t) for t in _degrees(heads, min(gpus, NODE_GPUS))
+            _level(RemedyId.TENSOR_PARALLEL, t, math.log2(t) - 1) for t in _degrees(heads, min(gpus, NODE_GPUS))
             if gpus % t == 0], as_is))
         if shape is not None:
             levers.append(lattice.lever("pp", [
-                Level("pipeline_parallel", f"{p} pipeline stages (1F1B)", lattice.COST["pipeline_parallel"]
-                      + math.log2(p) - 1, p) for p in _degrees(shape.layers, gpus) if gpus % p == 0], as_is))
+                _level(RemedyId.PIPELINE_PARALLEL, p, math.log2(p) - 1) for p in _degrees(shape.layers, gpus)
+                if gpus % p == 0], as_is))
     if shape is not None:
-        levers.append(lattice.lever("offload", [Level("offload", "parameters and optimizer state offloaded to CPU",
-                                                      lattice.COST["offload"])], as_is))
+        levers.append(lattice.lever("offload", [_level(RemedyId.OFFLOAD)], as_is))
 
     def layout(config: Config) -> Layout:
         k = config["micro_batch"].value if "micro_batch" in config and config["micro_batch"].value else 1
-        ckpt = {"activation_checkpointing": "full", "selective_checkpointing": "selective"}.get(
+        ckpt = {RemedyId.ACTIVATION_CHECKPOINTING.value: "full", "selective_checkpointing": "selective"}.get(
             config["checkpointing"].id if "checkpointing" in config else "", "full" if checkpointing else "none")
         optimizer = config["optimizer"].id if config["optimizer"].id in OPTIMIZER_KINDS else "adam"
         level = config.get("zero")
@@ -203,7 +210,7 @@ def plan(params: float, gpus: int, zero: int, usable: float, shape: Shape | None
                       optimizer=optimizer, zero=level.value if level is not None and level.value else zero,
                       tp=(config["tp"].value or 1) if "tp" in config else 1,
                       pp=(config["pp"].value or 1) if "pp" in config else 1,
-                      offload=bool("offload" in config and config["offload"].id == "offload"), precision=precision)
+                      offload=bool("offload" in config and config["offload"].id == RemedyId.OFFLOAD), precision=precision)
 
     def valid(config: Config) -> bool:
         job = layout(config)

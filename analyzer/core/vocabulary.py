@@ -89,6 +89,35 @@ class Role(Word):
         return Category.PARAMETER if self is Role.BUFFER else Category(self.value)
 
 
+class RemedyId(Word):
+    """A remedy's id, as the results and the JSON name it: each has one spec in analyzer.diagnose.remedies.REMEDIES
+    (the simulator, below the diagnosis, and the run log, which reads JSON, name remedies by these words too)."""
+
+    FIX_LEAK = "fix_leak"
+    STATE_DICT_OFFLOAD = "state_dict_offload"
+    SHARDED_SAVE = "sharded_save"
+    INIT_OPTIMIZER_STATE = "init_optimizer_state"
+    NO_GRAD = "no_grad"
+    MICRO_BATCH = "micro_batch"
+    BF16 = "bf16"
+    WEIGHT_QUANTIZATION = "weight_quantization"
+    WEIGHT_QUANTIZATION_4BIT = "weight_quantization_4bit"
+    GRADIENT_ACCUMULATION = "gradient_accumulation"
+    ACTIVATION_CHECKPOINTING = "activation_checkpointing"
+    OPTIMIZER_8BIT = "optimizer_8bit"
+    ADAFACTOR = "adafactor"
+    OPTIMIZER_OFFLOAD = "optimizer_offload"
+    ZERO1 = "zero1"
+    ZERO2 = "zero2"
+    ZERO3 = "zero3"
+    TENSOR_PARALLEL = "tensor_parallel"
+    PIPELINE_PARALLEL = "pipeline_parallel"
+    MODEL_CHANGES = "model_changes"
+    EXPANDABLE_SEGMENTS = "expandable_segments"
+    MAX_SPLIT_SIZE = "max_split_size"
+    OFFLOAD = "offload"
+
+
 #: the label of what could not be attributed (category, phase or module)
 UNATTRIBUTED = "unattributed"
 #: the root module's name in results (its FQN is the empty string)

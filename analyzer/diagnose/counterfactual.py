@@ -22,9 +22,8 @@ import pandas as pd
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import Category, Phase
 from analyzer.diagnose.context import DeviceContext
-from analyzer.diagnose.remedies import Demand, zero_shards
-from analyzer.diagnose.transforms import (Stream, accumulation, bf16, checkpointing, micro_batch, optimizer_state,
-                                          zero, zero3)
+from analyzer.diagnose.remedies import BY_ID, REMEDIES, Demand, zero_shards
+from analyzer.diagnose.transforms import Stream
 from analyzer.simulate.allocator import AllocatorSettings, CachingAllocator, SimulatedOutOfMemory
 from analyzer.simulate.blocks import Block, CallContext
 from analyzer.simulate.device import DeviceMemory
@@ -52,26 +51,6 @@ class Prediction:
 Transform = Callable[[Stream], Stream]
 
 
-def transforms(shards: dict[str, int]) -> dict[str, tuple[Transform, bool]]:
-    """(transform, expandable segments) of every remedy a replay can predict; ZeRO only with its GPU count
-    (`shards`: remedy id -> N)."""
-    out: dict[str, tuple[Transform, bool]] = {
-        "micro_batch": (lambda s: micro_batch(s, 2), False),
-        "gradient_accumulation": (lambda s: accumulation(s, 2), False),
-        "activation_checkpointing": (checkpointing, False),
-        "bf16": (bf16, False),
-        "optimizer_8bit": (lambda s: optimizer_state(s, 0.25), False),
-        "adafactor": (lambda s: optimizer_state(s, 0.1), False),
-        "optimizer_offload": (lambda s: optimizer_state(s, 0.0, step_temporaries=0.0), False),
-        "expandable_segments": (lambda s: s, True),
-    }
-    for stage in (1, 2, 3):
-        n = shards.get(f"zero{stage}", 0)
-        if n > 1:
-            out[f"zero{stage}"] = (_sharding(stage, n), False)
-    return out
-
-
 def _acts_on(stream: Stream, changed: Stream, layout: bool) -> bool:
     """Whether a remedy's transform changed anything the replay can see: a row's size or lifetime, a row added,
     or (`layout`) the allocator's layout. Where it changed nothing the labels show nothing it acts on (a memory
@@ -83,12 +62,16 @@ def _acts_on(stream: Stream, changed: Stream, layout: bool) -> bool:
 
 
 def transform_for(remedy: str, value: int | None, shards: dict[str, int]) -> tuple[Transform, bool] | None:
-    """The transform of one remedy at a level (`value`: k micro-batches), or None where no transform exists."""
-    if remedy == "micro_batch" and value:
-        return (lambda s: micro_batch(s, value), False)
-    if remedy == "gradient_accumulation" and value:
-        return (lambda s: accumulation(s, value), False)
-    return transforms(shards).get(remedy)
+    """(transform, expandable segments) of one remedy at a level (`value`: k micro-batches, 2 when not given; a
+    sharded remedy over the GPU count `shards` gives it, only above 1), or None where the remedy has no replay."""
+    spec = BY_ID.get(remedy)
+    if spec is None or spec.replay is None:
+        return None
+    made = spec.replay
+    level = shards.get(remedy, 0) if made.sharded else value or 2
+    if made.sharded and level <= 1:
+        return None
+    return (lambda s: made.transform(s, level)), made.expandable
 
 
 class Replayer:
@@ -146,10 +129,6 @@ def recorded_settings(trace: MemoryTrace) -> AllocatorSettings:
                              max_split_size=split if type(split) is int and split > 0 else None,
                              roundup_power2_divisions={str(k): v for k, v in by_interval
                                                        if str(k).isdecimal() and type(v) is int and v >= 0})
-
-
-def _sharding(stage: int, shards: int) -> Transform:
-    return (lambda s: zero3(s, shards)) if stage == 3 else (lambda s: zero(s, stage, shards))
 
 
 def recorded_stream(trace: MemoryTrace, device: int) -> Stream | None:
@@ -265,7 +244,8 @@ def predict(trace: MemoryTrace, device: int, remedy_ids: list[str], capacity: in
             shards: dict[str, int] | int | None = None) -> dict[str, Prediction]:
     """Replayed predictions for those of `remedy_ids` a transform exists for and acts on the recording (nothing
     without a history); `shards`: the GPU count of each ZeRO remedy, or one count for all."""
-    counts = shards if isinstance(shards, dict) else {f"zero{s}": shards or 0 for s in (1, 2, 3)}
+    counts = shards if isinstance(shards, dict) else {r.id.value: shards or 0 for r in REMEDIES
+                                                      if r.replay is not None and r.replay.sharded}
     replayer = Replayer(trace, device, capacity, counts)
     return {remedy: replayer.run([(remedy, None)]) for remedy in remedy_ids if replayer.can(remedy, None)}
 

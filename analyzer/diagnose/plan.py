@@ -19,53 +19,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from analyzer.core.vocabulary import Category
+from analyzer.core.vocabulary import RemedyId
 from analyzer.diagnose.counterfactual import Prediction, Replayer
-from analyzer.diagnose.remedies import (FIT_HEADROOM, ZERO_SHARDED, Demand, fits_as_is, gpus_for, pipeline_stages,
-                                        tp_gpus, untrained_weights, zero_shards)
+from analyzer.diagnose.remedies import (BY_ID, FIT_HEADROOM, LAYOUT_ONLY, REMEDIES, Breakdown, Demand, LeverName, PlanLever, Price,
+                                        fits_as_is)
 
 ALTERNATIVES = 3   # fitting configurations shown after the plan
 
-# the cost of each change in the method's order: the batch first (each halving), precision, checkpointing,
-# the optimizer's memory and ZeRO-1, then ZeRO-2/3, tensor and pipeline parallelism, offload last
-COST = {"micro_batch": 1.0, "bf16": 1.5, "selective_checkpointing": 2.0, "activation_checkpointing": 3.0,
-        "zero1": 4.0, "optimizer_8bit": 4.5, "zero2": 5.0, "adafactor": 5.5, "zero3": 6.0, "optimizer_offload": 7.0,
-        "tensor_parallel": 8.0, "pipeline_parallel": 8.5, "expandable_segments": 0.5, "offload": 12.0}
-# what each change costs beside memory: (throughput, communication, code)
-PRICE = {
-    "micro_batch": ("smaller matmuls, k accumulation steps per optimizer step", "none",
-                    "divide the batch, accumulate k micro-batches (same global batch)"),
-    "bf16": ("faster on tensor cores", "halved gradient traffic", "torch.autocast(dtype=torch.bfloat16)"),
-    "selective_checkpointing": ("about 5% more compute (attention recomputed)", "none",
-                                "checkpoint the attention core only (Megatron --recompute-granularity selective)"),
-    "activation_checkpointing": ("about 20-30% more compute (one more forward)", "none",
-                                 "torch.utils.checkpoint around each block"),
-    "optimizer_8bit": ("none measurable", "none", "bitsandbytes AdamW8bit (a new dependency)"),
-    "adafactor": ("none measurable", "none", "Adafactor (may need learning-rate tuning)"),
-    "optimizer_offload": ("optimizer step on the CPU, bounded by PCIe", "gradients and weights over PCIe each step",
-                          "DeepSpeed offload_optimizer"),
-    "zero1": ("throughput about that of data parallel", "the same traffic (a reduce-scatter and an all-gather)",
-              "ZeroRedundancyOptimizer / DeepSpeed stage 1"),
-    "zero2": ("throughput about that of data parallel", "the same traffic (a reduce-scatter and an all-gather)",
-              "FSDP SHARD_GRAD_OP / DeepSpeed stage 2"),
-    "zero3": ("parameters gathered per layer", "1.5x data parallel (all-gather in forward and backward)",
-              "FSDP fully_shard / DeepSpeed stage 3"),
-    "tensor_parallel": ("smaller matmuls per GPU", "2 all-reduces of activations per layer, forward and backward "
-                        "(inside a node)", "model code changes (parallelize_module)"),
-    "pipeline_parallel": ("pipeline bubble: (p-1)/(m+p-1) of the step idle with m micro-batches",
-                          "activations point to point between stages", "split the model into stages "
-                          "(torch.distributed.pipelining)"),
-    "expandable_segments": ("none measurable", "none", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
-    "offload": ("large slowdown, bounded by PCIe", "weights over PCIe every step", "FSDP CPUOffload / ZeRO-Infinity"),
-    "weight_quantization": ("slower matmuls (weights dequantized on the fly)", "none",
-                            "BitsAndBytesConfig(load_in_8bit=True) (a new dependency)"),
-    "weight_quantization_4bit": ("slower matmuls (weights dequantized on the fly)", "none",
-                                 "BitsAndBytesConfig(load_in_4bit=True) (a new dependency)"),
-    "state_dict_offload": ("a slower save", "none", "get_state_dict(..., cpu_offload=True)"),
-    "sharded_save": ("none measurable", "none", "torch.distributed.checkpoint.save (a directory of shards)"),
-    "init_optimizer_state": ("one extra step at lr 0", "none", "create the optimizer state before the first batch"),
-    "max_split_size": ("none measurable", "none", "PYTORCH_CUDA_ALLOC_CONF=...,max_split_size_mb:512"),
-}
+#: the cost of each change in the method's order (`analyze estimate`): the batch first (each halving), then
+#: checkpointing, the optimizer's memory and ZeRO-1, ZeRO-2/3, tensor and pipeline parallelism, offload last
+COST = {**{r.id.value: r.estimate_term.cost for r in REMEDIES if r.estimate_term is not None},
+        "selective_checkpointing": 2.0}
+# a change `analyze estimate` offers that is no registered remedy yet
+_UNREGISTERED_PRICE = {"selective_checkpointing": Price(
+    "about 5% more compute (attention recomputed)", "none",
+    "checkpoint the attention core only (Megatron --recompute-granularity selective)")}
 
 
 @dataclass(frozen=True)
@@ -78,7 +46,10 @@ class Level:
     value: Any = None
 
     def price(self) -> dict[str, str]:
-        throughput, communication, code = PRICE.get(_COST_OF.get(self.id, self.id), ("", "", ""))
+        remedy = BY_ID.get(self.id)
+        price = remedy.price if remedy is not None and remedy.price is not None else \
+            _UNREGISTERED_PRICE.get(self.id, Price("", "", ""))
+        throughput, communication, code = price.throughput, price.communication, price.code
         if self.value is not None:
             throughput = throughput.replace("k ", f"{self.value} ").replace(
                 "(p-1)/(m+p-1)", f"{self.value - 1}/(m+{self.value - 1})")
@@ -92,7 +63,6 @@ class Lever:
 
 
 AS_IS = Level("as_is", "as it is", 0.0)
-_COST_OF = {"gradient_accumulation": "micro_batch"}   # priced as the change it is
 Config = dict[str, Level]       # lever name -> the level chosen
 Predict = Callable[[Config], tuple[int, bool]]   # (predicted peak bytes, fits)
 
@@ -165,25 +135,16 @@ def alternative_json(config: Config, cost: float, peak: int, plan_cost: float) -
 _BATCH_LEVELS = (2, 4, 8)     # micro-batches per step a batch lever tries
 MAX_REPLAYS = 8               # replays of candidate configurations before the plan is given up
 # A recording's single changes cost in the order its remedy list ranks them (analyzer.diagnose.remedies.REMEDIES,
-# the method's fix order), so that the cheapest single remedy that fits is the cheapest one-change plan and the
-# plan never costs more than the list's try-first. At a fragmentation OOM the allocator settings lead, as in the
-# list. A deeper batch cut costs its base once per halving.
-RECORDING_COST = {"state_dict_offload": 0.1, "sharded_save": 0.2, "init_optimizer_state": 0.3, "micro_batch": 1.0,
-                  "bf16": 1.5, "weight_quantization": 1.6, "weight_quantization_4bit": 1.7,
-                  "gradient_accumulation": 1.75, "activation_checkpointing": 3.0, "optimizer_8bit": 4.0,
-                  "adafactor": 4.25, "optimizer_offload": 4.5, "zero1": 4.75, "zero2": 5.0, "zero3": 6.0,
-                  "tensor_parallel": 8.0, "pipeline_parallel": 8.5, "expandable_segments": 9.0, "max_split_size": 9.5,
-                  "offload": 12.0}
-LAYOUT_FIRST_COST = {"expandable_segments": 0.05, "max_split_size": 0.06}
-_LEVERS = (("checkpoint_save", ("state_dict_offload", "sharded_save")), ("first_step", ("init_optimizer_state",)),
-           ("batch", ("micro_batch", "gradient_accumulation")), ("precision", ("bf16",)),
-           ("checkpointing", ("activation_checkpointing",)),
-           ("optimizer", ("optimizer_8bit", "adafactor", "optimizer_offload")), ("zero", ("zero1", "zero2", "zero3")),
-           ("tp", ("tensor_parallel",)), ("pp", ("pipeline_parallel",)),
-           ("weights", ("weight_quantization", "weight_quantization_4bit", "offload")),
-           ("layout", ("expandable_segments", "max_split_size")))
-_LAYOUT = {"expandable_segments", "max_split_size"}
-_BATCH_REMEDIES = ("micro_batch", "gradient_accumulation")
+# the method's fix order: each spec's `plan.cost`), so that the cheapest single remedy that fits is the cheapest
+# one-change plan and the plan never costs more than the list's try-first. At a fragmentation OOM the allocator
+# settings lead, as in the list. A deeper batch cut costs its base once per halving.
+_PLANNED: dict[str, PlanLever] = {r.id: r.plan for r in REMEDIES if r.plan is not None}
+RECORDING_COST = {str(remedy): part.cost for remedy, part in _PLANNED.items()}
+LAYOUT_FIRST_COST = {str(remedy): part.layout_first_cost for remedy, part in _PLANNED.items()
+                     if part.layout_first_cost is not None}
+#: each lever's remedies, in the registry's order, the levers in the order of `LeverName`
+_LEVERS = tuple((name.value, tuple(str(remedy) for remedy, part in _PLANNED.items() if part.lever is name))
+                for name in LeverName)
 
 
 def recording_cost(remedy: str, layout_first: bool) -> float:
@@ -192,21 +153,14 @@ def recording_cost(remedy: str, layout_first: bool) -> float:
 
 def listed_value(d: Demand, remedy: str) -> int | None:
     """The level the remedy list's entry is at: 2 micro-batches, the GPUs or stages its title names."""
-    if remedy in _BATCH_REMEDIES:
-        return 2
-    if remedy in ZERO_SHARDED:
-        return zero_shards(d)[remedy]
-    if remedy == "tensor_parallel":
-        return tp_gpus(d)
-    if remedy == "pipeline_parallel":
-        return pipeline_stages(d)
-    return None
+    part = _PLANNED.get(remedy)
+    return None if part is None else part.value(d)
 
 
 def _batch_title(remedy: str, title: str, k: int) -> str:
     if k == 2:
         return title
-    if remedy == "gradient_accumulation":
+    if remedy == RemedyId.GRADIENT_ACCUMULATION:
         return f"Gradient accumulation: {k} micro-batches of 1/{k} the size"
     return f"Divide the batch by {k}" + (" (or the sequence length)" if "sequence" in title else "")
 
@@ -222,8 +176,8 @@ def recording_levers(d: Demand, remedies: list[dict[str, Any]]) -> list[Lever]:
         levels: list[Level] = []
         for remedy in (i for i in ids if i in offered and offered[i]["new_peak_bytes"] is not None):
             base, title = recording_cost(remedy, layout_first), str(offered[remedy]["title"])
-            if remedy in _BATCH_REMEDIES:
-                ks = (2,) if remedy == "micro_batch" and "gradient_accumulation" in offered else _BATCH_LEVELS
+            if _PLANNED[remedy].divides_batch:
+                ks = (2,) if remedy == RemedyId.MICRO_BATCH and RemedyId.GRADIENT_ACCUMULATION in offered else _BATCH_LEVELS
                 levels += [Level(remedy, _batch_title(remedy, title, k), base * (k.bit_length() - 1), k) for k in ks]
             else:
                 levels.append(Level(remedy, title, base, listed_value(d, remedy)))
@@ -232,69 +186,23 @@ def recording_levers(d: Demand, remedies: list[dict[str, Any]]) -> list[Lever]:
     return levers
 
 
+_PARALLEL = {remedy for remedy, part in _PLANNED.items() if part.lever in (LeverName.ZERO, LeverName.TP, LeverName.PP)}
+
+
 def _degrees(config: Config) -> int:
     """GPUs a configuration's parallelism takes: ZeRO's, tensor and pipeline degrees multiplied."""
-    return math.prod(level.value for level in config.values()
-                     if level.id in ZERO_SHARDED or level.id in ("tensor_parallel", "pipeline_parallel"))
+    return math.prod(level.value for level in config.values() if level.id in _PARALLEL)
 
 
 def formula_peak(d: Demand, config: Config) -> int:
     """The peak after the configuration's changes, on the breakdown of the run's worst moment: each change
     acts on the categories as its remedy's formula says (analyzer.diagnose.remedies), one after the other."""
-    c = {k: float(v) for k, v in d.by_category.items()}
-    total = float(d.total)
-    parameters = float(d.bytes(Category.PARAMETER))
-
-    def shrink(category: str, factor: float) -> None:
-        nonlocal total
-        before = c.get(category, 0.0)
-        c[category] = before * factor
-        total -= before - c[category]
-
+    breakdown = Breakdown(d.by_category, d.total)
     for level in changes(config):
-        k = level.value or 1
-        if level.id in _BATCH_REMEDIES:
-            for category in ("activation", "input", "temporary"):
-                shrink(category, 1 / k)
-            if level.id == "gradient_accumulation":
-                kept = max(0.0, c.get("parameter", 0.0) * (1 - (d.frozen_share or 0.0)) - c.get("gradient", 0.0))
-                c["gradient"] = c.get("gradient", 0.0) + kept
-                total += kept
-        elif level.id == "bf16":
-            act = c.get("activation", 0.0)
-            shrink("activation", max(0.0, 1 - max(0.0, act / 2 - c.get("parameter", 0.0) / 2) / act) if act else 1.0)
-        elif level.id == "activation_checkpointing":
-            act, recorded = c.get("activation", 0.0), float(d.by_category.get("activation", 0) or 1)
-            saved = (d.checkpointable if d.checkpointable is not None else recorded / 2) * act / recorded
-            shrink("activation", 1 - saved / act if act else 1.0)
-        elif level.id in ("optimizer_8bit", "adafactor", "optimizer_offload"):
-            shrink("optimizer_state", {"optimizer_8bit": 1 - 0.75 * (8 / 12 if d.mixed_precision else 1.0),
-                                       "adafactor": 1 - 0.9 * (8 / 12 if d.mixed_precision else 1.0),
-                                       "optimizer_offload": 0.0}[level.id])
-        elif level.id in ZERO_SHARDED:
-            for category in ZERO_SHARDED[level.id]:
-                shrink(category, 1 / k)
-        elif level.id == "tensor_parallel":
-            for category in ("optimizer_state", "gradient", "parameter", "activation"):
-                shrink(category, 1 / k)
-        elif level.id == "pipeline_parallel":   # remedies._pipelined: a stage's layers, S micro-batches in flight
-            for category in ("optimizer_state", "gradient", "parameter", "activation", "temporary"):
-                shrink(category, 1 / k)
-        elif level.id in ("weight_quantization", "weight_quantization_4bit"):
-            share = untrained_weights(d) / parameters if parameters else 0.0
-            shrink("parameter", 1 - share * (0.5 if level.id == "weight_quantization" else 0.75))
-        elif level.id == "offload":
-            shrink("parameter", 0.0)
-            if d.workload != "forward_only":
-                shrink("activation", 0.5)
-        elif level.id == "state_dict_offload":
-            shrink("other", 0.0)
-        elif level.id == "sharded_save":
-            shrink("other", 1 / gpus_for(d, d.bytes(Category.OTHER))[0])
-        elif level.id == "init_optimizer_state":
-            temporary = c.get("temporary", 0.0)
-            shrink("temporary", max(0.0, 1 - (d.first_step_excess or 0) / temporary) if temporary else 1.0)
-    return int(round(total))
+        formula = _PLANNED[level.id].formula if level.id in _PLANNED else None
+        if formula is not None:
+            formula(d, breakdown, level.value or 1)
+    return int(round(breakdown.total))
 
 
 def _key(config: Config) -> tuple[tuple[str, Any], ...]:
@@ -339,7 +247,7 @@ def for_recording(d: Demand, remedies: list[dict[str, Any]], replayer: Replayer 
     seeded, listed_runs = set(cache), len(runs)
 
     def fits(config: Config, peak: int, oom: bool = False) -> bool:
-        layout = any(level.id in _LAYOUT for level in changes(config))
+        layout = any(level.id in LAYOUT_ONLY for level in changes(config))
         return peak <= (capacity if layout else limit) and not oom
 
     def predicted(config: Config, replay: bool = True) -> Predicted | None:

@@ -33,7 +33,9 @@ from typing import Any
 import pandas as pd
 
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import Category, Phase, category_plural
+from analyzer.core.vocabulary import Category, Phase, RemedyId, Word, category_plural
+from analyzer.diagnose.transforms import (Stream, accumulation, bf16, checkpointing, micro_batch, optimizer_state,
+                                          zero, zero3)
 
 RELEVANT_SHARE = 0.05     # a remedy must act on at least this share of the peak to be listed
 MIN_SAVING_SHARE = 0.01   # a remedy must save more than this share of the peak to be listed
@@ -56,9 +58,9 @@ _CALL = re.compile(r"^(.*?)\[(\d+)\]")     # a call path's first numbered call: 
 _BATCH = (Category.ACTIVATION, Category.INPUT, Category.TEMPORARY)
 _STATES = (Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE)
 #: what each ZeRO stage shards over its GPUs: its estimate, its plan lever and its replay all take it from here
-ZERO_SHARDED: dict[str, tuple[Category, ...]] = {"zero1": (Category.OPTIMIZER_STATE,),
-                                                 "zero2": (Category.OPTIMIZER_STATE, Category.GRADIENT),
-                                                 "zero3": _STATES}
+ZERO_SHARDED: dict[str, tuple[Category, ...]] = {RemedyId.ZERO1: (Category.OPTIMIZER_STATE,),
+                                                 RemedyId.ZERO2: (Category.OPTIMIZER_STATE, Category.GRADIENT),
+                                                 RemedyId.ZERO3: _STATES}
 
 
 @dataclass
@@ -97,15 +99,106 @@ class Demand:
         return sum(self.by_category.get(c, 0) for c in categories)
 
 
+class LeverName(Word):
+    """A plan lever: one variable practitioners change, in the order the plan's search takes them
+    (analyzer.diagnose.plan); a remedy is one level of one lever."""
+
+    CHECKPOINT_SAVE = "checkpoint_save"
+    FIRST_STEP = "first_step"
+    BATCH = "batch"
+    PRECISION = "precision"
+    CHECKPOINTING = "checkpointing"
+    OPTIMIZER = "optimizer"
+    ZERO = "zero"
+    TP = "tp"
+    PP = "pp"
+    WEIGHTS = "weights"
+    LAYOUT = "layout"
+
+
+class Breakdown:
+    """A peak's bytes by category as a plan's changes compose: each change acts on what the previous left."""
+
+    def __init__(self, by_category: dict[str, int], total: int):
+        self.c = {k: float(v) for k, v in by_category.items()}
+        self.total = float(total)
+
+    def get(self, category: str) -> float:
+        return self.c.get(category, 0.0)
+
+    def shrink(self, category: str, factor: float) -> None:
+        before = self.c.get(category, 0.0)
+        self.c[category] = before * factor
+        self.total -= before - self.c[category]
+
+    def add(self, category: str, amount: float) -> None:
+        self.c[category] = self.c.get(category, 0.0) + amount
+        self.total += amount
+
+
+#: a remedy's formula at a level (k micro-batches, N GPUs), acting on a breakdown: what the plan composes
+Formula = Callable[[Demand, Breakdown, int], None]
+
+
 @dataclass(frozen=True)
+class Price:
+    """What a change costs beside memory, as the plan names it."""
+
+    throughput: str
+    communication: str
+    code: str
+
+
+@dataclass(frozen=True)
+class PlanLever:
+    """A remedy as a level of a plan lever: its cost in the remedy list's order (so that the plan's cheapest
+    single change is the list's), its formula, and the level the list's entry is at (2 micro-batches, N GPUs)."""
+
+    lever: LeverName
+    cost: float
+    formula: Formula | None                       # None: only the allocator's layout changes
+    value: Callable[[Demand], int | None] = lambda d: None
+    layout_first_cost: float | None = None        # its cost when the OOM is fragmentation (the layout leads)
+    divides_batch: bool = False                   # levels at 2, 4 and 8 micro-batches, each halving costing once
+
+
+@dataclass(frozen=True)
+class Replay:
+    """How the counterfactual replay edits the recorded stream (analyzer.diagnose.transforms) at a level: k
+    micro-batches (2 by default), or, `sharded`, the GPU count the remedy's title names."""
+
+    transform: Callable[[Stream, int], Stream]
+    expandable: bool = False     # replayed with expandable segments on
+    sharded: bool = False
+
+
+@dataclass(frozen=True)
+class EstimateTerm:
+    """The remedy as a level of `analyze estimate`'s lattice: its words, its cost in the method's order (the batch
+    first, offload last), and the optimizer it switches to (analyzer.diagnose.theory.OPTIMIZERS)."""
+
+    title: str
+    cost: float
+    optimizer: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Remedy:
-    id: str
+    """One remedy, whole: every part is given (None where it has none), so none is forgotten."""
+
+    id: RemedyId
     title: str | Callable[[Demand], str]
     cost: str
     how: str | Callable[[Demand], str]                     # code, or code written for this run
     estimate: Callable[[Demand], tuple[int | None, str]]   # (bytes saved, confidence)
     applies: Callable[[Demand], bool]
-    acts_on: tuple[str, ...] = ()   # the categories it shrinks (what a before/after diff must show shrinking)
+    acts_on: tuple[str, ...]    # the categories it shrinks (what a before/after diff must show shrinking)
+    price: Price | None         # throughput, communication, code: the plan's words for what it costs
+    plan: PlanLever | None      # its place in a recording's plan; None: not a lever
+    replay: Replay | None       # None: the formula alone predicts it
+    estimate_term: EstimateTerm | None   # None: `analyze estimate` does not offer it
+    variables: tuple[str, ...]  # the run log's config variables it changes (a pair differing there checks it)
+    docs: str                   # the estimate in words, for the remedies table of the docs
     layout_only: bool = False   # frees reserved-but-unused memory: the allocated peak stays, the layout fits it
     first: bool = False         # tried before everything else whenever it applies, fit or not
     conditional: bool = False   # rests on a premise the recording cannot confirm: listed, never tried first
@@ -157,10 +250,6 @@ def _bf16(d: Demand) -> tuple[int, str]:
 def _optimizer_moments(d: Demand) -> int:
     """Adam's two moments: all of the optimizer state in fp32, 8 of 12 bytes a parameter with fp32 master weights."""
     return int(d.bytes(Category.OPTIMIZER_STATE) * (8 / 12 if d.mixed_precision else 1.0))
-
-
-def _sharded(*categories: str) -> Callable[[Demand], int]:
-    return lambda d: d.bytes(*categories)
 
 
 def gpus_for(d: Demand, sharded: int) -> tuple[int, str]:
@@ -288,124 +377,337 @@ def _fix_leak_how(d: Demand) -> str:
               "# and clear lists and caches that outlive the step (self.cache.clear())")
 
 
+# ---- formulas: each acts on a breakdown at a level, as its remedy's estimate does on the recorded one ----
+
+def _divide(*categories: str) -> Formula:
+    """Each category 1/k: the batch split into k, or a state sharded over k GPUs."""
+    def formula(d: Demand, b: Breakdown, k: int) -> None:
+        for category in categories:
+            b.shrink(category, 1 / k)
+    return formula
+
+
+def _accumulation_formula(d: Demand, b: Breakdown, k: int) -> None:
+    """The batch-scaled memory 1/k, and the gradients of the trainable part kept alive through the micro-batches."""
+    _divide(*_BATCH)(d, b, k)
+    b.add(Category.GRADIENT, max(0.0, b.get(Category.PARAMETER) * (1 - (d.frozen_share or 0.0)) - b.get(Category.GRADIENT)))
+
+
+def _bf16_formula(d: Demand, b: Breakdown, k: int) -> None:
+    act = b.get(Category.ACTIVATION)
+    b.shrink(Category.ACTIVATION, max(0.0, 1 - max(0.0, act / 2 - b.get(Category.PARAMETER) / 2) / act) if act else 1.0)
+
+
+def _checkpointing_formula(d: Demand, b: Breakdown, k: int) -> None:
+    act, recorded = b.get(Category.ACTIVATION), float(d.by_category.get(Category.ACTIVATION, 0) or 1)
+    saved = (d.checkpointable if d.checkpointable is not None else recorded / 2) * act / recorded
+    b.shrink(Category.ACTIVATION, 1 - saved / act if act else 1.0)
+
+
+@dataclass(frozen=True)
+class _SmallerMoments:
+    """An optimizer whose moments keep `kept` of Adam's (8-bit: a byte of four, Adafactor's factored second
+    moment ~1/10): the one number its estimate, its formula and its replay take."""
+
+    kept: float
+
+    def estimate(self, d: Demand) -> int:
+        return int(_optimizer_moments(d) * (1 - self.kept))
+
+    def formula(self, d: Demand, b: Breakdown, k: int) -> None:
+        b.shrink(Category.OPTIMIZER_STATE, 1 - (1 - self.kept) * (8 / 12 if d.mixed_precision else 1.0))
+
+    def transform(self, s: Stream, k: int) -> Stream:
+        return optimizer_state(s, self.kept)
+
+
+_ADAM_8BIT = _SmallerMoments(0.25)
+_ADAFACTOR = _SmallerMoments(0.1)
+
+
+def _offload_optimizer_formula(d: Demand, b: Breakdown, k: int) -> None:
+    b.shrink(Category.OPTIMIZER_STATE, 0.0)
+
+
+def _quantized(saved_share: float) -> Formula:
+    """The untrained weights `saved_share` smaller (8-bit: half of 16-bit weights, 4-bit: three quarters)."""
+    def formula(d: Demand, b: Breakdown, k: int) -> None:
+        parameters = float(d.bytes(Category.PARAMETER))
+        share = untrained_weights(d) / parameters if parameters else 0.0
+        b.shrink(Category.PARAMETER, 1 - share * saved_share)
+    return formula
+
+
+def _offload_formula(d: Demand, b: Breakdown, k: int) -> None:
+    b.shrink(Category.PARAMETER, 0.0)
+    if d.workload != FORWARD_ONLY:
+        b.shrink(Category.ACTIVATION, 0.5)
+
+
+def _state_dict_offload_formula(d: Demand, b: Breakdown, k: int) -> None:
+    b.shrink(Category.OTHER, 0.0)
+
+
+def _sharded_save_formula(d: Demand, b: Breakdown, k: int) -> None:
+    b.shrink(Category.OTHER, 1 / gpus_for(d, d.bytes(Category.OTHER))[0])
+
+
+def _init_state_formula(d: Demand, b: Breakdown, k: int) -> None:
+    temporary = b.get(Category.TEMPORARY)
+    b.shrink(Category.TEMPORARY, max(0.0, 1 - (d.first_step_excess or 0) / temporary) if temporary else 1.0)
+
+
+def _zero_shards_of(remedy: RemedyId) -> Callable[[Demand], int | None]:
+    return lambda d: zero_shards(d)[remedy]
+
+
+def _zero_transform(stage: int) -> Callable[[Stream, int], Stream]:
+    return (lambda s, n: zero3(s, n)) if stage == 3 else (lambda s, n: zero(s, stage, n))
+
+
+def _never(d: Demand) -> bool:
+    return False
+
+
+_BATCH_PRICE = Price("smaller matmuls, k accumulation steps per optimizer step", "none",
+                     "divide the batch, accumulate k micro-batches (same global batch)")
+_ZERO_TRAFFIC = "the same traffic (a reduce-scatter and an all-gather)"
+
+# The registry: one spec a remedy, in the order practitioners try them (the remedy list's order)
 REMEDIES: list[Remedy] = [
-    Remedy("fix_leak", "Fix the leak: stop keeping memory from every step", "a code change",
-           _fix_leak_how, lambda d: (d.leak_bytes, "high"), lambda d: d.triage == "leak", first=True),
+    Remedy(id=RemedyId.FIX_LEAK, title="Fix the leak: stop keeping memory from every step", cost="a code change",
+           how=_fix_leak_how, estimate=lambda d: (d.leak_bytes, "high"), applies=lambda d: d.triage == "leak",
+           acts_on=(), price=None, plan=None, replay=None, estimate_term=None, variables=(), first=True,
+           docs="what the leaking stacks keep (first, and the only size advice withheld, when the triage says leak)"),
     # the saving-a-checkpoint spike has its own cheap fixes, tried before anything that changes training
-    Remedy("state_dict_offload", "Gather the state dict to CPU while saving", "a slower save",
-           "from torch.distributed.checkpoint.state_dict import get_state_dict, StateDictOptions\n"
-           "sd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))",
-           lambda d: (d.bytes(Category.OTHER), "medium"), lambda d: "checkpoint_gather" in d.findings,
-           acts_on=(Category.OTHER,)),
-    Remedy("sharded_save", "Save a sharded checkpoint (torch.distributed.checkpoint)", "a directory of shards instead of one file",
-           "import torch.distributed.checkpoint as dcp\ndcp.save({'model': model.state_dict()}, checkpoint_id=path)",
-           lambda d: (int(d.bytes(Category.OTHER) * (1 - 1 / gpus_for(d, d.bytes(Category.OTHER))[0])), "medium"),
-           lambda d: "checkpoint_gather" in d.findings and _shards_possible(d), acts_on=(Category.OTHER,)),
+    Remedy(id=RemedyId.STATE_DICT_OFFLOAD, title="Gather the state dict to CPU while saving", cost="a slower save",
+           how="from torch.distributed.checkpoint.state_dict import get_state_dict, StateDictOptions\n"
+               "sd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))",
+           estimate=lambda d: (d.bytes(Category.OTHER), "medium"), applies=lambda d: "checkpoint_gather" in d.findings,
+           acts_on=(Category.OTHER,), price=Price("a slower save", "none", "get_state_dict(..., cpu_offload=True)"),
+           plan=PlanLever(LeverName.CHECKPOINT_SAVE, 0.1, _state_dict_offload_formula), replay=None, estimate_term=None,
+           variables=(), docs="the gathered copies (when a checkpoint gather spike is found)"),
+    Remedy(id=RemedyId.SHARDED_SAVE, title="Save a sharded checkpoint (torch.distributed.checkpoint)",
+           cost="a directory of shards instead of one file",
+           how="import torch.distributed.checkpoint as dcp\ndcp.save({'model': model.state_dict()}, checkpoint_id=path)",
+           estimate=lambda d: (int(d.bytes(Category.OTHER) * (1 - 1 / gpus_for(d, d.bytes(Category.OTHER))[0])), "medium"),
+           applies=lambda d: "checkpoint_gather" in d.findings and _shards_possible(d), acts_on=(Category.OTHER,),
+           price=Price("none measurable", "none", "torch.distributed.checkpoint.save (a directory of shards)"),
+           plan=PlanLever(LeverName.CHECKPOINT_SAVE, 0.2, _sharded_save_formula), replay=None, estimate_term=None,
+           variables=(), docs="(1 − 1/N) of the gathered copies, N GPUs (when a checkpoint gather spike is found)"),
     # story 5: the first optimizer step OOMs while later ones would fit: create Adam's state up front, in a clean
     # allocator, instead of lazily on top of the first step's gradients and temporaries
-    Remedy("init_optimizer_state", "Create the optimizer state before the first batch", "one extra step at lr 0 "
-           "(Adam's step counter starts at 1: the first bias correction differs slightly)",
-           "for p in model.parameters():\n    p.grad = torch.zeros_like(p)\nlrs = [g['lr'] for g in optimizer.param_groups]\n"
-           "for g in optimizer.param_groups:\n    g['lr'] = 0.0\noptimizer.step(); optimizer.zero_grad(set_to_none=True)\n"
-           "for g, lr in zip(optimizer.param_groups, lrs):\n    g['lr'] = lr",
-           lambda d: (d.first_step_excess, "low"), lambda d: d.lazy_state_trouble, acts_on=(Category.TEMPORARY,)),
+    Remedy(id=RemedyId.INIT_OPTIMIZER_STATE, title="Create the optimizer state before the first batch",
+           cost="one extra step at lr 0 (Adam's step counter starts at 1: the first bias correction differs slightly)",
+           how="for p in model.parameters():\n    p.grad = torch.zeros_like(p)\nlrs = [g['lr'] for g in optimizer.param_groups]\n"
+               "for g in optimizer.param_groups:\n    g['lr'] = 0.0\noptimizer.step(); optimizer.zero_grad(set_to_none=True)\n"
+               "for g, lr in zip(optimizer.param_groups, lrs):\n    g['lr'] = lr",
+           estimate=lambda d: (d.first_step_excess, "low"), applies=lambda d: d.lazy_state_trouble,
+           acts_on=(Category.TEMPORARY,),
+           price=Price("one extra step at lr 0", "none", "create the optimizer state before the first batch"),
+           plan=PlanLever(LeverName.FIRST_STEP, 0.3, _init_state_formula), replay=None, estimate_term=None, variables=(),
+           docs="when the first optimizer step (lazy state creation) OOMs or peaks above the later ones: how much "
+                "higher it peaks (unquantified when no later step was recorded)"),
     # a forward-only run that keeps the autograd graph holds every activation for a backward that never comes
-    Remedy("no_grad", "If the forward runs with autograd on: run it under torch.inference_mode()",
-           "none, when no backward follows", "with torch.inference_mode():   # or torch.no_grad()\n    out = model(batch)",
-           lambda d: (d.graph_bytes, "low"), lambda d: d.graph_kept, acts_on=(Category.ACTIVATION,), conditional=True),
-    Remedy("micro_batch", _micro_batch_title, "instant; lower throughput; very small batches can hurt convergence",
-           lambda d: ("batch_size = batch_size // 2   # fewer sequences at once: the KV cache and activations scale "
-                      "with batch x sequence" if d.workload == FORWARD_ONLY else
-                      "batch_size = batch_size // 2   # keep the global batch with gradient accumulation"),
-           lambda d: (_batch_scaled(d) // 2, "high"), _batch_advice, acts_on=_BATCH),
-    Remedy("bf16", "Train in bf16 mixed precision", "small; fp16 needs loss scaling, bf16 needs Ampere or newer",
-           "with torch.autocast(device_type='cuda', dtype=torch.bfloat16):\n    loss = model(batch)",
-           _bf16, lambda d: _trains(d) and d.autocast is not True and d.mixed_precision is not True
-           and _relevant(Category.ACTIVATION)(d), acts_on=(Category.ACTIVATION,)),
-    Remedy("weight_quantization", lambda d: _quantized_title(d, "8-bit weights (bitsandbytes LLM.int8)"),
-           "a new dependency; slower matmuls; small accuracy loss",
-           lambda d: _quantized_how(d, "load_in_8bit=True"),
-           lambda d: (untrained_weights(d) // 2, "medium"), _quantizable, acts_on=(Category.PARAMETER,)),
-    Remedy("weight_quantization_4bit", lambda d: _quantized_title(d, "4-bit weights (bitsandbytes NF4)"),
-           "a new dependency; slower matmuls; more accuracy loss than 8-bit",
-           lambda d: _quantized_how(d, "load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_compute_dtype=torch.bfloat16"),
-           lambda d: (untrained_weights(d) * 3 // 4, "medium"), _quantizable, acts_on=(Category.PARAMETER,)),
-    Remedy("gradient_accumulation", "Gradient accumulation: 2 micro-batches of half the size",
-           "slower steps; the same effective batch (BatchNorm-style layers see smaller batches)",
-           "for i, chunk in enumerate(batch.chunk(2)):\n    (model(chunk).loss / 2).backward()\noptimizer.step(); optimizer.zero_grad()",
-           _accumulation, lambda d: _trains(d) and _batch_advice(d), acts_on=_BATCH),
-    Remedy("activation_checkpointing", "Activation checkpointing of each block", "about 20-30% more compute",
-           "from torch.utils.checkpoint import checkpoint\nx = checkpoint(block, x, use_reentrant=False)",
-           _checkpointing, lambda d: _trains(d) and _relevant(Category.ACTIVATION)(d), acts_on=(Category.ACTIVATION,)),
-    Remedy("optimizer_8bit", "8-bit Adam (bitsandbytes)", "a new dependency; usually no accuracy loss",
-           "import bitsandbytes as bnb\noptimizer = bnb.optim.AdamW8bit(model.parameters(), lr=lr)",
-           lambda d: (int(_optimizer_moments(d) * 0.75), "medium"), _relevant(Category.OPTIMIZER_STATE),
-           acts_on=(Category.OPTIMIZER_STATE,)),
-    Remedy("adafactor", "Adafactor (factored second moment, no first moment)", "may need tuning of the learning rate",
-           "from transformers.optimization import Adafactor\noptimizer = Adafactor(model.parameters(), lr=lr, relative_step=False)",
-           lambda d: (int(_optimizer_moments(d) * 0.9), "low"), _relevant(Category.OPTIMIZER_STATE),
-           acts_on=(Category.OPTIMIZER_STATE,)),
-    Remedy("optimizer_offload", "Offload optimizer state to CPU", "slower optimizer steps, bounded by PCIe",
-           "# DeepSpeed: \"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": {\"device\": \"cpu\"}}",
-           lambda d: (d.bytes(Category.OPTIMIZER_STATE), "medium"), _relevant(Category.OPTIMIZER_STATE),
-           acts_on=(Category.OPTIMIZER_STATE,)),
-    Remedy("zero1", lambda d: f"ZeRO-1: shard optimizer state {_over(d, d.bytes(Category.OPTIMIZER_STATE))}",
-           "communication; needs data parallelism",
-           "torch.distributed.optim.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW)",
-           _zero(*ZERO_SHARDED["zero1"]),
-           lambda d: _shards_possible(d) and _relevant(*ZERO_SHARDED["zero1"])(d), acts_on=ZERO_SHARDED["zero1"]),
-    Remedy("zero2", _zero2_title, "more communication",
-           "# DeepSpeed: \"zero_optimization\": {\"stage\": 2}  |  FSDP: ShardingStrategy.SHARD_GRAD_OP",
-           _zero(*ZERO_SHARDED["zero2"]),
-           lambda d: _shards_possible(d) and _relevant(*ZERO_SHARDED["zero2"])(d), acts_on=ZERO_SHARDED["zero2"]),
-    Remedy("zero3", lambda d: f"ZeRO-3 / FSDP: shard parameters too, {_over(d, d.bytes(*_STATES))}",
-           "most communication; parameters gathered per layer",
-           "from torch.distributed.fsdp import fully_shard\nfor block in model.layers: fully_shard(block)\nfully_shard(model)",
-           _zero(*ZERO_SHARDED["zero3"]),
-           lambda d: _trains(d) and _shards_possible(d) and _relevant(*ZERO_SHARDED["zero3"])(d),
-           acts_on=ZERO_SHARDED["zero3"]),
-    Remedy("tensor_parallel", lambda d: f"Tensor parallelism over {tp_gpus(d)} GPUs (inside a node)",
-           "needs model code changes; fast links",
-           "from torch.distributed.tensor.parallel import parallelize_module  # ColwiseParallel / RowwiseParallel",
-           lambda d: (int(d.bytes(*_STATES, Category.ACTIVATION) * (1 - 1 / tp_gpus(d))), "low"),
-           lambda d: _shards_possible(d) and _relevant(*_STATES, Category.ACTIVATION)(d),
-           acts_on=(*_STATES, Category.ACTIVATION)),
-    Remedy("pipeline_parallel", _pipeline_title,
-           "a pipeline bubble ((S-1)/(m+S-1) of the step idle with m micro-batches); the model split into stages",
-           "from torch.distributed.pipelining import pipeline, SplitPoint, ScheduleGPipe  # or Schedule1F1B\n"
-           "pipe = pipeline(model, mb_args=(micro_batch,), split_spec={'layers.16': SplitPoint.BEGINNING})",
-           lambda d: (int(_pipelined(d) * (1 - 1 / pipeline_stages(d))), "low"),
-           lambda d: _trains(d) and (d.layers or 0) >= PIPELINE_MIN_LAYERS and _shards_possible(d)
-           and _relevant(*_STATES, Category.ACTIVATION)(d), acts_on=(*_STATES, Category.ACTIVATION, Category.TEMPORARY)),
-    Remedy("model_changes", "Model changes: GQA/MQA, efficient attention (SDPA/FlashAttention), fewer or narrower layers",
-           "changes the model; may need retraining", "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)",
-           lambda d: (None, "low"), _relevant(Category.ACTIVATION), acts_on=(Category.ACTIVATION,)),
-    Remedy("expandable_segments", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "none measurable",
-           "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
-           lambda d: (d.recoverable_fragmentation, "medium"),
-           lambda d: d.expandable_segments is not True and ("fragmentation" in d.findings or "reserved_growth" in d.findings
-                                                            or d.oom_verdict == "fragmentation"),
-           layout_only=True),
-    Remedy("max_split_size", "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512 (expandable segments already on)",
-           "may raise reserved memory for large blocks", "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,max_split_size_mb:512",
-           lambda d: (d.recoverable_fragmentation // 2, "low"),
-           lambda d: d.expandable_segments is True and d.oom_verdict == "fragmentation", layout_only=True),
-    Remedy("offload", lambda d: "Offload the weights to CPU (accelerate device_map='auto')" if d.workload == FORWARD_ONLY
-           else "Offload parameters / activations to CPU", "large slowdown, bounded by PCIe",
-           lambda d: ("model = AutoModel.from_pretrained(name, device_map='auto', max_memory={0: '20GiB', 'cpu': '200GiB'})"
-                      if d.workload == FORWARD_ONLY else
-                      "# FSDP: CPUOffload(offload_params=True)  |  torch.autograd.graph.save_on_cpu() for activations"),
-           lambda d: (d.bytes(Category.PARAMETER) + (0 if d.workload == FORWARD_ONLY else d.bytes(Category.ACTIVATION) // 2),
-                      "low"),
-           lambda d: _relevant(Category.PARAMETER, *(() if d.workload == FORWARD_ONLY else (Category.ACTIVATION,)))(d),
-           acts_on=(Category.PARAMETER, Category.ACTIVATION)),
+    Remedy(id=RemedyId.NO_GRAD, title="If the forward runs with autograd on: run it under torch.inference_mode()",
+           cost="none, when no backward follows",
+           how="with torch.inference_mode():   # or torch.no_grad()\n    out = model(batch)",
+           estimate=lambda d: (d.graph_bytes, "low"), applies=lambda d: d.graph_kept, acts_on=(Category.ACTIVATION,),
+           price=None, plan=None, replay=None, estimate_term=None, variables=(), conditional=True,
+           docs="forward only with activations kept: all of them but the latest (the output); conditional"),
+    Remedy(id=RemedyId.MICRO_BATCH, title=_micro_batch_title,
+           cost="instant; lower throughput; very small batches can hurt convergence",
+           how=lambda d: ("batch_size = batch_size // 2   # fewer sequences at once: the KV cache and activations scale "
+                          "with batch x sequence" if d.workload == FORWARD_ONLY else
+                          "batch_size = batch_size // 2   # keep the global batch with gradient accumulation"),
+           estimate=lambda d: (_batch_scaled(d) // 2, "high"), applies=_batch_advice, acts_on=_BATCH,
+           price=_BATCH_PRICE, plan=PlanLever(LeverName.BATCH, 1.0, _divide(*_BATCH), lambda d: 2, divides_batch=True),
+           replay=Replay(micro_batch), estimate_term=EstimateTerm("micro-batch {b} with gradient accumulation x{k}", 1.0),
+           variables=(), docs="half of activations + inputs + temporaries (forward only: \"halve the batch (or the "
+                              "sequence length)\")"),
+    Remedy(id=RemedyId.BF16, title="Train in bf16 mixed precision",
+           cost="small; fp16 needs loss scaling, bf16 needs Ampere or newer",
+           how="with torch.autocast(device_type='cuda', dtype=torch.bfloat16):\n    loss = model(batch)",
+           estimate=_bf16, applies=lambda d: _trains(d) and d.autocast is not True and d.mixed_precision is not True
+           and _relevant(Category.ACTIVATION)(d), acts_on=(Category.ACTIVATION,),
+           price=Price("faster on tensor cores", "halved gradient traffic", "torch.autocast(dtype=torch.bfloat16)"),
+           plan=PlanLever(LeverName.PRECISION, 1.5, _bf16_formula), replay=Replay(lambda s, k: bf16(s)),
+           estimate_term=None, variables=("precision", "autocast"),
+           docs="half of activations less the bf16 weight copies autocast keeps (an upper bound, low confidence; "
+                "training only, offered when autocast is not seen on and the model states do not already look "
+                "mixed precision)"),
+    Remedy(id=RemedyId.WEIGHT_QUANTIZATION, title=lambda d: _quantized_title(d, "8-bit weights (bitsandbytes LLM.int8)"),
+           cost="a new dependency; slower matmuls; small accuracy loss",
+           how=lambda d: _quantized_how(d, "load_in_8bit=True"),
+           estimate=lambda d: (untrained_weights(d) // 2, "medium"), applies=_quantizable, acts_on=(Category.PARAMETER,),
+           price=Price("slower matmuls (weights dequantized on the fly)", "none",
+                       "BitsAndBytesConfig(load_in_8bit=True) (a new dependency)"),
+           plan=PlanLever(LeverName.WEIGHTS, 1.6, _quantized(0.5)), replay=None, estimate_term=None, variables=(),
+           docs="half of the weights nothing trains (from 16-bit; more from fp32): a forward-only run's, a frozen "
+                "base's (QLoRA), all at an OOM while loading; only when they are ≥ 25% of the peak"),
+    Remedy(id=RemedyId.WEIGHT_QUANTIZATION_4BIT, title=lambda d: _quantized_title(d, "4-bit weights (bitsandbytes NF4)"),
+           cost="a new dependency; slower matmuls; more accuracy loss than 8-bit",
+           how=lambda d: _quantized_how(d, "load_in_4bit=True, bnb_4bit_quant_type='nf4', "
+                                           "bnb_4bit_compute_dtype=torch.bfloat16"),
+           estimate=lambda d: (untrained_weights(d) * 3 // 4, "medium"), applies=_quantizable,
+           acts_on=(Category.PARAMETER,), price=Price("slower matmuls (weights dequantized on the fly)", "none",
+                                                     "BitsAndBytesConfig(load_in_4bit=True) (a new dependency)"),
+           plan=PlanLever(LeverName.WEIGHTS, 1.7, _quantized(0.75)), replay=None, estimate_term=None, variables=(),
+           docs="three quarters of the weights nothing trains, where `weight_quantization` would offer half"),
+    Remedy(id=RemedyId.GRADIENT_ACCUMULATION, title="Gradient accumulation: 2 micro-batches of half the size",
+           cost="slower steps; the same effective batch (BatchNorm-style layers see smaller batches)",
+           how="for i, chunk in enumerate(batch.chunk(2)):\n    (model(chunk).loss / 2).backward()\n"
+               "optimizer.step(); optimizer.zero_grad()",
+           estimate=_accumulation, applies=lambda d: _trains(d) and _batch_advice(d), acts_on=_BATCH,
+           price=_BATCH_PRICE,
+           plan=PlanLever(LeverName.BATCH, 1.75, _accumulation_formula, lambda d: 2, divides_batch=True),
+           replay=Replay(accumulation), estimate_term=None, variables=(),
+           docs="as `micro_batch`, less the gradients the first micro-batch leaves alive through the second"),
+    Remedy(id=RemedyId.ACTIVATION_CHECKPOINTING, title="Activation checkpointing of each block",
+           cost="about 20-30% more compute",
+           how="from torch.utils.checkpoint import checkpoint\nx = checkpoint(block, x, use_reentrant=False)",
+           estimate=_checkpointing, applies=lambda d: _trains(d) and _relevant(Category.ACTIVATION)(d),
+           acts_on=(Category.ACTIVATION,),
+           price=Price("about 20-30% more compute (one more forward)", "none", "torch.utils.checkpoint around each block"),
+           plan=PlanLever(LeverName.CHECKPOINTING, 3.0, _checkpointing_formula), replay=Replay(lambda s, k: checkpointing(s)),
+           estimate_term=EstimateTerm("full activation checkpointing", 3.0), variables=(),
+           docs="the activations inside the repeated blocks (`layers.N` ...) less each block's output; without block "
+                "names, activations × (1 − 2/L), or half"),
+    Remedy(id=RemedyId.OPTIMIZER_8BIT, title="8-bit Adam (bitsandbytes)", cost="a new dependency; usually no accuracy loss",
+           how="import bitsandbytes as bnb\noptimizer = bnb.optim.AdamW8bit(model.parameters(), lr=lr)",
+           estimate=lambda d: (_ADAM_8BIT.estimate(d), "medium"), applies=_relevant(Category.OPTIMIZER_STATE),
+           acts_on=(Category.OPTIMIZER_STATE,),
+           price=Price("none measurable", "none", "bitsandbytes AdamW8bit (a new dependency)"),
+           plan=PlanLever(LeverName.OPTIMIZER, 4.0, _ADAM_8BIT.formula), replay=Replay(_ADAM_8BIT.transform),
+           estimate_term=EstimateTerm("8-bit Adam", 4.5, "adam_8bit"), variables=(),
+           docs="75% of Adam's moments (all state when fp32, 8/12 of it with fp32 master weights)"),
+    Remedy(id=RemedyId.ADAFACTOR, title="Adafactor (factored second moment, no first moment)",
+           cost="may need tuning of the learning rate",
+           how="from transformers.optimization import Adafactor\n"
+               "optimizer = Adafactor(model.parameters(), lr=lr, relative_step=False)",
+           estimate=lambda d: (_ADAFACTOR.estimate(d), "low"), applies=_relevant(Category.OPTIMIZER_STATE),
+           acts_on=(Category.OPTIMIZER_STATE,),
+           price=Price("none measurable", "none", "Adafactor (may need learning-rate tuning)"),
+           plan=PlanLever(LeverName.OPTIMIZER, 4.25, _ADAFACTOR.formula), replay=Replay(_ADAFACTOR.transform),
+           estimate_term=EstimateTerm("Adafactor", 5.5, "adafactor"), variables=(),
+           docs="90% of Adam's moments (all state when fp32, 8/12 of it with fp32 master weights)"),
+    Remedy(id=RemedyId.OPTIMIZER_OFFLOAD, title="Offload optimizer state to CPU", cost="slower optimizer steps, bounded by PCIe",
+           how="# DeepSpeed: \"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": {\"device\": \"cpu\"}}",
+           estimate=lambda d: (d.bytes(Category.OPTIMIZER_STATE), "medium"), applies=_relevant(Category.OPTIMIZER_STATE),
+           acts_on=(Category.OPTIMIZER_STATE,),
+           price=Price("optimizer step on the CPU, bounded by PCIe", "gradients and weights over PCIe each step",
+                       "DeepSpeed offload_optimizer"),
+           plan=PlanLever(LeverName.OPTIMIZER, 4.5, _offload_optimizer_formula),
+           replay=Replay(lambda s, k: optimizer_state(s, 0.0, step_temporaries=0.0)),
+           estimate_term=EstimateTerm("optimizer state offloaded to CPU", 7.0, "offloaded"), variables=(),
+           docs="all of the optimizer state (and, replayed, the optimizer step's temporaries)"),
+    Remedy(id=RemedyId.ZERO1, title=lambda d: f"ZeRO-1: shard optimizer state {_over(d, d.bytes(Category.OPTIMIZER_STATE))}",
+           cost="communication; needs data parallelism",
+           how="torch.distributed.optim.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW)",
+           estimate=_zero(*ZERO_SHARDED[RemedyId.ZERO1]),
+           applies=lambda d: _shards_possible(d) and _relevant(*ZERO_SHARDED[RemedyId.ZERO1])(d),
+           acts_on=ZERO_SHARDED[RemedyId.ZERO1], price=Price("throughput about that of data parallel", _ZERO_TRAFFIC,
+                                                            "ZeroRedundancyOptimizer / DeepSpeed stage 1"),
+           plan=PlanLever(LeverName.ZERO, 4.75, _divide(*ZERO_SHARDED[RemedyId.ZERO1]), _zero_shards_of(RemedyId.ZERO1)),
+           replay=Replay(_zero_transform(1), sharded=True), estimate_term=EstimateTerm("ZeRO-1", 4.0),
+           variables=("gpus",), docs="(1 − 1/N) of optimizer state; N named in the title; not with one GPU"),
+    Remedy(id=RemedyId.ZERO2, title=_zero2_title, cost="more communication",
+           how="# DeepSpeed: \"zero_optimization\": {\"stage\": 2}  |  FSDP: ShardingStrategy.SHARD_GRAD_OP",
+           estimate=_zero(*ZERO_SHARDED[RemedyId.ZERO2]),
+           applies=lambda d: _shards_possible(d) and _relevant(*ZERO_SHARDED[RemedyId.ZERO2])(d),
+           acts_on=ZERO_SHARDED[RemedyId.ZERO2], price=Price("throughput about that of data parallel", _ZERO_TRAFFIC,
+                                                            "FSDP SHARD_GRAD_OP / DeepSpeed stage 2"),
+           plan=PlanLever(LeverName.ZERO, 5.0, _divide(*ZERO_SHARDED[RemedyId.ZERO2]), _zero_shards_of(RemedyId.ZERO2)),
+           replay=Replay(_zero_transform(2), sharded=True), estimate_term=EstimateTerm("ZeRO-2", 5.0),
+           variables=("gpus",), docs="(1 − 1/N) of optimizer state and gradients; N named in the title; not with one GPU"),
+    Remedy(id=RemedyId.ZERO3, title=lambda d: f"ZeRO-3 / FSDP: shard parameters too, {_over(d, d.bytes(*_STATES))}",
+           cost="most communication; parameters gathered per layer",
+           how="from torch.distributed.fsdp import fully_shard\nfor block in model.layers: fully_shard(block)\n"
+               "fully_shard(model)",
+           estimate=_zero(*ZERO_SHARDED[RemedyId.ZERO3]),
+           applies=lambda d: _trains(d) and _shards_possible(d) and _relevant(*ZERO_SHARDED[RemedyId.ZERO3])(d),
+           acts_on=ZERO_SHARDED[RemedyId.ZERO3],
+           price=Price("parameters gathered per layer", "1.5x data parallel (all-gather in forward and backward)",
+                       "FSDP fully_shard / DeepSpeed stage 3"),
+           plan=PlanLever(LeverName.ZERO, 6.0, _divide(*ZERO_SHARDED[RemedyId.ZERO3]), _zero_shards_of(RemedyId.ZERO3)),
+           replay=Replay(_zero_transform(3), sharded=True), estimate_term=EstimateTerm("ZeRO-3", 6.0),
+           variables=("gpus",), docs="(1 − 1/N) of optimizer state, gradients and parameters; N named in the title; "
+                                     "not with one GPU, nor for forward only"),
+    Remedy(id=RemedyId.TENSOR_PARALLEL, title=lambda d: f"Tensor parallelism over {tp_gpus(d)} GPUs (inside a node)",
+           cost="needs model code changes; fast links",
+           how="from torch.distributed.tensor.parallel import parallelize_module  # ColwiseParallel / RowwiseParallel",
+           estimate=lambda d: (int(d.bytes(*_STATES, Category.ACTIVATION) * (1 - 1 / tp_gpus(d))), "low"),
+           applies=lambda d: _shards_possible(d) and _relevant(*_STATES, Category.ACTIVATION)(d),
+           acts_on=(*_STATES, Category.ACTIVATION),
+           price=Price("smaller matmuls per GPU", "2 all-reduces of activations per layer, forward and backward "
+                       "(inside a node)", "model code changes (parallelize_module)"),
+           plan=PlanLever(LeverName.TP, 8.0, _divide(Category.OPTIMIZER_STATE, Category.GRADIENT, Category.PARAMETER,
+                                                 Category.ACTIVATION), tp_gpus),
+           replay=None, estimate_term=EstimateTerm("tensor parallel over {k} GPUs", 8.0), variables=("gpus",),
+           docs="(1 − 1/N) of model states and activations, N = the GPUs given (at most 8, inside a node), else 2"),
+    Remedy(id=RemedyId.PIPELINE_PARALLEL, title=_pipeline_title,
+           cost="a pipeline bubble ((S-1)/(m+S-1) of the step idle with m micro-batches); the model split into stages",
+           how="from torch.distributed.pipelining import pipeline, SplitPoint, ScheduleGPipe  # or Schedule1F1B\n"
+               "pipe = pipeline(model, mb_args=(micro_batch,), split_spec={'layers.16': SplitPoint.BEGINNING})",
+           estimate=lambda d: (int(_pipelined(d) * (1 - 1 / pipeline_stages(d))), "low"),
+           applies=lambda d: _trains(d) and (d.layers or 0) >= PIPELINE_MIN_LAYERS and _shards_possible(d)
+           and _relevant(*_STATES, Category.ACTIVATION)(d), acts_on=(*_STATES, Category.ACTIVATION, Category.TEMPORARY),
+           price=Price("pipeline bubble: (p-1)/(m+p-1) of the step idle with m micro-batches",
+                       "activations point to point between stages",
+                       "split the model into stages (torch.distributed.pipelining)"),
+           # remedies._pipelined: a stage's layers, S micro-batches in flight
+           plan=PlanLever(LeverName.PP, 8.5, _divide(Category.OPTIMIZER_STATE, Category.GRADIENT, Category.PARAMETER,
+                                                 Category.ACTIVATION, Category.TEMPORARY), pipeline_stages),
+           replay=None, estimate_term=EstimateTerm("{k} pipeline stages (1F1B)", 8.5), variables=(),
+           docs="(1 − 1/S) of model states, activations and temporaries (1F1B, the batch as S micro-batches: the first "
+                "stage holds S of them in flight over L/S layers), S = the GPUs given (at most L), else the fewest "
+                "that fit, else 8; a run that trains, L ≥ 2 repeated blocks, not one GPU; low confidence (a formula)"),
+    Remedy(id=RemedyId.MODEL_CHANGES,
+           title="Model changes: GQA/MQA, efficient attention (SDPA/FlashAttention), fewer or narrower layers",
+           cost="changes the model; may need retraining",
+           how="torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)",
+           estimate=lambda d: (None, "low"), applies=_relevant(Category.ACTIVATION), acts_on=(Category.ACTIVATION,),
+           price=None, plan=None, replay=None, estimate_term=None, variables=(),
+           docs="GQA/MQA, fused attention, smaller model: listed, not quantified"),
+    Remedy(id=RemedyId.EXPANDABLE_SEGMENTS, title="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+           cost="none measurable", how="export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+           estimate=lambda d: (d.recoverable_fragmentation, "medium"),
+           applies=lambda d: d.expandable_segments is not True and ("fragmentation" in d.findings or "reserved_growth" in
+                                                                    d.findings or d.oom_verdict == "fragmentation"),
+           acts_on=(), price=Price("none measurable", "none", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+           plan=PlanLever(LeverName.LAYOUT, 9.0, None, layout_first_cost=0.05),
+           replay=Replay(lambda s, k: s, expandable=True), estimate_term=None, variables=(), layout_only=True,
+           docs="the free pieces inside used segments given back (not the cache); only when fragmentation caused or "
+                "nearly caused an OOM; first when the OOM is fragmentation"),
+    Remedy(id=RemedyId.MAX_SPLIT_SIZE, title="PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512 (expandable segments already on)",
+           cost="may raise reserved memory for large blocks",
+           how="export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,max_split_size_mb:512",
+           estimate=lambda d: (d.recoverable_fragmentation // 2, "low"),
+           applies=lambda d: d.expandable_segments is True and d.oom_verdict == "fragmentation", acts_on=(),
+           price=Price("none measurable", "none", "PYTORCH_CUDA_ALLOC_CONF=...,max_split_size_mb:512"),
+           plan=PlanLever(LeverName.LAYOUT, 9.5, None, layout_first_cost=0.06), replay=None, estimate_term=None,
+           variables=(), layout_only=True,
+           docs="half the free pieces inside used segments, when expandable segments are on and the OOM is fragmentation"),
+    Remedy(id=RemedyId.OFFLOAD, title=lambda d: "Offload the weights to CPU (accelerate device_map='auto')"
+           if d.workload == FORWARD_ONLY else "Offload parameters / activations to CPU", cost="large slowdown, bounded by PCIe",
+           how=lambda d: ("model = AutoModel.from_pretrained(name, device_map='auto', max_memory={0: '20GiB', 'cpu': '200GiB'})"
+                          if d.workload == FORWARD_ONLY else
+                          "# FSDP: CPUOffload(offload_params=True)  |  torch.autograd.graph.save_on_cpu() for activations"),
+           estimate=lambda d: (d.bytes(Category.PARAMETER)
+                               + (0 if d.workload == FORWARD_ONLY else d.bytes(Category.ACTIVATION) // 2), "low"),
+           applies=lambda d: _relevant(Category.PARAMETER, *(() if d.workload == FORWARD_ONLY else (Category.ACTIVATION,)))(d),
+           acts_on=(Category.PARAMETER, Category.ACTIVATION),
+           price=Price("large slowdown, bounded by PCIe", "weights over PCIe every step", "FSDP CPUOffload / ZeRO-Infinity"),
+           plan=PlanLever(LeverName.WEIGHTS, 12.0, _offload_formula), replay=None,
+           estimate_term=EstimateTerm("parameters and optimizer state offloaded to CPU", 12.0), variables=(),
+           docs="parameters + half the activations (forward only: the weights)"),
 ]
 
 
 LAYOUT_ONLY = {r.id for r in REMEDIES if r.layout_only}
 CONDITIONAL = {r.id for r in REMEDIES if r.conditional}
 FIRST = {r.id for r in REMEDIES if r.first}
-BY_ID = {r.id: r for r in REMEDIES}
+BY_ID: dict[str, Remedy] = {r.id: r for r in REMEDIES}
 
 
 def count_layers(modules: list[str]) -> int | None:
@@ -459,7 +761,7 @@ def rank_remedies(demand: Demand) -> list[dict[str, Any]]:
         if replay is not None and replay["oom"] is not None:
             fits = bool(fits or remedy.layout_only) and not replay["oom"]
         title = remedy.title(demand) if callable(remedy.title) else remedy.title
-        out.append({"id": remedy.id, "rank": len(out) + 1, "title": title, "saved_bytes": saved,
+        out.append({"id": remedy.id.value, "rank": len(out) + 1, "title": title, "saved_bytes": saved,
                     "new_peak_bytes": new_peak, "fits": fits, "confidence": confidence, "try_first": False,
                     "purpose": "grow" if grow else "fix", "note": _same_saving(demand, remedy, saved, out),
                     "how": remedy.how(demand) if callable(remedy.how) else remedy.how, "cost": remedy.cost,

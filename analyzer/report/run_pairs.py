@@ -18,10 +18,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from analyzer.diagnose.remedies import REMEDIES
 from analyzer.report.run_log import CONFIG_VARIABLES, Run
 
-VARIABLE_REMEDIES = {"gpus": ("zero1", "zero2", "zero3", "tensor_parallel"), "precision": ("bf16",),
-                     "autocast": ("bf16",)}
+#: config variable -> the remedies that change it, from each remedy's spec (analyzer.diagnose.remedies)
+VARIABLE_REMEDIES = {variable: tuple(r.id.value for r in REMEDIES if variable in r.variables)
+                     for variable in dict.fromkeys(v for r in REMEDIES for v in r.variables)}
 _WORD = re.compile(r"[a-z0-9_]+")
 
 

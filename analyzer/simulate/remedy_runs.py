@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from analyzer.core.vocabulary import RemedyId
 from analyzer.simulate.allocator import AllocatorSettings
 from analyzer.simulate.gpt import GPT, Attention, Block, GPTConfig
 from analyzer.simulate.runner import TrainingLoop, simulate_to_files, trace_training
@@ -296,15 +297,15 @@ class RemedySetup:
 
 
 #: remedy id -> the setup with it applied (ZeRO over 4 GPUs)
-REMEDY_RUNS: dict[str, Callable[[RemedySetup], RemedySetup]] = {
-    "micro_batch": lambda s: replace(s, batch=s.batch // 2),
-    "gradient_accumulation": lambda s: replace(s, micro_batches=2),
-    "activation_checkpointing": lambda s: replace(s, checkpointing=True),
-    "bf16": lambda s: replace(s, bf16=True),
-    "zero1": lambda s: replace(s, zero_stage=1, shards=4),
-    "zero2": lambda s: replace(s, zero_stage=2, shards=4),
-    "zero3": lambda s: replace(s, zero_stage=3, shards=4),
-    "optimizer_8bit": lambda s: replace(s, optimizer_8bit=True),
+REMEDY_RUNS: dict[RemedyId, Callable[[RemedySetup], RemedySetup]] = {
+    RemedyId.MICRO_BATCH: lambda s: replace(s, batch=s.batch // 2),
+    RemedyId.GRADIENT_ACCUMULATION: lambda s: replace(s, micro_batches=2),
+    RemedyId.ACTIVATION_CHECKPOINTING: lambda s: replace(s, checkpointing=True),
+    RemedyId.BF16: lambda s: replace(s, bf16=True),
+    RemedyId.ZERO1: lambda s: replace(s, zero_stage=1, shards=4),
+    RemedyId.ZERO2: lambda s: replace(s, zero_stage=2, shards=4),
+    RemedyId.ZERO3: lambda s: replace(s, zero_stage=3, shards=4),
+    RemedyId.OPTIMIZER_8BIT: lambda s: replace(s, optimizer_8bit=True),
 }
 SHARDS = 4
 
