@@ -2,7 +2,9 @@
 
 `<!-- columns: NAME -->`, alone on a line of a page, becomes a Markdown table of that table's columns: name, dtype and the
 meaning the code gives it (the comment beside the column in its definition). NAME is one of `TABLES` in
-analyzer.core.trace, `timeline`, `spans` or `kernels`. An unknown NAME fails the build.
+analyzer.core.trace, `timeline`, `spans` or `kernels`. An unknown NAME fails the build. `<!-- remedies -->` becomes
+the table of the remedy registry (analyzer.diagnose.remedies.REMEDIES): each remedy's id, what its replay and
+plan give it, and its estimate in words.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File
 
 MARKER = re.compile(r"^<!-- columns: (\w+) -->$", re.MULTILINE)
+REMEDIES_MARKER = re.compile(r"^<!-- remedies -->$", re.MULTILINE)
 ENTRY = re.compile(r'^\s*"(\w+)":\s*"\w+",?\s*(?:#:?\s*(.*))?$')
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +65,20 @@ def _table(name: str, definitions: dict) -> str:
     return "\n".join(rows)
 
 
+def remedies_table() -> str:
+    """One row a registered remedy: its id, whether a replay or the plan predicts it, its estimate in words."""
+    from analyzer.diagnose.remedies import REMEDIES
+
+    rows = ["| id | replayed | in the plan | estimate on this run |", "|---|---|---|---|"]
+    for r in REMEDIES:
+        lever = f"`{r.plan.lever}` lever" if r.plan is not None else ""
+        rows.append(f"| `{r.id}` | {'yes' if r.replay is not None else ''} | {lever} | {r.docs.replace('|', chr(92) + '|')} |")
+    return "\n".join(rows)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
+    if REMEDIES_MARKER.search(markdown):
+        markdown = REMEDIES_MARKER.sub(lambda m: remedies_table(), markdown)
     if not MARKER.search(markdown):
         return markdown
     definitions = _definitions()
