@@ -4,17 +4,19 @@ Public API:
 - `load(path)` -> MemoryTrace: the input as pandas tables (allocations, segments, blocks, events, stacks,
   annotations, ooms, timeline); a MultiRankTrace (one MemoryTrace per rank) for a directory or .tar.gz of ranks.
 - `analyze(path_or_trace)` -> Analysis: peaks, OOMs, findings and remedies, `Analysis.to_json()`; a
-  RankSetAnalysis (one Analysis per rank) for a set of ranks.
+  RankSetAnalysis (one Analysis per rank) for a set of ranks; `analyze(path, thresholds=Thresholds(...))` tunes
+  what the detectors call a finding.
 - `capture(run_dir)`, `phase(name)`, `tag_modules(model)`: record a run well (analyzer.recording; imports torch
   only when used).
 """
 from analyzer.core.trace import MemoryTrace, MultiRankTrace
+from analyzer.diagnose.thresholds import Thresholds
 from analyzer.ingest import load
 from analyzer.pipeline import analyze
 from analyzer.result import Analysis, RankSetAnalysis
 
-__all__ = ["load", "analyze", "MemoryTrace", "MultiRankTrace", "Analysis", "RankSetAnalysis", "capture", "phase",
-           "tag_modules"]
+__all__ = ["load", "analyze", "Thresholds", "MemoryTrace", "MultiRankTrace", "Analysis", "RankSetAnalysis", "capture",
+           "phase", "tag_modules"]
 __version__ = "0.1.0"
 
 _CAPTURE_NAMES = frozenset({"capture", "phase", "tag_modules"})

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.diagnose.imbalance import PeakSummary, find_imbalance, summarise
+from analyzer.diagnose.thresholds import Thresholds
 from analyzer.errors import AnalyzerError
 from analyzer.ingest.ranks import RankFile, find_rank_files
 from analyzer.report.interactive import allocator_pictures, module_icicle
@@ -38,6 +39,7 @@ class RankOptions:
     gpu_memory: int | None = None
     world_size: int | None = None
     source_roots: tuple[str, ...] = ()
+    thresholds: Thresholds = Thresholds()
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,8 @@ def analyze_rank(file: RankFile, options: RankOptions) -> RankResult:
         if not isinstance(loaded, MemoryTrace):
             raise AnalyzerError(file.path, "holds several ranks itself", "Point at one rank's file.")
         return rank_result(analyze_trace(loaded, options.gpu_memory, options.world_size,
-                                         source_roots=options.source_roots), file.rank, file.label)
+                                         source_roots=options.source_roots, thresholds=options.thresholds),
+                           file.rank, file.label)
     except AnalyzerError as error:
         return RankResult(file.label, str(file.path), file.rank, error=str(error))
     except Exception as error:  # a bug of ours on one rank must not cost the user the other ranks
@@ -121,7 +124,8 @@ def analyze_job(root: str | Path, options: RankOptions = RankOptions(), *, sched
     results = _run(found.files, options, scheduler or os.environ.get(SCHEDULER_VARIABLE) or None, workers, done)
     results.sort(key=lambda r: (r.rank is None, r.rank or 0, r.path))
     return JobAnalysis(source_path=str(root), ranks=results,
-                       imbalance=find_imbalance([p for r in results for p in r.peaks]), warnings=found.warnings)
+                       imbalance=find_imbalance([p for r in results for p in r.peaks], **options.thresholds.imbalance()),
+                       warnings=found.warnings)
 
 
 def _run(files: Sequence[RankFile], options: RankOptions, scheduler: str | None, workers: int | None,

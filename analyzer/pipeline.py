@@ -23,6 +23,7 @@ from analyzer.core.units import human_bytes
 from analyzer.diagnose import diagnose
 from analyzer.diagnose.context import make_context
 from analyzer.diagnose.imbalance import find_imbalance, summarise
+from analyzer.diagnose.thresholds import Thresholds
 from analyzer.ingest import load
 from analyzer.ingest.sniff import MEMORY_TIMELINE, MEMORY_TIMELINE_RAW, SNAPSHOT
 from analyzer.result import TOP_ALLOCATIONS, Analysis, DeviceAnalysis, DeviceMeasures, OutOfMemory, RankSetAnalysis
@@ -30,39 +31,43 @@ from analyzer.result import TOP_ALLOCATIONS, Analysis, DeviceAnalysis, DeviceMea
 
 @overload
 def analyze(source: MemoryTrace, gpu_memory: int | None = None, world_size: int | None = None,
-            device_usage: MemoryTrace | None = None, *, source_roots: Sequence[str | Path] = ()) -> Analysis: ...
+            device_usage: MemoryTrace | None = None, *, source_roots: Sequence[str | Path] = (),
+            thresholds: Thresholds = Thresholds()) -> Analysis: ...
 
 
 @overload
 def analyze(source: MultiRankTrace, gpu_memory: int | None = None, world_size: int | None = None,
-            device_usage: MemoryTrace | None = None, *,
-            source_roots: Sequence[str | Path] = ()) -> RankSetAnalysis: ...
+            device_usage: MemoryTrace | None = None, *, source_roots: Sequence[str | Path] = (),
+            thresholds: Thresholds = Thresholds()) -> RankSetAnalysis: ...
 
 
 @overload
 def analyze(source: str | Path, gpu_memory: int | None = None, world_size: int | None = None,
-            device_usage: MemoryTrace | None = None, *,
-            source_roots: Sequence[str | Path] = ()) -> Analysis | RankSetAnalysis: ...
+            device_usage: MemoryTrace | None = None, *, source_roots: Sequence[str | Path] = (),
+            thresholds: Thresholds = Thresholds()) -> Analysis | RankSetAnalysis: ...
 
 
 def analyze(source: str | Path | MemoryTrace | MultiRankTrace, gpu_memory: int | None = None,
             world_size: int | None = None, device_usage: MemoryTrace | None = None, *,
-            source_roots: Sequence[str | Path] = ()) -> Analysis | RankSetAnalysis:
+            source_roots: Sequence[str | Path] = (), thresholds: Thresholds = Thresholds()) -> Analysis | RankSetAnalysis:
     """Analyse a file (any supported format, a set of ranks included) or an already loaded trace: attribution,
     peaks, findings, remedies. `gpu_memory` (bytes) and `world_size` sharpen the remedies' estimates;
     `device_usage`, an Nsight export of the same run, shows the memory outside PyTorch; `source_roots`, local
-    checkouts of the code the recording ran, let module class names be read from frames recorded elsewhere."""
+    checkouts of the code the recording ran, let module class names be read from frames recorded elsewhere;
+    `thresholds` (analyzer.diagnose.thresholds.Thresholds) tunes what the detectors call a finding."""
     loaded = source if isinstance(source, (MemoryTrace, MultiRankTrace)) else load(source)
     with gc_paused():  # millions of live objects from the reader: see analyzer.core.gc_pause
         if isinstance(loaded, MultiRankTrace):
             return RankSetAnalysis(source_path=loaded.source_path, warnings=list(loaded.warnings),
-                                   ranks=[analyze_trace(t, gpu_memory, world_size, device_usage, source_roots=source_roots)
-                                          for t in loaded.traces])
-        return analyze_trace(loaded, gpu_memory, world_size, device_usage, source_roots=source_roots)
+                                   ranks=[analyze_trace(t, gpu_memory, world_size, device_usage, source_roots=source_roots,
+                                                        thresholds=thresholds) for t in loaded.traces])
+        return analyze_trace(loaded, gpu_memory, world_size, device_usage, source_roots=source_roots,
+                             thresholds=thresholds)
 
 
 def analyze_trace(trace: MemoryTrace, gpu_memory: int | None = None, world_size: int | None = None,
-                  device_usage: MemoryTrace | None = None, *, source_roots: Sequence[str | Path] = ()) -> Analysis:
+                  device_usage: MemoryTrace | None = None, *, source_roots: Sequence[str | Path] = (),
+                  thresholds: Thresholds = Thresholds()) -> Analysis:
     """One recording: attributed (a new trace; the given one is left as it was), measured and diagnosed."""
     trace = attribute(trace, source_roots=source_roots)
     warnings = list(trace.warnings)
@@ -73,7 +78,7 @@ def analyze_trace(trace: MemoryTrace, gpu_memory: int | None = None, world_size:
                                          trace.source_kind))
         ctx = make_context(trace, measures, gpu_memory or _recorded_capacity(device_usage, device), world_size,
                            device_usage)
-        devices.append(DeviceAnalysis(**vars(measures), diagnosis=diagnose(ctx),
+        devices.append(DeviceAnalysis(**vars(measures), diagnosis=diagnose(ctx, thresholds),
                                       top_allocations=top_allocations(trace, measures)))
     if not devices:
         warnings.append("the input holds no allocations and no history on any device")
@@ -81,7 +86,8 @@ def analyze_trace(trace: MemoryTrace, gpu_memory: int | None = None, world_size:
         warnings.append("no allocation history was recorded, so only the end state is known; record it with "
                         "torch.cuda.memory._record_memory_history(max_entries=100000) before the step, "
                         "then call torch.cuda.memory._dump_snapshot(path)")
-    imbalance = find_imbalance([summarise(trace.device_label(d.device), d) for d in devices if d.device >= 0])
+    imbalance = find_imbalance([summarise(trace.device_label(d.device), d) for d in devices if d.device >= 0],
+                               **thresholds.imbalance())
     return Analysis(trace=trace, devices=devices, warnings=warnings, imbalance=imbalance)
 
 

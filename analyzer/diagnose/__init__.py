@@ -10,6 +10,7 @@ on the CPU) gets the remedies that are not the CUDA allocator's.
 """
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 from analyzer.diagnose import (activation_peak, checkpoint_gather, fragmentation, leak, oom, optimizer_spike, outside,
@@ -23,10 +24,20 @@ from analyzer.diagnose.triage import triage
 from analyzer.diagnose.remedies import (LAYOUT_ONLY, SMALLEST_GPU, Demand, checkpointable_bytes, count_layers,
                                         describe, fits_any_gpu, fits_as_is, rank_remedies, zero_shards)
 from analyzer.diagnose.theory import explain_model_states
+from analyzer.diagnose.thresholds import Thresholds
 from analyzer.diagnose.workload import Workload, recognise
 from analyzer.result import Diagnosis
 
 DETECTORS = [outside, oom, leak, reserved_growth, activation_peak, optimizer_spike, checkpoint_gather, fragmentation]
+
+
+def _tuned(t: Thresholds) -> dict[ModuleType, dict[str, Any]]:
+    """Each detector's keyword arguments from the thresholds (a detector without thresholds takes none)."""
+    return {outside: {"share": t.outside_share, "significant_share": t.outside_significant_share},
+            oom: {"outside_share": t.oom_outside_share, "recovery_share": t.recovery_share},
+            leak: {"level_agreement": t.leak_level_agreement, "min_share_of_peak": t.leak_min_share_of_peak},
+            reserved_growth: {"min_share": t.reserved_growth_min_share},
+            fragmentation: {"near_oom_share": t.near_oom_share, "recovery_share": t.recovery_share}}
 # what the request that failed would have been, by the phase it failed in
 _REQUEST_CATEGORY: dict[str, str] = {
     Phase.FORWARD: Category.ACTIVATION.value, Phase.BACKWARD: Category.TEMPORARY.value,
@@ -34,15 +45,18 @@ _REQUEST_CATEGORY: dict[str, str] = {
     Phase.CHECKPOINT_SAVE: Category.OTHER.value}
 
 
-def diagnose(ctx: DeviceContext) -> Diagnosis:
-    """Findings, theory, fragmentation, triage, remedies and verdict of one device."""
+def diagnose(ctx: DeviceContext, thresholds: Thresholds = Thresholds()) -> Diagnosis:
+    """Findings, theory, fragmentation, triage, remedies and verdict of one device, each detector at its
+    thresholds."""
     host = ctx.device < 0 and beside_a_gpu(ctx)
+    tuned = _tuned(thresholds)
     findings = [f for detector in DETECTORS if not (ctx.device < 0 and detector is fragmentation)
-                for f in detector.detect(ctx)]
+                for f in detector.detect(ctx, **tuned.get(detector, {}))]
     picture = ctx.fragmentation_at_oom or ctx.fragmentation_at_peak
     theory = theory_check(ctx)
     triaged = triage(ctx, findings)
-    workload = recognise(ctx)
+    workload = recognise(ctx, gradient_share=thresholds.gradient_share, graph_kept_share=thresholds.graph_kept_share,
+                         frozen_below=thresholds.frozen_below)
     demand = _demand(ctx, findings, theory, triaged["verdict"], picture, workload)
     offered = [] if host else [r["id"] for r in rank_remedies(demand)]
     demand.replayed = counterfactual.replayed(ctx, demand, offered)   # only what is offered is replayed

@@ -104,21 +104,23 @@ def fragmentation_at(ctx: DeviceContext, seq: int, request: int | None = None) -
     return picture
 
 
-def nearly_out_of_memory(picture: dict[str, Any], capacity: int | None) -> bool:
-    """Fragmentation nearly caused an OOM: the reserve reached NEAR_OOM_SHARE of the device while the free
-    pieces inside used segments were a meaningful share of it (cache alone never is: it is released first)."""
+def nearly_out_of_memory(picture: dict[str, Any], capacity: int | None, near_oom_share: float = NEAR_OOM_SHARE,
+                         recovery_share: float = RECOVERY_THRESHOLD) -> bool:
+    """Fragmentation nearly caused an OOM: the reserve reached `near_oom_share` of the device while the free
+    pieces inside used segments were `recovery_share` of it or more (cache alone never is: it is released first)."""
     reserved, fragmented = picture["reserved_bytes"], picture["external_bytes"]
-    return (capacity is not None and fragmented is not None and reserved >= NEAR_OOM_SHARE * capacity
-            and fragmented >= RECOVERY_THRESHOLD * reserved)
+    return (capacity is not None and fragmented is not None and reserved >= near_oom_share * capacity
+            and fragmented >= recovery_share * reserved)
 
 
-def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
+def detect(ctx: DeviceContext, *, near_oom_share: float = NEAR_OOM_SHARE,
+           recovery_share: float = RECOVERY_THRESHOLD) -> list[dict[str, Any]]:
     """Fragmentation at the allocated peak, warned about only when it nearly caused an OOM (an OOM it caused is
-    the oom detector's verdict)."""
+    the oom detector's verdict): `nearly_out_of_memory`."""
     seq = ctx.d.peak.event_index
     picture = fragmentation_at(ctx, seq)
     ctx.fragmentation_at_peak = picture
-    if ctx.d.oom is not None or not nearly_out_of_memory(picture, ctx.capacity_bytes):
+    if ctx.d.oom is not None or not nearly_out_of_memory(picture, ctx.capacity_bytes, near_oom_share, recovery_share):
         return []
     reserved, fragmented = picture["reserved_bytes"], picture["external_bytes"]
     assert ctx.capacity_bytes is not None  # nearly_out_of_memory needs it

@@ -64,16 +64,19 @@ def worst_first(peaks: Sequence[PeakSummary]) -> list[PeakSummary]:
     return sorted(peaks, key=lambda p: (not p.oom, -p.peak_bytes))
 
 
-def find_imbalance(peaks: Sequence[PeakSummary]) -> dict[str, Any] | None:
-    """The `imbalance` finding, or None when the peaks are even (or there is only one)."""
+def find_imbalance(peaks: Sequence[PeakSummary], *, ratio: float = IMBALANCE_RATIO, min_gap_bytes: int = MIN_GAP_BYTES,
+                   idle_share: float = IDLE_SHARE) -> dict[str, Any] | None:
+    """The `imbalance` finding, or None when the peaks are even (or there is only one): the worst peak is at
+    least `ratio` times the median one and `min_gap_bytes` above it, among the devices whose peak is at least
+    `idle_share` of the largest."""
     largest = max((p.peak_bytes for p in peaks), default=0)
-    peaks = [p for p in peaks if p.peak_bytes >= IDLE_SHARE * largest]  # an idle GPU is not part of the job
+    peaks = [p for p in peaks if p.peak_bytes >= idle_share * largest]  # an idle GPU is not part of the job
     if len(peaks) < 2:
         return None
     median_bytes = statistics.median_low(p.peak_bytes for p in peaks)  # a device's own peak (lower of two)
     worst = max(peaks, key=lambda p: (p.oom, p.peak_bytes))
     gap = worst.peak_bytes - median_bytes
-    if worst.peak_bytes < IMBALANCE_RATIO * median_bytes or gap < MIN_GAP_BYTES:
+    if worst.peak_bytes < ratio * median_bytes or gap < min_gap_bytes:
         return None
     median = min((p for p in peaks if p.peak_bytes == median_bytes), key=lambda p: p.label)
     category, category_gap = _largest_gap(worst.by_category, median.by_category)

@@ -53,7 +53,10 @@ def leaking(kept: pd.DataFrame, steps: list[int]) -> pd.DataFrame:
     return groups[seen >= needed].sort_values("bytes_per_step", ascending=False, kind="stable").reset_index()
 
 
-def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
+def detect(ctx: DeviceContext, *, level_agreement: float = LEVEL_AGREEMENT,
+           min_share_of_peak: float = MIN_SHARE_OF_PEAK) -> list[dict[str, Any]]:
+    """A leak: lines that keep memory in most measured steps, at a rate of at least `min_share_of_peak` of the
+    largest step peak, the step-start levels growing by at least `level_agreement` of that rate."""
     levels = ctx.step_levels
     window = measured(levels)
     if not window:
@@ -64,7 +67,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     rate = float(groups["bytes_per_step"].sum())
     growth = (levels[-1].kept_bytes - window[0].kept_bytes) / len(window)
     largest_peak = max(lv.peak_allocated_bytes for lv in levels)
-    if groups.empty or growth < LEVEL_AGREEMENT * rate or rate < MIN_SHARE_OF_PEAK * largest_peak:
+    if groups.empty or growth < level_agreement * rate or rate < min_share_of_peak * largest_peak:
         return []
     keys = set(zip(groups["frame"], groups["module"]))
     leaked = kept[[k in keys for k in zip(kept["frame"], kept["module"])]]

@@ -23,7 +23,11 @@ from analyzer.diagnose.fragmentation import RECOVERY_THRESHOLD, fragmentation_at
 OUTSIDE_THRESHOLD = 0.10  # share of the device that must be outside PyTorch before we blame it
 
 
-def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
+def detect(ctx: DeviceContext, *, outside_share: float = OUTSIDE_THRESHOLD,
+           recovery_share: float = RECOVERY_THRESHOLD) -> list[dict[str, Any]]:
+    """The device's out-of-memory and its cause: outside PyTorch when more than `outside_share` of the device is
+    neither free nor reserved by it; fragmentation when the cache (at least `recovery_share` of the reserve)
+    would cover the request but no free block is large enough; else capacity."""
     oom = ctx.d.oom
     if oom is None:
         return []
@@ -40,11 +44,11 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     shortfall = oom.requested_bytes - free
     outside = None if ctx.capacity_bytes is None or ctx.capacity_source.startswith("reserved") else \
         ctx.capacity_bytes - free - reserved  # everything that is neither free nor PyTorch's, context included
-    if outside is not None and ctx.capacity_bytes is not None and outside > OUTSIDE_THRESHOLD * ctx.capacity_bytes:
+    if outside is not None and ctx.capacity_bytes is not None and outside > outside_share * ctx.capacity_bytes:
         verdict, why = "outside_pytorch", (f"{gib(outside)} of the {gib(ctx.capacity_bytes)} device is neither free nor "
                                            "reserved by PyTorch (NCCL, cuBLAS/cuDNN workspaces, CUDA context, other "
                                            "processes)")
-    elif shortfall > 0 and cached >= shortfall and cached >= RECOVERY_THRESHOLD * reserved and \
+    elif shortfall > 0 and cached >= shortfall and cached >= recovery_share * reserved and \
             picture["segments_recorded"] and (largest is None or largest < oom.requested_bytes):
         verdict, why = "fragmentation", (f"{gib(free)} free on the device plus {gib(cached)} free in PyTorch's cache "
                                          f"would cover the {gib(oom.requested_bytes)} request, but the largest free "

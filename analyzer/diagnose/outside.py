@@ -13,17 +13,20 @@ OUTSIDE_SHARE = 0.01  # of the device (or of PyTorch's reserved memory): less is
 SIGNIFICANT_SHARE = 0.10  # above this share of the device it is the first thing to explain
 
 
-def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
+def detect(ctx: DeviceContext, *, share: float = OUTSIDE_SHARE,
+           significant_share: float = SIGNIFICANT_SHARE) -> list[dict[str, Any]]:
+    """Memory outside PyTorch of at least `share` of the device (or of the reserve), critical from
+    `significant_share` on."""
     companion = ctx.device_usage
     if companion is None or ctx.device not in companion.devices:
         return []
     measured = outside_pytorch(ctx.trace, companion, ctx.device)
     outside = measured["outside_bytes_at_peak"]
     reference = ctx.capacity_bytes or measured["pytorch_reserved_bytes_at_peak"] or 1
-    if outside < OUTSIDE_SHARE * reference:
+    if outside < share * reference:
         return []
     unseen = measured["unseen_bytes_at_oom"]
-    significant = outside >= SIGNIFICANT_SHARE * reference
+    significant = outside >= significant_share * reference
     return [{
         "kind": "outside_pytorch", "severity": "critical" if significant else "info", "bytes": outside,
         "significant": significant,

@@ -22,7 +22,8 @@ from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, as_json, measured
 MIN_SHARE_OF_RESERVED = 0.005   # growth per step below this share of the reserved peak is noise
 
 
-def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
+def detect(ctx: DeviceContext, *, min_share: float = MIN_SHARE_OF_RESERVED) -> list[dict[str, Any]]:
+    """The reserve growing step after step beyond what is kept, by at least `min_share` of the reserved peak."""
     levels = ctx.step_levels
     window = measured(levels)
     if not window:
@@ -33,7 +34,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     rate = (excess[-1] - excess[0]) / len(window)
     kept_rate = (starts[-1].kept_bytes - starts[0].kept_bytes) / len(window)
     reserved_peak = int(ctx.timeline["reserved_bytes"].max())
-    noise = MIN_SHARE_OF_RESERVED * reserved_peak
+    noise = min_share * reserved_peak
     if grew < max(MIN_MEASURED_STEPS, math.ceil(len(window) / 2)) or rate < noise or kept_rate >= noise:
         return []
     reserved_rate = (starts[-1].reserved_bytes - starts[0].reserved_bytes) / len(window)

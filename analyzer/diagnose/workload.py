@@ -61,33 +61,37 @@ class Workload:
         return ", ".join(words)
 
 
-def recognise(ctx: DeviceContext) -> Workload:
-    """The workload of one device's recording."""
+def recognise(ctx: DeviceContext, *, gradient_share: float = GRADIENT_SHARE, graph_kept_share: float = GRAPH_KEPT_SHARE,
+              frozen_below: float = FROZEN_SHARE) -> Workload:
+    """The workload of one device's recording: training with a backward, an optimizer step, optimizer state or
+    gradients of `gradient_share` of the parameters; a graph kept by a forward-only run whose activations are
+    above `graph_kept_share` of the peak; a frozen part where the trainable bytes are under `frozen_below` of the
+    parameters."""
     most = {c: int(ctx.timeline[f"{c.value}_bytes"].max()) if f"{c.value}_bytes" in ctx.timeline else 0
             for c in (Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE)}
     phases = set(ctx.labels["phase"].astype(str)) if "phase" in ctx.labels else set()
     backward = Phase.BACKWARD.value in phases or Phase.OPTIMIZER.value in phases
     trains = (backward or most[Category.OPTIMIZER_STATE] > 0
-              or most[Category.GRADIENT] >= GRADIENT_SHARE * max(most[Category.PARAMETER], 1))
+              or most[Category.GRADIENT] >= gradient_share * max(most[Category.PARAMETER], 1))
     ended_in_forward = not ctx.trace.ooms.empty and not trains
     kind = "training" if trains else ("unknown" if ended_in_forward else "forward_only")
     activations = ctx.category_bytes(Category.ACTIVATION)
-    graph_kept = kind == "forward_only" and activations > GRAPH_KEPT_SHARE * max(ctx.d.peak.allocated_bytes, 1)
+    graph_kept = kind == "forward_only" and activations > graph_kept_share * max(ctx.d.peak.allocated_bytes, 1)
     gpus = ctx.world_size or ctx.trace.world_size
     return Workload(kind=kind, frozen_share=frozen_share(most[Category.PARAMETER], most[Category.GRADIENT],
-                                                         most[Category.OPTIMIZER_STATE]) if trains else None,
+                                                         most[Category.OPTIMIZER_STATE], frozen_below) if trains else None,
                     graph_kept=graph_kept, mixed_precision_on=autocast_on(ctx), gpus=gpus)
 
 
-def frozen_share(parameters: int, gradients: int, optimizer_state: int) -> float | None:
-    """The share of the parameter bytes that trains nothing, when it is at least 1 - FROZEN_SHARE. Gradients are
+def frozen_share(parameters: int, gradients: int, optimizer_state: int, below: float = FROZEN_SHARE) -> float | None:
+    """The share of the parameter bytes that trains nothing, when it is at least 1 - `below` (FROZEN_SHARE). Gradients are
     as large as the parameters they belong to. Without any, the optimizer state bounds the trainable part from
     above at one state a parameter (SGD's momentum, a zeroth-order estimator's; Adam keeps two): a part is
     called frozen only when even that bound leaves it without state."""
     if not parameters:
         return None
     trainable = gradients if gradients else optimizer_state
-    if not trainable or trainable >= FROZEN_SHARE * parameters:
+    if not trainable or trainable >= below * parameters:
         return None
     return 1 - trainable / parameters
 
