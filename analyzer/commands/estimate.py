@@ -182,8 +182,7 @@ def plan(params: float, gpus: int, zero: int, usable: float, shape: Shape | None
             for k in range(2, shape.micro_batch + 1) if shape.micro_batch % k == 0], as_is))
         levels = [] if checkpointing else [_level(RemedyId.ACTIVATION_CHECKPOINTING)]
         if not shape.flash_attention and not checkpointing:   # fused attention keeps no scores to drop
-            levels.insert(0, Level("selective_checkpointing", "selective activation checkpointing (attention)",
-                                   lattice.COST["selective_checkpointing"]))
+            levels.insert(0, _level(RemedyId.SELECTIVE_CHECKPOINTING))
         levers.append(lattice.lever("checkpointing", levels, as_is))
     levers.append(lattice.lever("optimizer", [_level(r) for r in OPTIMIZER_KINDS if r != "adam"], as_is))
     if gpus > 1:
@@ -202,7 +201,7 @@ def plan(params: float, gpus: int, zero: int, usable: float, shape: Shape | None
 
     def layout(config: Config) -> Layout:
         k = config["micro_batch"].value if "micro_batch" in config and config["micro_batch"].value else 1
-        ckpt = {RemedyId.ACTIVATION_CHECKPOINTING.value: "full", "selective_checkpointing": "selective"}.get(
+        ckpt = {RemedyId.ACTIVATION_CHECKPOINTING.value: "full", RemedyId.SELECTIVE_CHECKPOINTING.value: "selective"}.get(
             config["checkpointing"].id if "checkpointing" in config else "", "full" if checkpointing else "none")
         optimizer = config["optimizer"].id if config["optimizer"].id in OPTIMIZER_KINDS else "adam"
         level = config.get("zero")

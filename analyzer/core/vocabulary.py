@@ -103,6 +103,7 @@ class RemedyId(Word):
     WEIGHT_QUANTIZATION = "weight_quantization"
     WEIGHT_QUANTIZATION_4BIT = "weight_quantization_4bit"
     GRADIENT_ACCUMULATION = "gradient_accumulation"
+    SELECTIVE_CHECKPOINTING = "selective_checkpointing"
     ACTIVATION_CHECKPOINTING = "activation_checkpointing"
     OPTIMIZER_8BIT = "optimizer_8bit"
     ADAFACTOR = "adafactor"

@@ -28,12 +28,7 @@ ALTERNATIVES = 3   # fitting configurations shown after the plan
 
 #: the cost of each change in the method's order (`analyze estimate`): the batch first (each halving), then
 #: checkpointing, the optimizer's memory and ZeRO-1, ZeRO-2/3, tensor and pipeline parallelism, offload last
-COST = {**{r.id.value: r.estimate_term.cost for r in REMEDIES if r.estimate_term is not None},
-        "selective_checkpointing": 2.0}
-# a change `analyze estimate` offers that is no registered remedy yet
-_UNREGISTERED_PRICE = {"selective_checkpointing": Price(
-    "about 5% more compute (attention recomputed)", "none",
-    "checkpoint the attention core only (Megatron --recompute-granularity selective)")}
+COST = {r.id.value: r.estimate_term.cost for r in REMEDIES if r.estimate_term is not None}
 
 
 @dataclass(frozen=True)
@@ -47,8 +42,7 @@ class Level:
 
     def price(self) -> dict[str, str]:
         remedy = BY_ID.get(self.id)
-        price = remedy.price if remedy is not None and remedy.price is not None else \
-            _UNREGISTERED_PRICE.get(self.id, Price("", "", ""))
+        price = remedy.price if remedy is not None and remedy.price is not None else Price("", "", "")
         throughput, communication, code = price.throughput, price.communication, price.code
         if self.value is not None:
             throughput = throughput.replace("k ", f"{self.value} ").replace(
