@@ -52,12 +52,12 @@ def diagnose(ctx: DeviceContext, thresholds: Thresholds = Thresholds()) -> Diagn
     tuned = _tuned(thresholds)
     findings = [f for detector in DETECTORS if not (ctx.device < 0 and detector is fragmentation)
                 for f in detector.detect(ctx, **tuned.get(detector, {}))]
-    picture = ctx.fragmentation_at_oom or ctx.fragmentation_at_peak
+    picture = fragmentation_picture(ctx)
     theory = theory_check(ctx)
     triaged = triage(ctx, findings)
     workload = recognise(ctx, gradient_share=thresholds.gradient_share, graph_kept_share=thresholds.graph_kept_share,
                          frozen_below=thresholds.frozen_below)
-    demand = _demand(ctx, findings, theory, triaged["verdict"], picture, workload)
+    demand = _demand(ctx, findings, theory, triaged["verdict"], picture, workload, tuned)
     offered = [] if host else [r["id"] for r in rank_remedies(demand)]
     demand.replayed = counterfactual.replayed(ctx, demand, offered)   # only what is offered is replayed
     remedies = [] if host else [r for r in rank_remedies(demand) if ctx.device >= 0 or r["id"] not in LAYOUT_ONLY]
@@ -69,6 +69,14 @@ def diagnose(ctx: DeviceContext, thresholds: Thresholds = Thresholds()) -> Diagn
                      demand_bytes=demand.total, verdict=verdict(ctx, findings, remedies, demand, triaged, fits, found),
                      capacity_bytes=ctx.capacity_bytes, capacity_source=ctx.capacity_source,
                      workload={**vars(workload), "summary": workload.describe()}, fits=fits)
+
+
+def fragmentation_picture(ctx: DeviceContext) -> dict[str, Any] | None:
+    """The allocator's picture the report shows: at the OOM, else at the peak (none for host memory)."""
+    oom_event = ctx.d.oom
+    if oom_event is not None:
+        return fragmentation.fragmentation_at(ctx, oom_event.event_index, oom_event.requested_bytes)
+    return fragmentation.fragmentation_at(ctx, ctx.d.peak.event_index) if ctx.device >= 0 else None
 
 
 def beside_a_gpu(ctx: DeviceContext) -> bool:
@@ -115,7 +123,7 @@ def theory_check(ctx: DeviceContext) -> dict[str, Any]:
 
 
 def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str, Any], triaged: str,
-            fragmentation: dict[str, Any] | None, workload: Workload) -> Demand:
+            fragmentation: dict[str, Any] | None, workload: Workload, tuned: dict[ModuleType, dict[str, Any]]) -> Demand:
     """What the run needed: at an OOM, what was allocated plus the failed request; else the peak."""
     d = ctx.d
     oom_finding = next((f for f in findings if f["kind"] == "oom"), None)
@@ -151,7 +159,7 @@ def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str
         expandable_segments=ctx.expandable_segments(),
         recoverable_fragmentation=int(picture.get("inactive_bytes" if oom_finding and oom_finding["verdict"] == "fragmentation"
                                                   else "external_bytes") or 0),
-        triage=triaged, leak_bytes=leak.leaked_bytes_at(ctx, worst),
+        triage=triaged, leak_bytes=leak.leaked_bytes_at(ctx, worst, **tuned[leak]),
         leak_stacks=[] if leak_finding is None else
         [f"{leak.place(s)}: +{rate_bytes(s['bytes_per_step'])} per step" for s in leak_finding["stacks"]],
     )

@@ -73,7 +73,12 @@ def segments_recorded(ctx: DeviceContext) -> bool:
 
 def fragmentation_at(ctx: DeviceContext, seq: int, request: int | None = None) -> dict[str, Any]:
     """The fragmentation picture just after event `seq` (the peak, or the OOM); what the input does not
-    record (segments, blocks) is None."""
+    record (segments, blocks) is None. Measured once per moment (the oom detector, this one and the diagnosis
+    ask for it)."""
+    return ctx.memo(("fragmentation", seq, request), lambda: _picture(ctx, seq, request))
+
+
+def _picture(ctx: DeviceContext, seq: int, request: int | None) -> dict[str, Any]:
     row = ctx.at(seq)
     live = ctx.live_at(seq)
     picture: dict[str, Any] = {
@@ -119,7 +124,6 @@ def detect(ctx: DeviceContext, *, near_oom_share: float = NEAR_OOM_SHARE,
     the oom detector's verdict): `nearly_out_of_memory`."""
     seq = ctx.d.peak.event_index
     picture = fragmentation_at(ctx, seq)
-    ctx.fragmentation_at_peak = picture
     if ctx.d.oom is not None or not nearly_out_of_memory(picture, ctx.capacity_bytes, near_oom_share, recovery_share):
         return []
     reserved, fragmented = picture["reserved_bytes"], picture["external_bytes"]

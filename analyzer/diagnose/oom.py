@@ -33,7 +33,6 @@ def detect(ctx: DeviceContext, *, outside_share: float = OUTSIDE_THRESHOLD,
         return []
     seq = oom.event_index
     picture = fragmentation_at(ctx, seq, oom.requested_bytes)
-    ctx.fragmentation_at_oom = picture
     step, phase = labels_at(ctx.labels, seq)
     live = ctx.live_at(seq)
     module = _module_at(ctx, seq)
