@@ -16,7 +16,7 @@ from analyzer.pipeline import analyze
 from analyzer.commands.estimate import device_memory
 from analyzer.diagnose.remedies import BY_ID, LAYOUT_ONLY
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import RemedyId
+from analyzer.core.vocabulary import FindingKind, RemedyId
 from analyzer.errors import AnalyzerError, UnsupportedFormat
 
 SHRANK = 0.05   # a category shrank when it lost at least this share of its bytes
@@ -57,7 +57,7 @@ def compare_device(before: DeviceAnalysis, after: DeviceAnalysis, remedy_id: str
 
 
 def _has_leak(d: DeviceAnalysis) -> bool:
-    return any(f["kind"] == "leak" for f in d.diagnosis.findings)
+    return any(f["kind"] == FindingKind.LEAK for f in d.diagnosis.findings)
 
 
 def _shrank(remedy_id: str, before: dict[str, int], after: dict[str, int]) -> bool:

@@ -89,6 +89,20 @@ class Role(Word):
         return Category.PARAMETER if self is Role.BUFFER else Category(self.value)
 
 
+class FindingKind(Word):
+    """What a finding is about: its `kind` in the results and the JSON, one detector each."""
+
+    OUTSIDE_PYTORCH = "outside_pytorch"
+    OOM = "oom"
+    LEAK = "leak"
+    RESERVED_GROWTH = "reserved_growth"
+    ACTIVATION_PEAK = "activation_peak"
+    OPTIMIZER_SPIKE = "optimizer_spike"
+    CHECKPOINT_GATHER = "checkpoint_gather"
+    FRAGMENTATION = "fragmentation"
+    IMBALANCE = "imbalance"
+
+
 class RemedyId(Word):
     """A remedy's id, as the results and the JSON name it: each has one spec in analyzer.diagnose.remedies.REMEDIES
     (the simulator, below the diagnosis, and the run log, which reads JSON, name remedies by these words too)."""

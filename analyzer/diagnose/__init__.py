@@ -19,7 +19,7 @@ from analyzer.diagnose import counterfactual, plan
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import oom_where
 from analyzer.core.units import gib, rate_bytes
-from analyzer.core.vocabulary import Category, Phase
+from analyzer.core.vocabulary import Category, FindingKind, Phase
 from analyzer.diagnose.triage import triage
 from analyzer.diagnose.remedies import (LAYOUT_ONLY, SMALLEST_GPU, Demand, checkpointable_bytes, count_layers,
                                         describe, fits_any_gpu, fits_as_is, rank_remedies, zero_shards)
@@ -126,9 +126,9 @@ def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str
             fragmentation: dict[str, Any] | None, workload: Workload, tuned: dict[ModuleType, dict[str, Any]]) -> Demand:
     """What the run needed: at an OOM, what was allocated plus the failed request; else the peak."""
     d = ctx.d
-    oom_finding = next((f for f in findings if f["kind"] == "oom"), None)
-    leak_finding = next((f for f in findings if f["kind"] == "leak"), None)
-    spike = next((f for f in findings if f["kind"] == "optimizer_spike"), None)
+    oom_finding = next((f for f in findings if f["kind"] == FindingKind.OOM), None)
+    leak_finding = next((f for f in findings if f["kind"] == FindingKind.LEAK), None)
+    spike = next((f for f in findings if f["kind"] == FindingKind.OPTIMIZER_SPIKE), None)
     oom_event = d.oom if oom_finding is not None else None
     worst = oom_event.event_index if oom_event is not None else d.peak.event_index
     live = ctx.live_at(oom_event.event_index) if oom_event is not None else d.peak.live
@@ -214,10 +214,10 @@ def _sentence(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list
     elif first is not None and demand.capacity is None and d.oom is None:
         advice = (f" The device's memory is not known (pass --gpu-memory); to lower the peak, try first: "
                   f"{describe(first, None)}.")
-    oom_finding = next((f for f in findings if f["kind"] == "oom"), None)
+    oom_finding = next((f for f in findings if f["kind"] == FindingKind.OOM), None)
     where = "" if oom_finding is None else oom_where(oom_finding.get("phase"), oom_finding.get("module"),
                                                      oom_finding.get("step"))
-    leak_finding = next((f for f in findings if f["kind"] == "leak"), None)
+    leak_finding = next((f for f in findings if f["kind"] == FindingKind.LEAK), None)
     if leak_finding is not None and triaged["verdict"] == "leak":
         opening = f"Out of memory on {ctx.trace.device_label(d.device)}{' ' + where if where else ''}" if oom_finding else \
             f"Memory grows on {ctx.trace.device_label(d.device)}"

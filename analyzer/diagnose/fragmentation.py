@@ -24,6 +24,7 @@ import pandas as pd
 
 from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
+from analyzer.core.vocabulary import FindingKind
 
 RECOVERY_THRESHOLD = 0.05  # free memory worth reporting: at least this share of what is reserved
 NEAR_OOM_SHARE = 0.95      # reserved at the peak above this share of the device: an OOM nearly happened
@@ -130,7 +131,7 @@ def detect(ctx: DeviceContext, *, near_oom_share: float = NEAR_OOM_SHARE,
     assert ctx.capacity_bytes is not None  # nearly_out_of_memory needs it
     largest = picture["largest_free_block_bytes"]
     return [{
-        "kind": "fragmentation", "severity": "warning", "bytes": fragmented,
+        "kind": FindingKind.FRAGMENTATION.value, "severity": "warning", "bytes": fragmented,
         "summary": (f"At the peak {gib(reserved)} of the {gib(ctx.capacity_bytes)} device was reserved, "
                     f"{gib(fragmented)} of it free in pieces inside used segments"
                     + ("" if largest is None else f" (the largest {gib(largest)})")

@@ -17,7 +17,7 @@ from typing import Any
 
 from analyzer.core.module_tree import module_in_sentence
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import UNATTRIBUTED, Category, category_plural
+from analyzer.core.vocabulary import UNATTRIBUTED, Category, FindingKind, category_plural
 from analyzer.result import DeviceAnalysis
 
 #: the worst peak over the median peak from which the spread is a finding, and the least gap in bytes (two small
@@ -90,7 +90,7 @@ def find_imbalance(peaks: Sequence[PeakSummary], *, ratio: float = IMBALANCE_RAT
     if same_step is not None:
         why += f"{'; ' if why else ''}in step {worst.peak_step} {median.label} peaked at {gib(same_step)}"
     return {
-        "kind": "imbalance", "severity": "warning", "bytes": int(gap),
+        "kind": FindingKind.IMBALANCE.value, "severity": "warning", "bytes": int(gap),
         "summary": (f"{worst.label} peaks at {gib(worst.peak_bytes)}, {ratio:.1f}x the median "
                     f"({median.label}, {gib(median.peak_bytes)}){': ' + why if why else ''}"),
         "evidence": {"details": {

@@ -22,7 +22,7 @@ from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import top_allocations
 from analyzer.core.units import rate_bytes
 from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, MODEL_STATES, StepLevel, as_json, measured
-from analyzer.core.vocabulary import names_module
+from analyzer.core.vocabulary import FindingKind, names_module
 
 MIN_SHARE_OF_PEAK = 0.001   # a rate below this share of the largest step peak is noise, not a leak
 LEVEL_AGREEMENT = 0.5       # the step-start levels must grow by at least this share of the kept rate
@@ -106,7 +106,7 @@ def detect(ctx: DeviceContext, *, level_agreement: float = LEVEL_AGREEMENT,
     stacks = [{"top_user_frame": g.frame, "module": g.module, "bytes_per_step": int(g.bytes_per_step),
                "steps_seen": int(g.steps_seen)} for g in groups.head(TOP_STACKS).itertuples()]
     finding = {
-        "kind": "leak", "severity": "critical",
+        "kind": FindingKind.LEAK.value, "severity": "critical",
         "bytes": int(leaked["allocated_bytes"].sum()), "bytes_per_step": int(rate), "steps_to_oom": steps_to_oom,
         "oom_step": oom_step, "stacks": stacks, "stack_count": len(groups),
         "evidence": {

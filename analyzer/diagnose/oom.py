@@ -16,7 +16,7 @@ from typing import Any
 from analyzer.core.breakdown import labels_at
 from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import names_module
+from analyzer.core.vocabulary import FindingKind, names_module
 from analyzer.diagnose.evidence import oom_where, top_allocations
 from analyzer.diagnose.fragmentation import RECOVERY_THRESHOLD, fragmentation_at
 
@@ -58,7 +58,7 @@ def detect(ctx: DeviceContext, *, outside_share: float = OUTSIDE_THRESHOLD,
                                     f"{gib(reserved)})")
     where = oom_where(phase, module, step)
     return [{
-        "kind": "oom", "severity": "critical", "bytes": oom.requested_bytes, "verdict": verdict,
+        "kind": FindingKind.OOM.value, "severity": "critical", "bytes": oom.requested_bytes, "verdict": verdict,
         "phase": phase, "module": module, "step": step,
         "summary": f"Out of memory{' ' + where if where else ''}: {why}",
         "evidence": {

@@ -10,7 +10,7 @@ import pandas as pd
 from analyzer.core.breakdown import labels_at
 from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import OPTIMIZER_STEP_PREFIX, Category, Phase
+from analyzer.core.vocabulary import OPTIMIZER_STEP_PREFIX, Category, FindingKind, Phase
 from analyzer.diagnose.evidence import top_allocations
 from analyzer.diagnose.phase_peaks import phase_peak
 
@@ -47,7 +47,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     parameters = ctx.category_bytes(Category.PARAMETER)
     raise_bytes = max(0, peak.bytes - peak.elsewhere)
     return [{
-        "kind": "optimizer_spike", "severity": "warning", "bytes": raise_bytes, "optimizer": name,
+        "kind": FindingKind.OPTIMIZER_SPIKE.value, "severity": "warning", "bytes": raise_bytes, "optimizer": name,
         "lazy_state_bytes": lazy_bytes, "temporary_bytes": temp_bytes, "first_step": first_step,
         "first_step_excess_bytes": _first_step_excess(ctx, first_step),
         "oom_in_first_step": bool(oom_in_optimizer and oom_step == first_step),

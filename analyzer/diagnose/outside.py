@@ -8,6 +8,7 @@ from typing import Any
 from analyzer.diagnose.outside_pytorch import outside_pytorch
 from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
+from analyzer.core.vocabulary import FindingKind
 
 OUTSIDE_SHARE = 0.01  # of the device (or of PyTorch's reserved memory): less is noise (a few workspaces)
 SIGNIFICANT_SHARE = 0.10  # above this share of the device it is the first thing to explain
@@ -28,7 +29,7 @@ def detect(ctx: DeviceContext, *, share: float = OUTSIDE_SHARE,
     unseen = measured["unseen_bytes_at_oom"]
     significant = outside >= significant_share * reference
     return [{
-        "kind": "outside_pytorch", "severity": "critical" if significant else "info", "bytes": outside,
+        "kind": FindingKind.OUTSIDE_PYTORCH.value, "severity": "critical" if significant else "info", "bytes": outside,
         "significant": significant,
         "summary": (f"{gib(outside)} of device memory is outside PyTorch at the {measured['at']} (Nsight saw "
                     f"{gib(measured['device_bytes_at_peak'])} in use, PyTorch reserved "

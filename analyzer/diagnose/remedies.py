@@ -33,7 +33,7 @@ from typing import Any
 import pandas as pd
 
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import Category, Phase, RemedyId, Word, category_plural
+from analyzer.core.vocabulary import Category, FindingKind, Phase, RemedyId, Word, category_plural
 from analyzer.diagnose.transforms import (Stream, accumulation, bf16, checkpointing, micro_batch, optimizer_state,
                                           zero, zero3)
 
@@ -213,7 +213,7 @@ def fits_any_gpu(d: Demand) -> bool:
 def fits_as_is(d: Demand) -> bool:
     """No OOM, a known device, AMPLE_HEADROOM of it left at the allocated peak and the reserve within it; and
     no leak, which runs out later whatever the headroom today."""
-    if d.oomed or d.capacity is None or "leak" in d.findings:
+    if d.oomed or d.capacity is None or FindingKind.LEAK in d.findings:
         return False
     reserved = d.reserved_peak if d.reserved_peak is not None else d.total
     return d.total <= (1 - AMPLE_HEADROOM) * d.capacity and reserved <= FIT_HEADROOM * d.capacity
@@ -483,7 +483,7 @@ REMEDIES: list[Remedy] = [
     Remedy(id=RemedyId.STATE_DICT_OFFLOAD, title="Gather the state dict to CPU while saving", cost="a slower save",
            how="from torch.distributed.checkpoint.state_dict import get_state_dict, StateDictOptions\n"
                "sd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))",
-           estimate=lambda d: (d.bytes(Category.OTHER), "medium"), applies=lambda d: "checkpoint_gather" in d.findings,
+           estimate=lambda d: (d.bytes(Category.OTHER), "medium"), applies=lambda d: FindingKind.CHECKPOINT_GATHER in d.findings,
            acts_on=(Category.OTHER,), price=Price("a slower save", "none", "get_state_dict(..., cpu_offload=True)"),
            plan=PlanLever(LeverName.CHECKPOINT_SAVE, 0.1, _state_dict_offload_formula), replay=None, estimate_term=None,
            variables=(), docs="the gathered copies (when a checkpoint gather spike is found)"),
@@ -491,7 +491,7 @@ REMEDIES: list[Remedy] = [
            cost="a directory of shards instead of one file",
            how="import torch.distributed.checkpoint as dcp\ndcp.save({'model': model.state_dict()}, checkpoint_id=path)",
            estimate=lambda d: (int(d.bytes(Category.OTHER) * (1 - 1 / gpus_for(d, d.bytes(Category.OTHER))[0])), "medium"),
-           applies=lambda d: "checkpoint_gather" in d.findings and _shards_possible(d), acts_on=(Category.OTHER,),
+           applies=lambda d: FindingKind.CHECKPOINT_GATHER in d.findings and _shards_possible(d), acts_on=(Category.OTHER,),
            price=Price("none measurable", "none", "torch.distributed.checkpoint.save (a directory of shards)"),
            plan=PlanLever(LeverName.CHECKPOINT_SAVE, 0.2, _sharded_save_formula), replay=None, estimate_term=None,
            variables=(), docs="(1 − 1/N) of the gathered copies, N GPUs (when a checkpoint gather spike is found)"),
@@ -682,8 +682,8 @@ REMEDIES: list[Remedy] = [
     Remedy(id=RemedyId.EXPANDABLE_SEGMENTS, title="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
            cost="none measurable", how="export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
            estimate=lambda d: (d.recoverable_fragmentation, "medium"),
-           applies=lambda d: d.expandable_segments is not True and ("fragmentation" in d.findings or "reserved_growth" in
-                                                                    d.findings or d.oom_verdict == "fragmentation"),
+           applies=lambda d: d.expandable_segments is not True and (FindingKind.FRAGMENTATION in d.findings
+                                                                    or FindingKind.RESERVED_GROWTH in d.findings or d.oom_verdict == "fragmentation"),
            acts_on=(), price=Price("none measurable", "none", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
            plan=PlanLever(LeverName.LAYOUT, 9.0, None, layout_first_cost=0.05),
            replay=Replay(lambda s, k: s, expandable=True), estimate_term=None, variables=(), layout_only=True,

@@ -9,6 +9,7 @@ import pytest
 
 import analyzer
 from analyzer import diagnose
+from analyzer.core.vocabulary import FindingKind
 from support.paths import SIM
 
 GiB = 1 << 30
@@ -20,7 +21,7 @@ def test_reversing_the_detectors_changes_only_the_order_of_the_findings(name, mo
     monkeypatch.setattr(diagnose, "DETECTORS", list(reversed(diagnose.DETECTORS)))
     reversed_ = analyzer.analyze(SIM / name, gpu_memory=22 * GiB).to_json()
     kinds = {f["kind"] for d in as_is["devices"] for f in d["findings"]}
-    assert kinds & {"oom", "leak"}   # findings whose measurements are shared (the OOM's picture, the leak's bytes)
+    assert kinds <= set(FindingKind) and kinds & {FindingKind.OOM, FindingKind.LEAK}   # findings whose measurements are shared (the OOM's picture, the leak's bytes)
     for before, after in zip(as_is["devices"], reversed_["devices"], strict=True):
         assert sorted(map(repr, before.pop("findings"))) == sorted(map(repr, after.pop("findings")))
         assert before == after
