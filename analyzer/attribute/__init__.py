@@ -43,7 +43,6 @@ from analyzer.attribute.timing import frameless_phases
 from analyzer.attribute.workspaces import label_workspaces
 from analyzer.core.trace import MemoryTrace
 from analyzer.ingest.memory_timeline import AS_OUR_CATEGORY, LABEL_SOURCE
-from analyzer.ingest.sniff import MEMORY_TIMELINE, MEMORY_TIMELINE_RAW
 from analyzer.core.vocabulary import UNATTRIBUTED, Category, Phase, Role
 
 CONFIDENCE = {"tag": 1.0, "recording": 1.0, "annotation": 0.95, "frames": 0.9, "ops": 0.9, "timing": 0.7, "lifetime": 0.8,
@@ -158,7 +157,7 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     step = number_steps(ann, t_alloc, phase)
     marked_role, marked_module = _marked_tensors(a, tensor_marks(ann))
     category, category_source = categorise(a, phase, step, ann)
-    tensors_before = trace.source_kind == "snapshot"   # its rows from before the recording are blocks, not amounts
+    tensors_before = trace.blocks_before
     t_free = a["t_free_us"].to_numpy(dtype=np.float64, na_value=np.inf)
     remade = recomputed_activations(source, t_alloc, t_free)
     category[remade], category_source[remade] = Category.ACTIVATION.value, "lifetime:recomputed-activation"
@@ -187,7 +186,7 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
         spoke = ~pd.isna(ops.module)
         module[spoke], module_source[spoke] = ops.module[spoke], ops.module_signal[spoke]
     module[has_mark], module_source[has_mark] = marked_module[has_mark], "tag:tensor"
-    _recorded_categories(a, category, category_source, trace.source_kind in (MEMORY_TIMELINE, MEMORY_TIMELINE_RAW))
+    _recorded_categories(a, category, category_source, trace.records_categories)
     category_from[~np.isin(category_source, (REPLACES_PARAMETER, REPLACES_STATE))] = np.nan  # a later signal won
     label_source, confidence = _label_sources(source, category_source, module_source)
     return {"module": module, "phase": phase, "category": category, "step": step, "label_source": label_source,

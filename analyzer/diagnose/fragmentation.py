@@ -28,7 +28,6 @@ from analyzer.core.vocabulary import FindingKind
 
 RECOVERY_THRESHOLD = 0.05  # free memory worth reporting: at least this share of what is reserved
 NEAR_OOM_SHARE = 0.95      # reserved at the peak above this share of the device: an OOM nearly happened
-SEGMENTED_SOURCES = ("snapshot",)  # inputs that record segments and blocks (profiler traces record totals)
 
 
 def segments_at(ctx: DeviceContext, seq: int) -> pd.DataFrame:
@@ -69,7 +68,7 @@ def _largest_gaps(segments: pd.DataFrame, blocks: pd.DataFrame) -> np.ndarray:
 
 def segments_recorded(ctx: DeviceContext) -> bool:
     """The input records the allocator's segments (a snapshot), not only its reserved total."""
-    return ctx.trace.source_kind in SEGMENTED_SOURCES
+    return ctx.trace.has_segments
 
 
 def fragmentation_at(ctx: DeviceContext, seq: int, request: int | None = None) -> dict[str, Any]:

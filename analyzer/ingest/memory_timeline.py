@@ -139,6 +139,6 @@ def _trace(name: str, kind: str, builder: HistoryBuilder, warnings: list[str], h
         annotations=empty_table("annotations"), ooms=tables["ooms"],
         devices={DEVICE: DeviceInfo(DEVICE, trace_entries=len(tables["events"]),
                                     history_truncated=DEVICE in tables["truncated"], reserved_recorded=False)},
-        torch_era="torch.profiler export_memory_timeline", has_history=has_history,
+        torch_era="torch.profiler export_memory_timeline", has_history=has_history, records_categories=True,
         warnings=warnings + builder.warnings + notes, event_threads=tables["event_threads"],
     )

@@ -21,7 +21,6 @@ from analyzer.core.stacks import format_frame, is_user_frame
 from analyzer.core.timeline import downsample
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import UNATTRIBUTED, category_color, category_rank, phase_color
-from analyzer.diagnose.fragmentation import SEGMENTED_SOURCES
 from analyzer.report.shown import shown
 
 LIVE_SHOWN = 25          # allocations live at the peak listed with their stacks
@@ -393,7 +392,7 @@ def _plan_view(found: dict[str, Any] | None) -> PlanView | None:
 def _end(d: DeviceAnalysis, trace: MemoryTrace) -> dict[str, int | None]:
     """The state at the end of the recording: the allocator's final blocks where the input records them (a
     snapshot); else the timeline's last point, with what it cannot hold (blocks) None."""
-    if trace.source_kind in SEGMENTED_SOURCES:
+    if trace.has_segments:
         return dict(d.end)
     timeline = trace.timeline[trace.timeline["device"] == d.device]
     if timeline.empty:
