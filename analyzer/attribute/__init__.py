@@ -42,8 +42,7 @@ from analyzer.attribute.steps import number_steps
 from analyzer.attribute.timing import frameless_phases
 from analyzer.attribute.workspaces import label_workspaces
 from analyzer.core.trace import MemoryTrace
-from analyzer.ingest.memory_timeline import AS_OUR_CATEGORY, LABEL_SOURCE
-from analyzer.core.vocabulary import UNATTRIBUTED, Category, Phase, Role
+from analyzer.core.vocabulary import AS_OUR_CATEGORY, TORCH_PROFILER_LABEL_SOURCE, UNATTRIBUTED, Category, Phase, Role
 
 CONFIDENCE = {"tag": 1.0, "recording": 1.0, "annotation": 0.95, "frames": 0.9, "ops": 0.9, "timing": 0.7, "lifetime": 0.8,
               "size-match": 0.6, "structure": 0.6}
@@ -195,9 +194,9 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
 
 def _recorded_categories(a: pd.DataFrame, category: np.ndarray, source: np.ndarray, memory_timeline: bool) -> None:
     """The recording's own labels, kept over ours: torch's memory profiler categorised every tensor of an
-    export_memory_timeline file (its reader keeps them, with its LABEL_SOURCE), its unknown ones included."""
+    export_memory_timeline file (its reader keeps them, with TORCH_PROFILER_LABEL_SOURCE), its unknown ones included."""
     given = a["category"].astype(str).to_numpy()
-    rows = (a["label_source"].astype(str).to_numpy() == LABEL_SOURCE) & (given != UNATTRIBUTED)
+    rows = (a["label_source"].astype(str).to_numpy() == TORCH_PROFILER_LABEL_SOURCE) & (given != UNATTRIBUTED)
     category[rows] = [AS_OUR_CATEGORY.get(c, c) for c in given[rows]]
     source[rows] = "recording:torch-memory-profiler"
     if memory_timeline:   # what torch could not tell, nor can we: no rule of ours knows more than its data flow
@@ -209,7 +208,7 @@ def _phases_of_recorded_categories(a: pd.DataFrame) -> tuple[np.ndarray, np.ndar
     made it (`_PHASE_OF_TORCH_CATEGORY`): enough to see the phase cycle, and so the steps, of the recording.
     Tensors alive before the recording (untimed) were made by a pass it did not see: they get no phase."""
     given = a["category"].astype(str).to_numpy()
-    recorded = (a["label_source"].astype(str).to_numpy() == LABEL_SOURCE) & a["t_alloc_us"].notna().to_numpy()
+    recorded = (a["label_source"].astype(str).to_numpy() == TORCH_PROFILER_LABEL_SOURCE) & a["t_alloc_us"].notna().to_numpy()
     phase = np.asarray([_PHASE_OF_TORCH_CATEGORY.get(c) for c in given], dtype=object)
     phase[~recorded] = None
     signal = np.full(len(a), None, dtype=object)

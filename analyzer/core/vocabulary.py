@@ -133,6 +133,14 @@ class RemedyId(Word):
     OFFLOAD = "offload"
 
 
+#: the label source of rows whose category torch's memory profiler gave (an export_memory_timeline file's rows)
+TORCH_PROFILER_LABEL_SOURCE = "torch_memory_profiler"
+#: torch's memory-profiler categories spelled as ours, where the words differ
+AS_OUR_CATEGORY = {"autograd_detail": Category.TEMPORARY.value}
+#: how to record what an Nsight export lacks when it has no device memory (its reader and the diagnosis say it)
+RECORD_MEMORY_HINT = ("Record device memory next time: nsys profile --cuda-memory-usage=true --trace=cuda,nvtx "
+                      "--output run python train.py, then nsys export --type sqlite --output run.sqlite run.nsys-rep")
+
 #: the label of what could not be attributed (category, phase or module)
 UNATTRIBUTED = "unattributed"
 #: the root module's name in results (its FQN is the empty string)
