@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Sequence, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -84,16 +84,52 @@ class DeviceMeasures:
         return f"{category_plural(top['name'])} are {top['share']:.0%} of the peak"
 
 
+class Triage(TypedDict):
+    """What kind of problem the device has (analyzer.diagnose.triage), in one sentence."""
+
+    verdict: str      # outside_pytorch | leak | phase_spike | steady_state
+    reason: str
+
+
+class Replayed(TypedDict):
+    """A remedy's run replayed through the allocator model (analyzer.diagnose.counterfactual)."""
+
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    oom: bool | None                    # None: the device's memory is not known
+    oom_at_event: int | None            # the recorded event the first failing request comes at (or after)
+
+
+class ListedRemedy(TypedDict):
+    """One remedy of a device's list (analyzer.diagnose.remedies.rank_remedies), as the JSON carries it."""
+
+    id: str                             # a RemedyId
+    rank: int                           # its place in the list, cheapest first
+    title: str
+    saved_bytes: int | None             # None: not quantified
+    new_peak_bytes: int | None
+    fits: bool | None                   # None: the device's memory is not known
+    confidence: str                     # high | medium | low
+    try_first: bool
+    purpose: str                        # fix | grow (the run fits as it is)
+    note: str | None                    # why it saves what a cheaper one saves
+    how: str                            # the code
+    cost: str
+    saving_source: str                  # formula | replay
+    replay: Replayed | None             # the replayed run, where a replay predicts the remedy
+    plan_step: str | None               # set when it is the plan's first step, not the cheapest single change
+
+
 @dataclass(frozen=True, kw_only=True)
 class Diagnosis:
     """What the detectors, the triage, the theory check and the remedies made of one device's measures."""
 
     findings: list[dict[str, Any]]
-    remedies: list[dict[str, Any]]
+    remedies: list[ListedRemedy]
     verdict: str                          # one sentence: what ran out, where, why, what to try first
     theory: dict[str, Any]                # measured model states vs 16Ψ
     fragmentation: dict[str, Any] | None  # at the OOM, else at the reserved peak
-    triage: dict[str, str]                # {verdict: outside_pytorch | leak | phase_spike | steady_state, reason}
+    triage: Triage
     demand_bytes: int                     # what the run needed: peak, or allocated + request at the OOM
     capacity_bytes: int | None            # the device memory the advice was judged against
     capacity_source: str                  # where that number came from

@@ -39,7 +39,7 @@ def compare_device(before: DeviceAnalysis, after: DeviceAnalysis, remedy_id: str
     elif layout and before.oom is not None and after.oom is None and abs(measured) < 0.01 * before.peak.allocated_bytes:
         chosen, how = layout[0], "the OOM is gone while the memory needed did not change: an allocator setting"
     elif estimated:
-        chosen, how = min(estimated, key=lambda r: abs(r["saved_bytes"] - measured)), "closest estimate"
+        chosen, how = min(estimated, key=lambda r: abs((r["saved_bytes"] or 0) - measured)), "closest estimate"
     check = None
     if chosen is not None and chosen.get("saved_bytes") is not None:
         check = {"remedy": chosen["id"], "chosen": how, "estimated_saving_bytes": chosen["saved_bytes"],

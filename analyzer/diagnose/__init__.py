@@ -26,7 +26,7 @@ from analyzer.diagnose.remedies import (LAYOUT_ONLY, SMALLEST_GPU, Demand, check
 from analyzer.diagnose.theory import explain_model_states
 from analyzer.diagnose.thresholds import Thresholds
 from analyzer.diagnose.workload import Workload, recognise
-from analyzer.result import Diagnosis
+from analyzer.result import Diagnosis, ListedRemedy, Triage
 
 DETECTORS = [outside, oom, leak, reserved_growth, activation_peak, optimizer_spike, checkpoint_gather, fragmentation]
 
@@ -175,8 +175,8 @@ def _graph_bytes(live: Any) -> int:
     return int(activations["allocated_bytes"].sum() - latest)
 
 
-def verdict(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[dict[str, Any]], demand: Demand,
-            triaged: dict[str, str], fits: dict[str, int] | None = None, found: dict[str, Any] | None = None) -> str:
+def verdict(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[ListedRemedy], demand: Demand,
+            triaged: Triage, fits: dict[str, int] | None = None, found: dict[str, Any] | None = None) -> str:
     """One sentence: what ran out, where, why, what to try first (nothing to try when the run fits); when no
     single change fits, the plan's changes in order."""
     d = ctx.d
@@ -195,8 +195,8 @@ def _lower_bound(ctx: DeviceContext) -> str:
             "made earlier are not in it): every peak here is a lower bound.")
 
 
-def _sentence(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[dict[str, Any]], demand: Demand,
-              triaged: dict[str, str], fits: dict[str, int] | None, found: dict[str, Any] | None) -> str:
+def _sentence(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[ListedRemedy], demand: Demand,
+              triaged: Triage, fits: dict[str, int] | None, found: dict[str, Any] | None) -> str:
     """The verdict's sentence for a GPU, from what the recording holds."""
     d = ctx.d
     first = next((r for r in remedies if r["try_first"]), None)
@@ -233,7 +233,7 @@ def _sentence(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list
             f"{': ' + composition if composition else ''}.{advice}")
 
 
-def _plan_clause(found: dict[str, Any], remedies: list[dict[str, Any]], demand: Demand) -> str:
+def _plan_clause(found: dict[str, Any], remedies: list[ListedRemedy], demand: Demand) -> str:
     """'Halve the micro-batch, then ZeRO-1 … (peak 30 → 20 GiB, fits in 24 GiB); no single change fits', or
     '…; cheaper together than ZeRO-3 alone': the plan's changes in order, and why it is not one change."""
     assert demand.capacity is not None  # a plan needs the device

@@ -34,6 +34,7 @@ import pandas as pd
 
 from analyzer.core.units import gib
 from analyzer.core.vocabulary import Category, FindingKind, Phase, RemedyId, Word, category_plural
+from analyzer.result import ListedRemedy, Replayed
 from analyzer.diagnose.transforms import (Stream, accumulation, bf16, checkpointing, micro_batch, optimizer_state,
                                           zero, zero3)
 
@@ -93,7 +94,7 @@ class Demand:
     leak_stacks: list[str] = field(default_factory=list)   # where the leaked memory was allocated, with its rate
     # counterfactual replay (analyzer.diagnose.counterfactual): remedy id -> the replayed run's peak allocated and
     # reserved bytes and whether it would still run out of memory; a remedy with one takes its saving from it
-    replayed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    replayed: dict[str, Replayed] = field(default_factory=dict)
 
     def bytes(self, *categories: str) -> int:
         return sum(self.by_category.get(c, 0) for c in categories)
@@ -746,7 +747,7 @@ def checkpointable_bytes(live: pd.DataFrame) -> int | None:
     return int(inside["allocated_bytes"].sum() - latest["allocated_bytes"].sum())
 
 
-def rank_remedies(demand: Demand) -> list[dict[str, Any]]:
+def rank_remedies(demand: Demand) -> list[ListedRemedy]:
     """The remedies that act on this run, cheapest first, with their estimates; a `first` remedy (fixing a leak)
     leads and is `try_first`, else the cheapest that fits is, and none when the run fits as it is.
 
@@ -755,7 +756,7 @@ def rank_remedies(demand: Demand) -> list[dict[str, Any]]:
     layout_first = demand.oom_verdict == "fragmentation"
     order = sorted(REMEDIES, key=lambda r: (not r.first, layout_first and not r.layout_only))
     grow = fits_as_is(demand) or fits_any_gpu(demand)
-    out: list[dict[str, Any]] = []
+    out: list[ListedRemedy] = []
     for remedy in order:
         if not remedy.applies(demand):
             continue
@@ -788,7 +789,7 @@ def rank_remedies(demand: Demand) -> list[dict[str, Any]]:
     return out
 
 
-def _same_saving(d: Demand, remedy: Remedy, saved: int | None, cheaper: list[dict[str, Any]]) -> str | None:
+def _same_saving(d: Demand, remedy: Remedy, saved: int | None, cheaper: list[ListedRemedy]) -> str | None:
     """'the same saving as #1 (Halve the micro-batch): both act on activations': why two remedies tie."""
     if saved is None:
         return None
@@ -803,7 +804,7 @@ def _same_saving(d: Demand, remedy: Remedy, saved: int | None, cheaper: list[dic
             "the cheaper one is listed first")
 
 
-def describe(remedy: dict[str, Any], capacity: int | None) -> str:
+def describe(remedy: ListedRemedy, capacity: int | None) -> str:
     """'Halve the micro-batch (peak 61.2 → 38.4 GiB, fits in 80 GiB)'."""
     saved, new_peak = remedy["saved_bytes"], remedy["new_peak_bytes"]
     low = "; low confidence" if remedy.get("confidence") == "low" else ""

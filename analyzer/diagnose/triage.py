@@ -13,12 +13,13 @@ from typing import Any
 
 from analyzer.core.vocabulary import FindingKind, Phase
 from analyzer.diagnose.context import DeviceContext
+from analyzer.result import Triage
 from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, measured
 
 PHASE_SPIKES = {FindingKind.OPTIMIZER_SPIKE: Phase.OPTIMIZER, FindingKind.CHECKPOINT_GATHER: Phase.CHECKPOINT_SAVE}  # finding -> its phase
 
 
-def triage(ctx: DeviceContext, findings: list[dict[str, Any]]) -> dict[str, str]:
+def triage(ctx: DeviceContext, findings: list[dict[str, Any]]) -> Triage:
     """{"verdict": outside_pytorch | leak | phase_spike | steady_state, "reason": one sentence}."""
     first: dict[str, dict[str, Any]] = {}
     for f in findings:

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from analyzer import __version__
-from analyzer.result import Analysis, DeviceAnalysis
+from analyzer.result import Analysis, DeviceAnalysis, ListedRemedy
 from analyzer.core.module_tree import ModuleNode, module_in_sentence
 from analyzer.core.units import human_bytes, relative_seconds
 from analyzer.core.stacks import format_frame, is_user_frame
@@ -132,7 +132,6 @@ class RemedyView:
     try_first: bool
     how: str | None
     cost: str | None
-    addresses: list[str]
     note: str | None = None              # why it saves what a cheaper one saves, when it does
     plan_step: str | None = None         # the try-first as the plan's first step, when alone it is not the plan
 
@@ -532,13 +531,11 @@ def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def _remedy_view(r: dict[str, Any]) -> RemedyView:
+def _remedy_view(r: ListedRemedy) -> RemedyView:
     return RemedyView(
-        id=str(r.get("id", "")), rank=_optional_int(r.get("rank")), title=str(r.get("title", r.get("id", ""))),
-        saved_bytes=_optional_int(r.get("saved_bytes")), new_peak_bytes=_optional_int(r.get("new_peak_bytes")),
-        fits=r.get("fits"), confidence=r.get("confidence"), try_first=bool(r.get("try_first")),
-        how=r.get("how"), cost=r.get("cost"), addresses=[str(a) for a in r.get("addresses") or []],
-        note=r.get("note"), plan_step=r.get("plan_step"),
+        id=r["id"], rank=r["rank"], title=r["title"], saved_bytes=r["saved_bytes"],
+        new_peak_bytes=r["new_peak_bytes"], fits=r["fits"], confidence=r["confidence"], try_first=r["try_first"],
+        how=r["how"], cost=r["cost"], note=r["note"], plan_step=r["plan_step"],
     )
 
 
