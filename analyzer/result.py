@@ -84,6 +84,48 @@ class DeviceMeasures:
         return f"{category_plural(top['name'])} are {top['share']:.0%} of the peak"
 
 
+class Evidence(TypedDict, total=False):
+    """What shows a finding: when (µs, first and last), which events, the allocations involved, the numbers."""
+
+    time_us: list[int | None]
+    event_index: list[int]
+    allocations: list[dict[str, Any]]     # analyzer.diagnose.evidence.top_allocations rows
+    details: dict[str, Any]               # the detector's own numbers, named in the JSON reference
+
+
+class _Found(TypedDict):
+    """What every finding has."""
+
+    kind: str                             # a FindingKind
+    severity: str                         # critical | warning | info
+    bytes: int
+    summary: str
+
+
+class Finding(_Found, total=False):
+    """One finding (a detector's), as the JSON carries it: the common keys, then each kind's own."""
+
+    evidence: Evidence
+    verdict: str                          # oom: capacity | fragmentation | outside_pytorch
+    phase: str | None                     # oom: where it happened
+    module: str | None
+    step: int | None
+    bytes_per_step: int                   # leak, reserved_growth: the rate
+    steps_to_oom: int | None
+    oom_step: int | None                  # leak
+    stacks: list[dict[str, Any]]          # leak: where the leaked memory was allocated
+    stack_count: int
+    significant: bool                     # outside_pytorch: the first thing to explain
+    recoverable_bytes: int                # fragmentation
+    optimizer: str                        # optimizer_spike
+    lazy_state_bytes: int
+    temporary_bytes: int
+    first_step: int | None
+    first_step_excess_bytes: int | None
+    oom_in_first_step: bool
+    gathered_bytes: int                   # checkpoint_gather
+
+
 class Triage(TypedDict):
     """What kind of problem the device has (analyzer.diagnose.triage), in one sentence."""
 
@@ -124,7 +166,7 @@ class ListedRemedy(TypedDict):
 class Diagnosis:
     """What the detectors, the triage, the theory check and the remedies made of one device's measures."""
 
-    findings: list[dict[str, Any]]
+    findings: list[Finding]
     remedies: list[ListedRemedy]
     verdict: str                          # one sentence: what ran out, where, why, what to try first
     theory: dict[str, Any]                # measured model states vs 16Ψ

@@ -26,7 +26,7 @@ from analyzer.diagnose.remedies import (LAYOUT_ONLY, SMALLEST_GPU, Demand, check
 from analyzer.diagnose.theory import explain_model_states
 from analyzer.diagnose.thresholds import Thresholds
 from analyzer.diagnose.workload import Workload, recognise
-from analyzer.result import Diagnosis, ListedRemedy, Triage
+from analyzer.result import Diagnosis, Finding, ListedRemedy, Triage
 
 DETECTORS = [outside, oom, leak, reserved_growth, activation_peak, optimizer_spike, checkpoint_gather, fragmentation]
 
@@ -122,7 +122,7 @@ def theory_check(ctx: DeviceContext) -> dict[str, Any]:
     return out
 
 
-def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str, Any], triaged: str,
+def _demand(ctx: DeviceContext, findings: list[Finding], theory: dict[str, Any], triaged: str,
             fragmentation: dict[str, Any] | None, workload: Workload, tuned: dict[ModuleType, dict[str, Any]]) -> Demand:
     """What the run needed: at an OOM, what was allocated plus the failed request; else the peak."""
     d = ctx.d
@@ -175,7 +175,7 @@ def _graph_bytes(live: Any) -> int:
     return int(activations["allocated_bytes"].sum() - latest)
 
 
-def verdict(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[ListedRemedy], demand: Demand,
+def verdict(ctx: DeviceContext, findings: list[Finding], remedies: list[ListedRemedy], demand: Demand,
             triaged: Triage, fits: dict[str, int] | None = None, found: dict[str, Any] | None = None) -> str:
     """One sentence: what ran out, where, why, what to try first (nothing to try when the run fits); when no
     single change fits, the plan's changes in order."""
@@ -195,7 +195,7 @@ def _lower_bound(ctx: DeviceContext) -> str:
             "made earlier are not in it): every peak here is a lower bound.")
 
 
-def _sentence(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[ListedRemedy], demand: Demand,
+def _sentence(ctx: DeviceContext, findings: list[Finding], remedies: list[ListedRemedy], demand: Demand,
               triaged: Triage, fits: dict[str, int] | None, found: dict[str, Any] | None) -> str:
     """The verdict's sentence for a GPU, from what the recording holds."""
     d = ctx.d
@@ -246,11 +246,12 @@ def _plan_clause(found: dict[str, Any], remedies: list[ListedRemedy], demand: De
             f"{gib(steps[-1]['predicted_peak_allocated_bytes'])}, fits in {gib(demand.capacity)}); {why}")
 
 
-def _oom_reason(finding: dict[str, Any]) -> str:
+def _oom_reason(finding: Finding) -> str:
     """Why the OOM happened, with the numbers that show it (story 4: plenty of free memory, still OOM)."""
     facts = finding["evidence"]["details"]
     if finding["verdict"] == "fragmentation":
-        expandable = {True: "on", False: "off"}.get(facts.get("expandable_segments"), "not recorded")
+        setting = facts.get("expandable_segments")
+        expandable = "on" if setting is True else "off" if setting is False else "not recorded"
         return (f"fragmentation, not capacity (reserved {gib(facts['reserved_bytes'])}, allocated "
                 f"{gib(facts['allocated_bytes'])}, largest free block {gib(facts['largest_free_block_bytes'])} < the "
                 f"{gib(facts['requested_bytes'])} request; expandable_segments {expandable})")
@@ -259,7 +260,7 @@ def _oom_reason(finding: dict[str, Any]) -> str:
     return "the work does not fit"
 
 
-def _leak_clause(finding: dict[str, Any]) -> str:
+def _leak_clause(finding: Finding) -> str:
     """'+500.0 MiB per step, allocated at train.py:88 (…) and 2 more places; out of memory in about 34 more
     steps at this rate (step 40); a smaller batch only delays it'."""
     return (f"+{rate_bytes(finding['bytes_per_step'])} per step, {leak.origin(finding)}"

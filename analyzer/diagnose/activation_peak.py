@@ -1,17 +1,16 @@
 """Activation-dominated peak: activations are the largest category at the peak."""
 from __future__ import annotations
 
-from typing import Any
-
 from analyzer.core.breakdown import split
 from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
 from analyzer.diagnose.evidence import top_allocations
 from analyzer.core.module_tree import module_in_sentence
 from analyzer.core.vocabulary import Category, FindingKind, Phase, names_module
+from analyzer.result import Finding
 
 
-def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
+def detect(ctx: DeviceContext) -> list[Finding]:
     d = ctx.d
     if not d.by_category or d.by_category[0]["name"] != Category.ACTIVATION:
         return []

@@ -25,6 +25,7 @@ import pandas as pd
 from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
 from analyzer.core.vocabulary import FindingKind
+from analyzer.result import Finding
 
 RECOVERY_THRESHOLD = 0.05  # free memory worth reporting: at least this share of what is reserved
 NEAR_OOM_SHARE = 0.95      # reserved at the peak above this share of the device: an OOM nearly happened
@@ -119,7 +120,7 @@ def nearly_out_of_memory(picture: dict[str, Any], capacity: int | None, near_oom
 
 
 def detect(ctx: DeviceContext, *, near_oom_share: float = NEAR_OOM_SHARE,
-           recovery_share: float = RECOVERY_THRESHOLD) -> list[dict[str, Any]]:
+           recovery_share: float = RECOVERY_THRESHOLD) -> list[Finding]:
     """Fragmentation at the allocated peak, warned about only when it nearly caused an OOM (an OOM it caused is
     the oom detector's verdict): `nearly_out_of_memory`."""
     seq = ctx.d.peak.event_index

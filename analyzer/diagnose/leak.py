@@ -23,6 +23,7 @@ from analyzer.diagnose.evidence import top_allocations
 from analyzer.core.units import rate_bytes
 from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, MODEL_STATES, StepLevel, as_json, measured
 from analyzer.core.vocabulary import FindingKind, names_module
+from analyzer.result import Finding
 
 MIN_SHARE_OF_PEAK = 0.001   # a rate below this share of the largest step peak is noise, not a leak
 LEVEL_AGREEMENT = 0.5       # the step-start levels must grow by at least this share of the kept rate
@@ -92,7 +93,7 @@ def _find(ctx: DeviceContext, level_agreement: float, min_share_of_peak: float) 
 
 
 def detect(ctx: DeviceContext, *, level_agreement: float = LEVEL_AGREEMENT,
-           min_share_of_peak: float = MIN_SHARE_OF_PEAK) -> list[dict[str, Any]]:
+           min_share_of_peak: float = MIN_SHARE_OF_PEAK) -> list[Finding]:
     """A leak: lines that keep memory in most measured steps, at a rate of at least `min_share_of_peak` of the
     largest step peak, the step-start levels growing by at least `level_agreement` of that rate."""
     found = find(ctx, level_agreement=level_agreement, min_share_of_peak=min_share_of_peak)
@@ -105,8 +106,8 @@ def detect(ctx: DeviceContext, *, level_agreement: float = LEVEL_AGREEMENT,
     oom_step = None if steps_to_oom is None else levels[-1].step + steps_to_oom
     stacks = [{"top_user_frame": g.frame, "module": g.module, "bytes_per_step": int(g.bytes_per_step),
                "steps_seen": int(g.steps_seen)} for g in groups.head(TOP_STACKS).itertuples()]
-    finding = {
-        "kind": FindingKind.LEAK.value, "severity": "critical",
+    finding: Finding = {
+        "kind": FindingKind.LEAK.value, "severity": "critical", "summary": "",
         "bytes": int(leaked["allocated_bytes"].sum()), "bytes_per_step": int(rate), "steps_to_oom": steps_to_oom,
         "oom_step": oom_step, "stacks": stacks, "stack_count": len(groups),
         "evidence": {
@@ -127,7 +128,7 @@ def place(stack: dict[str, Any]) -> str:
     return stack["top_user_frame"] + (f" ({stack['module']})" if known else "")
 
 
-def origin(finding: dict[str, Any]) -> str:
+def origin(finding: Finding) -> str:
     """'allocated at train.py:88 forward (layers.0.mlp) and 5 more places'."""
     more = finding["stack_count"] - 1
     return f"allocated at {place(finding['stacks'][0])}" + (f" and {more} more place{'s' * (more > 1)}" if more else "")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pandas as pd
 
@@ -13,6 +12,7 @@ from analyzer.core.units import gib
 from analyzer.core.vocabulary import OPTIMIZER_STEP_PREFIX, Category, FindingKind, Phase
 from analyzer.diagnose.evidence import top_allocations
 from analyzer.diagnose.phase_peaks import phase_peak
+from analyzer.result import Finding
 
 _OPTIMIZER_ANNOTATION = re.compile(rf"^{re.escape(OPTIMIZER_STEP_PREFIX)}(\w+)\.step$")
 _OPTIMIZER_FRAME = re.compile(r"torch[\\/]optim[\\/](\w+)\.py$")
@@ -30,7 +30,7 @@ def optimizer_name(ctx: DeviceContext) -> str | None:
     return None
 
 
-def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
+def detect(ctx: DeviceContext) -> list[Finding]:
     peak = phase_peak(ctx, Phase.OPTIMIZER, ignore=(Phase.CHECKPOINT_SAVE,))
     oom = ctx.d.oom
     oom_step, oom_phase = labels_at(ctx.labels, oom.event_index) if oom is not None else (None, None)

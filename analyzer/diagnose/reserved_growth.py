@@ -11,7 +11,6 @@ and grows the reserve too; that is the leak's growth, reported by the leak detec
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
@@ -19,11 +18,12 @@ from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import rate_bytes
 from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, as_json, measured
 from analyzer.core.vocabulary import FindingKind
+from analyzer.result import Finding
 
 MIN_SHARE_OF_RESERVED = 0.005   # growth per step below this share of the reserved peak is noise
 
 
-def detect(ctx: DeviceContext, *, min_share: float = MIN_SHARE_OF_RESERVED) -> list[dict[str, Any]]:
+def detect(ctx: DeviceContext, *, min_share: float = MIN_SHARE_OF_RESERVED) -> list[Finding]:
     """The reserve growing step after step beyond what is kept, by at least `min_share` of the reserved peak."""
     levels = ctx.step_levels
     window = measured(levels)

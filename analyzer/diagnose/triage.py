@@ -9,19 +9,17 @@
 """
 from __future__ import annotations
 
-from typing import Any
-
 from analyzer.core.vocabulary import FindingKind, Phase
 from analyzer.diagnose.context import DeviceContext
-from analyzer.result import Triage
+from analyzer.result import Finding, Triage
 from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, measured
 
-PHASE_SPIKES = {FindingKind.OPTIMIZER_SPIKE: Phase.OPTIMIZER, FindingKind.CHECKPOINT_GATHER: Phase.CHECKPOINT_SAVE}  # finding -> its phase
+PHASE_SPIKES: dict[str, Phase] = {FindingKind.OPTIMIZER_SPIKE: Phase.OPTIMIZER, FindingKind.CHECKPOINT_GATHER: Phase.CHECKPOINT_SAVE}  # finding -> its phase
 
 
-def triage(ctx: DeviceContext, findings: list[dict[str, Any]]) -> Triage:
+def triage(ctx: DeviceContext, findings: list[Finding]) -> Triage:
     """{"verdict": outside_pytorch | leak | phase_spike | steady_state, "reason": one sentence}."""
-    first: dict[str, dict[str, Any]] = {}
+    first: dict[str, Finding] = {}
     for f in findings:
         first.setdefault(f["kind"], f)
     oom = first.get(FindingKind.OOM)
@@ -40,7 +38,7 @@ def triage(ctx: DeviceContext, findings: list[dict[str, Any]]) -> Triage:
     return {"verdict": "steady_state", "reason": _steady_reason(ctx, oom)}
 
 
-def _steady_reason(ctx: DeviceContext, oom: dict[str, Any] | None) -> str:
+def _steady_reason(ctx: DeviceContext, oom: Finding | None) -> str:
     levels = ctx.step_levels
     count = f"{len(levels)} training step{'s' if len(levels) != 1 else ''} recorded"
     growth = (f"memory does not grow across steps {levels[1].step}-{levels[-1].step}" if measured(levels) else

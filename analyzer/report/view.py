@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from analyzer import __version__
-from analyzer.result import Analysis, DeviceAnalysis, ListedRemedy
+from analyzer.result import Analysis, DeviceAnalysis, Finding, ListedRemedy
 from analyzer.core.module_tree import ModuleNode, module_in_sentence
 from analyzer.core.units import human_bytes, relative_seconds
 from analyzer.core.stacks import format_frame, is_user_frame
@@ -513,7 +513,7 @@ def _detail_text(name: str, value: Any) -> str:
     return f"{value:.3g}"
 
 
-def _finding_view(f: dict[str, Any], origin: int | None) -> FindingView:
+def _finding_view(f: Finding, origin: int | None) -> FindingView:
     evidence = f.get("evidence") or {}
     allocations = [EvidenceAllocation(int(a.get("bytes") or 0), a.get("top_user_frame"), a.get("op"), a.get("module"),
                                       a.get("category")) for a in evidence.get("allocations") or []]
