@@ -126,6 +126,58 @@ class Finding(_Found, total=False):
     gathered_bytes: int                   # checkpoint_gather
 
 
+class _Fits(TypedDict):
+    peak_bytes: int
+    capacity_bytes: int
+    headroom_bytes: int
+
+
+class Fits(_Fits, total=False):
+    """A run that fits as it is: its peak, the device it fits and the headroom left."""
+
+    capacity_assumed: bool      # the device is not known: it fits the smallest GPU (remedies.SMALLEST_GPU)
+
+
+class PlanStep(TypedDict):
+    """One change of a plan, with the peak predicted after it (analyzer.diagnose.plan.step_json)."""
+
+    remedy: str
+    title: str
+    value: int | None                     # k micro-batches, N GPUs, the ZeRO stage
+    predicted_peak_allocated_bytes: int
+    predicted_peak_reserved_bytes: int | None
+    fits: bool
+    source: str                           # formula | replay
+    cost: dict[str, str]                  # throughput, communication, code
+
+
+class PlanAlternative(TypedDict):
+    """A fitting configuration a little dearer than the plan (analyzer.diagnose.plan.alternative_json)."""
+
+    remedies: list[str]
+    titles: list[str]
+    predicted_peak_allocated_bytes: int
+    source: str
+    extra_cost: float
+    cost: dict[str, dict[str, str]]
+
+
+class _Plan(TypedDict):
+    fits: bool
+    steps: list[PlanStep]
+    alternatives: list[PlanAlternative]
+    searched: int                         # configurations in the lattice
+
+
+class Plan(_Plan, total=False):
+    """The cheapest combination of remedies that fits (analyzer.diagnose.plan)."""
+
+    single: bool                          # a recording's: the plan is the list's cheapest single change
+    replays: int
+    cheapest_single: str | None           # set by plan.agree
+    try_first: str
+
+
 class Triage(TypedDict):
     """What kind of problem the device has (analyzer.diagnose.triage), in one sentence."""
 
@@ -176,9 +228,8 @@ class Diagnosis:
     capacity_bytes: int | None            # the device memory the advice was judged against
     capacity_source: str                  # where that number came from
     workload: dict[str, Any] = field(default_factory=dict)  # analyzer.diagnose.workload: what the advice acts on
-    fits: dict[str, Any] | None = None    # {peak, capacity, headroom}_bytes when the run fits as it is (capacity_assumed:
-                                          # the device is not known, and it fits the smallest GPU, SMALLEST_GPU)
-    plan: dict[str, Any] | None = None    # the cheapest combination of remedies that fits (analyzer.diagnose.plan)
+    fits: Fits | None = None              # when the run fits as it is
+    plan: Plan | None = None              # the cheapest combination of remedies that fits (analyzer.diagnose.plan)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,7 +26,7 @@ from analyzer.diagnose.remedies import (LAYOUT_ONLY, SMALLEST_GPU, Demand, check
 from analyzer.diagnose.theory import explain_model_states
 from analyzer.diagnose.thresholds import Thresholds
 from analyzer.diagnose.workload import Workload, recognise
-from analyzer.result import Diagnosis, Finding, ListedRemedy, Triage
+from analyzer.result import Diagnosis, Finding, Fits, ListedRemedy, Plan, Triage
 
 DETECTORS = [outside, oom, leak, reserved_growth, activation_peak, optimizer_spike, checkpoint_gather, fragmentation]
 
@@ -84,7 +84,7 @@ def beside_a_gpu(ctx: DeviceContext) -> bool:
     return bool((ctx.trace.allocations["device"] >= 0).any())
 
 
-def _fits(d: Demand) -> dict[str, Any] | None:
+def _fits(d: Demand) -> Fits | None:
     """{peak, capacity, headroom} bytes when the run fits as it is (remedies.fits_as_is), else None; on an
     unknown device, the smallest GPU it fits any of (`capacity_assumed`: remedies.fits_any_gpu)."""
     if fits_any_gpu(d):
@@ -176,7 +176,7 @@ def _graph_bytes(live: Any) -> int:
 
 
 def verdict(ctx: DeviceContext, findings: list[Finding], remedies: list[ListedRemedy], demand: Demand,
-            triaged: Triage, fits: dict[str, int] | None = None, found: dict[str, Any] | None = None) -> str:
+            triaged: Triage, fits: Fits | None = None, found: Plan | None = None) -> str:
     """One sentence: what ran out, where, why, what to try first (nothing to try when the run fits); when no
     single change fits, the plan's changes in order."""
     d = ctx.d
@@ -196,7 +196,7 @@ def _lower_bound(ctx: DeviceContext) -> str:
 
 
 def _sentence(ctx: DeviceContext, findings: list[Finding], remedies: list[ListedRemedy], demand: Demand,
-              triaged: Triage, fits: dict[str, int] | None, found: dict[str, Any] | None) -> str:
+              triaged: Triage, fits: Fits | None, found: Plan | None) -> str:
     """The verdict's sentence for a GPU, from what the recording holds."""
     d = ctx.d
     first = next((r for r in remedies if r["try_first"]), None)
@@ -233,7 +233,7 @@ def _sentence(ctx: DeviceContext, findings: list[Finding], remedies: list[Listed
             f"{': ' + composition if composition else ''}.{advice}")
 
 
-def _plan_clause(found: dict[str, Any], remedies: list[ListedRemedy], demand: Demand) -> str:
+def _plan_clause(found: Plan, remedies: list[ListedRemedy], demand: Demand) -> str:
     """'Halve the micro-batch, then ZeRO-1 … (peak 30 → 20 GiB, fits in 24 GiB); no single change fits', or
     '…; cheaper together than ZeRO-3 alone': the plan's changes in order, and why it is not one change."""
     assert demand.capacity is not None  # a plan needs the device

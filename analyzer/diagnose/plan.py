@@ -21,7 +21,7 @@ from typing import Any
 
 from analyzer.core.vocabulary import RemedyId
 from analyzer.diagnose.counterfactual import Prediction, Replayer
-from analyzer.result import ListedRemedy
+from analyzer.result import ListedRemedy, Plan, PlanAlternative, PlanStep
 from analyzer.diagnose.remedies import (BY_ID, FIT_HEADROOM, LAYOUT_ONLY, REMEDIES, Breakdown, Demand, LeverName, PlanLever, Price,
                                         fits_as_is)
 
@@ -113,12 +113,12 @@ def steps(config: Config, as_is: Config) -> list[tuple[Level, Config]]:
     return out
 
 
-def step_json(level: Level, peak: int, reserved: int | None, fits: bool, source: str) -> dict[str, Any]:
+def step_json(level: Level, peak: int, reserved: int | None, fits: bool, source: str) -> PlanStep:
     return {"remedy": level.id, "title": level.title, "value": level.value, "predicted_peak_allocated_bytes": peak,
             "predicted_peak_reserved_bytes": reserved, "fits": fits, "source": source, "cost": level.price()}
 
 
-def alternative_json(config: Config, cost: float, peak: int, plan_cost: float) -> dict[str, Any]:
+def alternative_json(config: Config, cost: float, peak: int, plan_cost: float) -> PlanAlternative:
     made = changes(config)
     return {"remedies": [level.id for level in made], "titles": [level.title for level in made],
             "predicted_peak_allocated_bytes": peak, "source": "formula", "extra_cost": round(cost - plan_cost, 2),
@@ -225,7 +225,7 @@ def _seed(d: Demand, remedies: list[ListedRemedy]) -> tuple[dict[Any, Predicted]
     return singles, runs
 
 
-def for_recording(d: Demand, remedies: list[ListedRemedy], replayer: Replayer | None) -> dict[str, Any] | None:
+def for_recording(d: Demand, remedies: list[ListedRemedy], replayer: Replayer | None) -> Plan | None:
     """The plan of a run that does not fit on a known device: the cheapest configuration of its offered remedies
     that fits, single changes as the remedy list predicts them and combinations by their formula, checked by
     replaying the replayable changes composed (the formula's saving of the others taken off the replayed peak);
@@ -319,7 +319,7 @@ def _at_least(found: Predicted | None) -> Predicted:
     return found
 
 
-def agree(remedies: list[ListedRemedy], found: dict[str, Any] | None) -> None:
+def agree(remedies: list[ListedRemedy], found: Plan | None) -> None:
     """One try-first for the verdict, the list and the plan: when a plan fits, the remedy of its first step. A
     plan of exactly the list's cheapest fitting remedy leaves it as it is; otherwise (no single change fits, or
     changes cheaper together) the remedy of step 1 is marked, with `plan_step` saying it is the plan's first."""

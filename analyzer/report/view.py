@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from analyzer import __version__
-from analyzer.result import Analysis, DeviceAnalysis, Finding, ListedRemedy
+from analyzer.result import Analysis, DeviceAnalysis, Finding, ListedRemedy, Plan
 from analyzer.core.module_tree import ModuleNode, module_in_sentence
 from analyzer.core.units import human_bytes, relative_seconds
 from analyzer.core.stacks import format_frame, is_user_frame
@@ -376,7 +376,7 @@ def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> De
     )
 
 
-def _plan_view(found: dict[str, Any] | None) -> PlanView | None:
+def _plan_view(found: Plan | None) -> PlanView | None:
     if not found:
         return None
     steps = [PlanStep(str(s["title"]), int(s["predicted_peak_allocated_bytes"]),
