@@ -24,7 +24,7 @@ from analyzer.report.interactive import allocator_pictures, module_icicle
 from analyzer.report.job_report import DevicePictures, JobReport
 from analyzer.report.view import (InputView, ReportView, build_view, comparison_view, with_imbalance,
                                   worst_first as devices_worst_first)
-from analyzer.result import Analysis, RankSetAnalysis, ranks_document
+from analyzer.result import Analysis, Finding, RankSetAnalysis, ranks_document
 
 SCHEDULER_VARIABLE = "ANALYZER_DASK_SCHEDULER"
 #: devices of a job shown in full, the worst first (and the median one beside them); the others are rows of the
@@ -62,7 +62,7 @@ class JobAnalysis:
 
     source_path: str
     ranks: list[RankResult]                     # in rank order
-    imbalance: dict[str, Any] | None
+    imbalance: Finding | None
     warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:

@@ -124,6 +124,7 @@ class Finding(_Found, total=False):
     first_step_excess_bytes: int | None
     oom_in_first_step: bool
     gathered_bytes: int                   # checkpoint_gather
+    remedies: list[str]                   # imbalance: what evens the load
 
 
 class _Fits(TypedDict):
@@ -252,7 +253,7 @@ class Analysis:
     trace: MemoryTrace
     devices: list[DeviceAnalysis]
     warnings: list[str] = field(default_factory=list)  # the reader's warnings, then the analysis's
-    imbalance: dict[str, Any] | None = None  # one GPU peaks far above the others (analyzer.diagnose.imbalance)
+    imbalance: Finding | None = None      # one GPU peaks far above the others (analyzer.diagnose.imbalance)
 
     def device(self, device: int) -> DeviceAnalysis:
         return next(d for d in self.devices if d.device == device)

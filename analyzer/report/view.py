@@ -281,7 +281,7 @@ class ReportView:
         return [d for d in self.devices if self.sections is None or d.device in self.sections]
 
 
-def with_imbalance(verdict: str, imbalance: dict[str, Any] | None, lead: str) -> str:
+def with_imbalance(verdict: str, imbalance: Finding | None, lead: str) -> str:
     """The verdict about the lead device, told that this device is the one far above the others."""
     if imbalance is None or imbalance["evidence"]["details"]["worst"] != lead:
         return verdict
@@ -290,7 +290,7 @@ def with_imbalance(verdict: str, imbalance: dict[str, Any] | None, lead: str) ->
             f"an imbalance, see below.")
 
 
-def comparison_view(imbalance: dict[str, Any] | None) -> ComparisonView | None:
+def comparison_view(imbalance: Finding | None) -> ComparisonView | None:
     if imbalance is None:
         return None
     return ComparisonView(summary=str(imbalance["summary"]), remedies=[str(r) for r in imbalance["remedies"]])
