@@ -33,7 +33,7 @@ from analyzer.report.interactive import allocator_pictures, module_icicle
 from analyzer.report.job_report import DevicePictures, JobReport
 from analyzer.report.view import (InputView, RecordingRow, ReportView, build_view, comparison_view, with_imbalance,
                                   worst_first as devices_worst_first)
-from analyzer.result import Analysis, Claim, RankSetAnalysis, not_one_job, ranks_document
+from analyzer.result import Analysis, Claim, Finding, RankSetAnalysis, not_one_job, ranks_document
 
 SCHEDULER_VARIABLE = "ANALYZER_DASK_SCHEDULER"
 #: seconds to reach a scheduler given (a silent or wrong endpoint is told this soon)
@@ -74,7 +74,7 @@ class JobAnalysis:
 
     source_path: str
     ranks: list[RankResult]                     # in rank order
-    imbalance: dict[str, Any] | None
+    imbalance: Finding | None
     warnings: list[str] = field(default_factory=list)
     separate: str | None = None                 # why the files are not the ranks of one job (None: they are)
 

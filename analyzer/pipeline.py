@@ -23,7 +23,6 @@ from analyzer.core.units import human_bytes
 from analyzer.core.vocabulary import RECORD_HISTORY
 from analyzer.diagnose import diagnose
 from analyzer.diagnose.context import make_context
-from analyzer.diagnose.fragmentation import SEGMENTED_SOURCES
 from analyzer.diagnose.imbalance import find_imbalance, summarise
 from analyzer.diagnose.thresholds import Thresholds
 from analyzer.ingest import load
@@ -117,9 +116,9 @@ def end_state(trace: MemoryTrace, device: int, timeline: pd.DataFrame, reserved_
     """The state at the end of the recording: the allocator's final blocks where the input records them (a
     snapshot); else the timeline's last point (the trace's last running totals), with what it cannot hold
     (blocks; reserved bytes it did not record) None. The JSON and every report read this one dict."""
-    if trace.source_kind in SEGMENTED_SOURCES or timeline.empty:
+    if trace.has_segments or timeline.empty:
         blocks: dict[str, int | None] = dict(trace.end_state(device))
-        return blocks if trace.source_kind in SEGMENTED_SOURCES else \
+        return blocks if trace.has_segments else \
             {**blocks, "inactive_bytes": None, "largest_free_block_bytes": None}
     last = timeline.iloc[-1]
     allocated = int(last["allocated_bytes"])

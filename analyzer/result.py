@@ -10,7 +10,7 @@ import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -86,23 +86,153 @@ class DeviceMeasures:
         return f"{category_plural(top['name'])} are {top['share']:.0%} of the peak"
 
 
+class Evidence(TypedDict, total=False):
+    """What shows a finding: when (µs, first and last), which events, the allocations involved, the numbers."""
+
+    time_us: list[int | None]
+    event_index: list[int]
+    allocations: list[dict[str, Any]]     # analyzer.diagnose.evidence.top_allocations rows
+    details: dict[str, Any]               # the detector's own numbers, named in the JSON reference
+
+
+class _Found(TypedDict):
+    """What every finding has."""
+
+    kind: str                             # a FindingKind
+    severity: str                         # critical | warning | info
+    bytes: int
+    summary: str
+
+
+class Finding(_Found, total=False):
+    """One finding (a detector's), as the JSON carries it: the common keys, then each kind's own."""
+
+    evidence: Evidence
+    verdict: str                          # oom: capacity | fragmentation | outside_pytorch
+    phase: str | None                     # oom: where it happened
+    module: str | None
+    step: int | None
+    bytes_per_step: int                   # leak, reserved_growth: the rate
+    steps_to_oom: int | None
+    oom_step: int | None                  # leak
+    stacks: list[dict[str, Any]]          # leak: where the leaked memory was allocated
+    stack_count: int
+    significant: bool                     # outside_pytorch: the first thing to explain
+    recoverable_bytes: int                # fragmentation
+    optimizer: str                        # optimizer_spike
+    lazy_state_bytes: int
+    temporary_bytes: int
+    first_step: int | None
+    first_step_excess_bytes: int | None
+    oom_in_first_step: bool
+    gathered_bytes: int                   # checkpoint_gather
+    remedies: list[str]                   # imbalance: what evens the load
+
+
+class _Fits(TypedDict):
+    peak_bytes: int
+    capacity_bytes: int
+    headroom_bytes: int
+
+
+class Fits(_Fits, total=False):
+    """A run that fits as it is: its peak, the device it fits and the headroom left."""
+
+    capacity_assumed: bool      # the device is not known: it fits the smallest GPU (remedies.SMALLEST_GPU)
+
+
+class PlanStep(TypedDict):
+    """One change of a plan, with the peak predicted after it (analyzer.diagnose.plan.step_json)."""
+
+    remedy: str
+    title: str
+    value: int | None                     # k micro-batches, N GPUs, the ZeRO stage
+    predicted_peak_allocated_bytes: int
+    predicted_peak_reserved_bytes: int | None
+    fits: bool
+    source: str                           # formula | replay
+    cost: dict[str, str]                  # throughput, communication, code
+
+
+class PlanAlternative(TypedDict):
+    """A fitting configuration a little dearer than the plan (analyzer.diagnose.plan.alternative_json)."""
+
+    remedies: list[str]
+    titles: list[str]
+    predicted_peak_allocated_bytes: int
+    source: str
+    extra_cost: float
+    cost: dict[str, dict[str, str]]
+
+
+class _Plan(TypedDict):
+    fits: bool
+    steps: list[PlanStep]
+    alternatives: list[PlanAlternative]
+    searched: int                         # configurations in the lattice
+
+
+class Plan(_Plan, total=False):
+    """The cheapest combination of remedies that fits (analyzer.diagnose.plan)."""
+
+    single: bool                          # a recording's: the plan is the list's cheapest single change
+    replays: int
+    cheapest_single: str | None           # set by plan.agree
+    try_first: str
+
+
+class Triage(TypedDict):
+    """What kind of problem the device has (analyzer.diagnose.triage), in one sentence."""
+
+    verdict: str      # outside_pytorch | leak | phase_spike | steady_state
+    reason: str
+
+
+class Replayed(TypedDict):
+    """A remedy's run replayed through the allocator model (analyzer.diagnose.counterfactual)."""
+
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    oom: bool | None                    # None: the device's memory is not known
+    oom_at_event: int | None            # the recorded event the first failing request comes at (or after)
+
+
+class ListedRemedy(TypedDict):
+    """One remedy of a device's list (analyzer.diagnose.remedies.rank_remedies), as the JSON carries it."""
+
+    id: str                             # a RemedyId
+    rank: int                           # its place in the list, cheapest first
+    title: str
+    saved_bytes: int | None             # None: not quantified
+    new_peak_bytes: int | None
+    fits: bool | None                   # None: the device's memory is not known
+    confidence: str                     # high | medium | low
+    try_first: bool
+    purpose: str                        # fix | grow (the run fits as it is)
+    note: str | None                    # why it saves what a cheaper one saves
+    how: str                            # the code
+    cost: str
+    saving_source: str                  # formula | replay
+    replay: Replayed | None             # the replayed run, where a replay predicts the remedy
+    plan_step: str | None               # set when it is the plan's first step, not the cheapest single change
+
+
 @dataclass(frozen=True, kw_only=True)
 class Diagnosis:
     """What the detectors, the triage, the theory check and the remedies made of one device's measures."""
 
-    findings: list[dict[str, Any]]
-    remedies: list[dict[str, Any]]
+    findings: list[Finding]
+    remedies: list[ListedRemedy]
     verdict: str                          # one sentence: what ran out, where, why, what to try first
     theory: dict[str, Any]                # measured model states vs 16Ψ
     fragmentation: dict[str, Any] | None  # at the OOM, else at the reserved peak
-    triage: dict[str, str]                # {verdict: outside_pytorch | leak | phase_spike | steady_state, reason}
+    triage: Triage
     demand_bytes: int                     # what the run needed: peak, or allocated + request at the OOM
     capacity_bytes: int | None            # the device memory the advice was judged against
     capacity_source: str                  # where that number came from
     workload: dict[str, Any] = field(default_factory=dict)  # analyzer.diagnose.workload: what the advice acts on
-    fits: dict[str, Any] | None = None    # {peak, capacity, headroom}_bytes when the run fits as it is (capacity_assumed:
-                                          # the device is not known, and it fits the smallest GPU, SMALLEST_GPU)
-    plan: dict[str, Any] | None = None    # the cheapest combination of remedies that fits (analyzer.diagnose.plan)
+    fits: Fits | None = None              # when the run fits as it is
+    plan: Plan | None = None              # the cheapest combination of remedies that fits (analyzer.diagnose.plan)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,7 +255,7 @@ class Analysis:
     trace: MemoryTrace
     devices: list[DeviceAnalysis]
     warnings: list[str] = field(default_factory=list)  # the reader's warnings, then the analysis's
-    imbalance: dict[str, Any] | None = None  # one GPU peaks far above the others (analyzer.diagnose.imbalance)
+    imbalance: Finding | None = None      # one GPU peaks far above the others (analyzer.diagnose.imbalance)
 
     def device(self, device: int) -> DeviceAnalysis:
         return next(d for d in self.devices if d.device == device)

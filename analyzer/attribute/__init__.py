@@ -42,9 +42,7 @@ from analyzer.attribute.steps import number_steps
 from analyzer.attribute.timing import frameless_phases
 from analyzer.attribute.workspaces import label_workspaces
 from analyzer.core.trace import MemoryTrace
-from analyzer.ingest.memory_timeline import AS_OUR_CATEGORY, LABEL_SOURCE
-from analyzer.ingest.sniff import MEMORY_TIMELINE, MEMORY_TIMELINE_RAW
-from analyzer.core.vocabulary import UNATTRIBUTED, Category, Phase, Role
+from analyzer.core.vocabulary import AS_OUR_CATEGORY, TORCH_PROFILER_LABEL_SOURCE, UNATTRIBUTED, Category, Phase, Role
 
 CONFIDENCE = {"tag": 1.0, "recording": 1.0, "annotation": 0.95, "frames": 0.9, "ops": 0.9, "timing": 0.7, "lifetime": 0.8,
               "size-match": 0.6, "structure": 0.6}
@@ -158,7 +156,7 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
     step = number_steps(ann, t_alloc, phase)
     marked_role, marked_module = _marked_tensors(a, tensor_marks(ann))
     category, category_source = categorise(a, phase, step, ann)
-    tensors_before = trace.source_kind == "snapshot"   # its rows from before the recording are blocks, not amounts
+    tensors_before = trace.blocks_before
     t_free = a["t_free_us"].to_numpy(dtype=np.float64, na_value=np.inf)
     remade = recomputed_activations(source, t_alloc, t_free)
     category[remade], category_source[remade] = Category.ACTIVATION.value, "lifetime:recomputed-activation"
@@ -187,7 +185,7 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
         spoke = ~pd.isna(ops.module)
         module[spoke], module_source[spoke] = ops.module[spoke], ops.module_signal[spoke]
     module[has_mark], module_source[has_mark] = marked_module[has_mark], "tag:tensor"
-    _recorded_categories(a, category, category_source, trace.source_kind in (MEMORY_TIMELINE, MEMORY_TIMELINE_RAW))
+    _recorded_categories(a, category, category_source, trace.records_categories)
     category_from[~np.isin(category_source, (REPLACES_PARAMETER, REPLACES_STATE))] = np.nan  # a later signal won
     label_source, confidence = _label_sources(source, category_source, module_source)
     return {"module": module, "phase": phase, "category": category, "step": step, "label_source": label_source,
@@ -196,9 +194,9 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
 
 def _recorded_categories(a: pd.DataFrame, category: np.ndarray, source: np.ndarray, memory_timeline: bool) -> None:
     """The recording's own labels, kept over ours: torch's memory profiler categorised every tensor of an
-    export_memory_timeline file (its reader keeps them, with its LABEL_SOURCE), its unknown ones included."""
+    export_memory_timeline file (its reader keeps them, with TORCH_PROFILER_LABEL_SOURCE), its unknown ones included."""
     given = a["category"].astype(str).to_numpy()
-    rows = (a["label_source"].astype(str).to_numpy() == LABEL_SOURCE) & (given != UNATTRIBUTED)
+    rows = (a["label_source"].astype(str).to_numpy() == TORCH_PROFILER_LABEL_SOURCE) & (given != UNATTRIBUTED)
     category[rows] = [AS_OUR_CATEGORY.get(c, c) for c in given[rows]]
     source[rows] = "recording:torch-memory-profiler"
     if memory_timeline:   # what torch could not tell, nor can we: no rule of ours knows more than its data flow
@@ -210,7 +208,7 @@ def _phases_of_recorded_categories(a: pd.DataFrame) -> tuple[np.ndarray, np.ndar
     made it (`_PHASE_OF_TORCH_CATEGORY`): enough to see the phase cycle, and so the steps, of the recording.
     Tensors alive before the recording (untimed) were made by a pass it did not see: they get no phase."""
     given = a["category"].astype(str).to_numpy()
-    recorded = (a["label_source"].astype(str).to_numpy() == LABEL_SOURCE) & a["t_alloc_us"].notna().to_numpy()
+    recorded = (a["label_source"].astype(str).to_numpy() == TORCH_PROFILER_LABEL_SOURCE) & a["t_alloc_us"].notna().to_numpy()
     phase = np.asarray([_PHASE_OF_TORCH_CATEGORY.get(c) for c in given], dtype=object)
     phase[~recorded] = None
     signal = np.full(len(a), None, dtype=object)

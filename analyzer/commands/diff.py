@@ -13,13 +13,13 @@ import argparse
 import json
 from typing import Any
 
-from analyzer.result import Analysis, DeviceAnalysis
+from analyzer.result import Analysis, DeviceAnalysis, ListedRemedy
 from analyzer.pipeline import analyze
 from analyzer.commands.estimate import device_memory
 from analyzer.diagnose.remedies import BY_ID, LAYOUT_ONLY
 from analyzer.core.printable import printable
 from analyzer.core.units import format_bytes
-from analyzer.core.vocabulary import RemedyId
+from analyzer.core.vocabulary import FindingKind, RemedyId
 from analyzer.diagnose.remedy_names import remedy_help, resolve_remedy
 from analyzer.errors import UnsupportedFormat
 
@@ -63,11 +63,11 @@ def compare_device(before: DeviceAnalysis, after: DeviceAnalysis, remedy_id: str
         if layout:
             chosen, how = layout[0]["id"], "the OOM is gone while the memory needed did not change: an allocator setting"
         elif estimated:
-            chosen = min(estimated, key=lambda r: abs(r["saved_bytes"] - measured))["id"]
+            chosen = min(estimated, key=lambda r: abs((r["saved_bytes"] or 0) - measured))["id"]
             how = "closest estimate"
     check = None
     if chosen is not None:
-        estimate = listed.get(chosen, {}).get("saved_bytes")
+        estimate = listed[chosen].get("saved_bytes") if chosen in listed else None
         check = {"remedy": chosen, "chosen": how, "estimated_saving_bytes": estimate, "measured_saving_bytes": measured,
                  "error": (measured - estimate) / estimate if estimate else None}
     return {
@@ -83,7 +83,7 @@ def compare_device(before: DeviceAnalysis, after: DeviceAnalysis, remedy_id: str
 
 
 def _unexplained(remedy_id: str | None, measured: int, categories: dict[str, dict[str, Any]], leak_gone: bool,
-                 listed: dict[str, dict[str, Any]]) -> dict[str, Any]:
+                 listed: dict[str, ListedRemedy]) -> dict[str, Any]:
     """Why no remedy explains the change, and what did change (the categories that moved most, in bytes)."""
     moved = sorted(((name, c["after"] - c["before"]) for name, c in categories.items() if c["after"] != c["before"]),
                    key=lambda nc: (-abs(nc[1]), nc[0]))[:CHANGES_SAID]
@@ -93,7 +93,7 @@ def _unexplained(remedy_id: str | None, measured: int, categories: dict[str, dic
         reason = "no remedy of BEFORE shrank what it acts on" if listed else "BEFORE lists no remedy"
     elif remedy_id in LAYOUT_ONLY:
         reason = f"{remedy_id} leaves the memory needed as it was, and it went down"
-    elif remedy_id == "fix_leak":
+    elif remedy_id == RemedyId.FIX_LEAK:
         reason = "the leak is still there" if not leak_gone else "the memory needed did not go down"
     else:
         reason = f"{' or '.join(BY_ID[remedy_id].acts_on)}, what {remedy_id} shrinks, did not shrink"
@@ -101,7 +101,7 @@ def _unexplained(remedy_id: str | None, measured: int, categories: dict[str, dic
 
 
 def _has_leak(d: DeviceAnalysis) -> bool:
-    return any(f["kind"] == "leak" for f in d.diagnosis.findings)
+    return any(f["kind"] == FindingKind.LEAK for f in d.diagnosis.findings)
 
 
 def _shrank(remedy_id: str, before: dict[str, int], after: dict[str, int]) -> bool:

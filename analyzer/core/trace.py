@@ -191,6 +191,11 @@ class MemoryTrace:
     allocator_settings: dict[str, Any] = field(default_factory=dict)
     torch_era: str = "unknown"
     has_history: bool = True            # False: the input holds only an end state
+    # what the format records, as its reader says: the stages after ingest ask these, never the format's name
+    has_segments: bool = False          # the allocator's segments and blocks (a snapshot), not only reserved totals
+    blocks_before: bool = False         # rows from before the recording are the allocator's blocks (tensors), not
+                                        # amounts that stand for whatever was alive
+    records_categories: bool = False    # each row carries torch's own category (export_memory_timeline)
     warnings: list[str] = field(default_factory=list)
     # GPU activity for context (what ran at a peak), from inputs that record it (Nsight); None otherwise.
     # Columns: analyzer.ingest.nsys.GPU_ACTIVITY_COLUMNS (kind, device, stream, start_us, end_us, name, bytes).

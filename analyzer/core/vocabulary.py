@@ -103,6 +103,21 @@ class Role(Word):
         return Category.PARAMETER if self is Role.BUFFER else Category(self.value)
 
 
+class FindingKind(Word):
+    """What a finding is about: its `kind` in the results and the JSON, one detector each."""
+
+    OUTSIDE_PYTORCH = "outside_pytorch"
+    OOM = "oom"
+    LEAK = "leak"
+    RESERVED_GROWTH = "reserved_growth"
+    ACTIVATION_PEAK = "activation_peak"
+    OPTIMIZER_SPIKE = "optimizer_spike"
+    CHECKPOINT_GATHER = "checkpoint_gather"
+    FRAGMENTATION = "fragmentation"
+    IMBALANCE = "imbalance"
+    CONV_WORKSPACE = "conv_workspace"
+
+
 class RemedyId(Word):
     """A remedy's id, as the results and the JSON name it: each has one spec in analyzer.diagnose.remedies.REMEDIES
     (the simulator, below the diagnosis, and the run log, which reads JSON, name remedies by these words too)."""
@@ -133,6 +148,16 @@ class RemedyId(Word):
     OFFLOAD = "offload"
     CUDNN_BENCHMARK_OFF = "cudnn_benchmark_off"
 
+
+
+
+#: the label source of rows whose category torch's memory profiler gave (an export_memory_timeline file's rows)
+TORCH_PROFILER_LABEL_SOURCE = "torch_memory_profiler"
+#: torch's memory-profiler categories spelled as ours, where the words differ
+AS_OUR_CATEGORY = {"autograd_detail": Category.TEMPORARY.value}
+#: how to record what an Nsight export lacks when it has no device memory (its reader and the diagnosis say it)
+RECORD_MEMORY_HINT = ("Record device memory next time: nsys profile --cuda-memory-usage=true --trace=cuda,nvtx "
+                      "--output run python train.py, then nsys export --type sqlite --output run.sqlite run.nsys-rep")
 
 #: the label of what could not be attributed (category, phase or module)
 UNATTRIBUTED = "unattributed"

@@ -19,14 +19,14 @@ from analyzer.diagnose import counterfactual, plan
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import oom_where
 from analyzer.core.units import gib, human_bytes, rate_bytes
-from analyzer.core.vocabulary import RECORD_HISTORY, Category, Phase
+from analyzer.core.vocabulary import RECORD_HISTORY, Category, FindingKind, Phase
 from analyzer.diagnose.triage import triage
 from analyzer.diagnose.remedies import (LAYOUT_ONLY, SMALLEST_GPU, Demand, checkpointable_bytes, count_layers,
                                         describe, fits_any_gpu, fits_as_is, rank_remedies, zero_shards)
 from analyzer.diagnose.theory import explain_model_states
 from analyzer.diagnose.thresholds import Thresholds
 from analyzer.diagnose.workload import Workload, recognise
-from analyzer.result import DeviceMeasures, Diagnosis
+from analyzer.result import DeviceMeasures, Diagnosis, Finding, Fits, ListedRemedy, Plan, Triage
 
 DETECTORS = [outside, oom, leak, reserved_growth, activation_peak, optimizer_spike, checkpoint_gather, fragmentation,
              conv_workspace]
@@ -53,12 +53,12 @@ def diagnose(ctx: DeviceContext, thresholds: Thresholds = Thresholds()) -> Diagn
     tuned = _tuned(thresholds)
     findings = [f for detector in DETECTORS if not (ctx.device < 0 and detector is fragmentation)
                 for f in detector.detect(ctx, **tuned.get(detector, {}))]
-    picture = ctx.fragmentation_at_oom or ctx.fragmentation_at_peak
+    picture = fragmentation_picture(ctx)
     theory = theory_check(ctx)
     triaged = triage(ctx, findings)
     workload = recognise(ctx, gradient_share=thresholds.gradient_share, graph_kept_share=thresholds.graph_kept_share,
                          frozen_below=thresholds.frozen_below)
-    demand = _demand(ctx, findings, theory, triaged["verdict"], picture, workload)
+    demand = _demand(ctx, findings, theory, triaged["verdict"], picture, workload, tuned)
     offered = [] if host else [r["id"] for r in rank_remedies(demand)]
     demand.replayed = counterfactual.replayed(ctx, demand, offered)   # only what is offered is replayed
     remedies = [] if host else [r for r in rank_remedies(demand) if ctx.device >= 0 or r["id"] not in LAYOUT_ONLY]
@@ -72,12 +72,20 @@ def diagnose(ctx: DeviceContext, thresholds: Thresholds = Thresholds()) -> Diagn
                      workload=workload.published(), fits=fits)
 
 
+def fragmentation_picture(ctx: DeviceContext) -> dict[str, Any] | None:
+    """The allocator's picture the report shows: at the OOM, else at the peak (none for host memory)."""
+    oom_event = ctx.d.oom
+    if oom_event is not None:
+        return fragmentation.fragmentation_at(ctx, oom_event.event_index, oom_event.requested_bytes)
+    return fragmentation.fragmentation_at(ctx, ctx.d.peak.event_index) if ctx.device >= 0 else None
+
+
 def beside_a_gpu(ctx: DeviceContext) -> bool:
     """The recording holds memory of a GPU besides this host device."""
     return bool((ctx.trace.allocations["device"] >= 0).any())
 
 
-def _fits(d: Demand) -> dict[str, Any] | None:
+def _fits(d: Demand) -> Fits | None:
     """{peak, capacity, headroom} bytes when the run fits as it is (remedies.fits_as_is), else None; on an
     unknown device, the smallest GPU it fits any of (`capacity_assumed`: remedies.fits_any_gpu)."""
     if fits_any_gpu(d):
@@ -115,13 +123,13 @@ def theory_check(ctx: DeviceContext) -> dict[str, Any]:
     return out
 
 
-def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str, Any], triaged: str,
-            fragmentation: dict[str, Any] | None, workload: Workload) -> Demand:
+def _demand(ctx: DeviceContext, findings: list[Finding], theory: dict[str, Any], triaged: str,
+            fragmentation: dict[str, Any] | None, workload: Workload, tuned: dict[ModuleType, dict[str, Any]]) -> Demand:
     """What the run needed: at an OOM, what was allocated plus the failed request; else the peak."""
     d = ctx.d
-    oom_finding = next((f for f in findings if f["kind"] == "oom"), None)
-    leak_finding = next((f for f in findings if f["kind"] == "leak"), None)
-    spike = next((f for f in findings if f["kind"] == "optimizer_spike"), None)
+    oom_finding = next((f for f in findings if f["kind"] == FindingKind.OOM), None)
+    leak_finding = next((f for f in findings if f["kind"] == FindingKind.LEAK), None)
+    spike = next((f for f in findings if f["kind"] == FindingKind.OPTIMIZER_SPIKE), None)
     oom_event = d.oom if oom_finding is not None else None
     worst = oom_event.event_index if oom_event is not None else d.peak.event_index
     live = ctx.live_at(oom_event.event_index) if oom_event is not None else d.peak.live
@@ -152,7 +160,7 @@ def _demand(ctx: DeviceContext, findings: list[dict[str, Any]], theory: dict[str
         expandable_segments=ctx.expandable_segments(),
         recoverable_fragmentation=int(picture.get("inactive_bytes" if oom_finding and oom_finding["verdict"] == "fragmentation"
                                                   else "external_bytes") or 0),
-        triage=triaged, leak_bytes=leak.leaked_bytes_at(ctx, worst),
+        triage=triaged, leak_bytes=leak.leaked_bytes_at(ctx, worst, **tuned[leak]),
         leak_stacks=[] if leak_finding is None else
         [f"{leak.place(s)}: +{rate_bytes(s['bytes_per_step'])} per step" for s in leak_finding["stacks"]],
     )
@@ -168,8 +176,8 @@ def _graph_bytes(live: Any) -> int:
     return int(activations["allocated_bytes"].sum() - latest)
 
 
-def verdict(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[dict[str, Any]], demand: Demand,
-            triaged: dict[str, str], fits: dict[str, int] | None = None, found: dict[str, Any] | None = None) -> str:
+def verdict(ctx: DeviceContext, findings: list[Finding], remedies: list[ListedRemedy], demand: Demand,
+            triaged: Triage, fits: Fits | None = None, found: Plan | None = None) -> str:
     """One sentence: what ran out, where, why, what to try first (nothing to try when the run fits); when no
     single change fits, the plan's changes in order."""
     d = ctx.d
@@ -188,8 +196,8 @@ def _lower_bound(ctx: DeviceContext) -> str:
             "made earlier are not in it): every peak here is a lower bound.")
 
 
-def _sentence(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list[dict[str, Any]], demand: Demand,
-              triaged: dict[str, str], fits: dict[str, int] | None, found: dict[str, Any] | None) -> str:
+def _sentence(ctx: DeviceContext, findings: list[Finding], remedies: list[ListedRemedy], demand: Demand,
+              triaged: Triage, fits: Fits | None, found: Plan | None) -> str:
     """The verdict's sentence for a GPU, from what the recording holds."""
     d = ctx.d
     first = next((r for r in remedies if r["try_first"]), None)
@@ -207,10 +215,10 @@ def _sentence(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list
     elif first is not None and demand.capacity is None and d.oom is None:
         advice = (f" The device's memory is not known (pass --gpu-memory); to lower the peak, try first: "
                   f"{describe(first, None)}.")
-    oom_finding = next((f for f in findings if f["kind"] == "oom"), None)
+    oom_finding = next((f for f in findings if f["kind"] == FindingKind.OOM), None)
     where = "" if oom_finding is None else oom_where(oom_finding.get("phase"), oom_finding.get("module"),
                                                      oom_finding.get("step"))
-    leak_finding = next((f for f in findings if f["kind"] == "leak"), None)
+    leak_finding = next((f for f in findings if f["kind"] == FindingKind.LEAK), None)
     if leak_finding is not None and triaged["verdict"] == "leak":
         opening = f"Out of memory on {ctx.trace.device_label(d.device)}{' ' + where if where else ''}" if oom_finding else \
             f"Memory grows on {ctx.trace.device_label(d.device)}"
@@ -220,18 +228,19 @@ def _sentence(ctx: DeviceContext, findings: list[dict[str, Any]], remedies: list
         composition = _composition(d, findings)
         return (f"Out of memory on {ctx.trace.device_label(d.device)}{' ' + where if where else ''}: {reason}"
                 f"{'; ' + composition if composition else ''}.{advice}")
-    if not ctx.trace.has_history and ctx.fragmentation_at_peak and ctx.fragmentation_at_peak["segments_recorded"]:
-        return _end_state_sentence(ctx, ctx.fragmentation_at_peak) + advice
+    picture = fragmentation_picture(ctx)
+    if not ctx.trace.has_history and picture and picture["segments_recorded"]:
+        return _end_state_sentence(ctx, picture) + advice
     place = oom_where(d.peak_phase, d.peak_module, d.peak_step)
     composition = _composition(d, findings)
     return (f"Peak {gib(d.peak.allocated_bytes)} allocated on {ctx.trace.device_label(d.device)}{' ' + place if place else ''}"
             f"{': ' + composition if composition else ''}.{advice}")
 
 
-def _composition(d: DeviceMeasures, findings: list[dict[str, Any]]) -> str:
+def _composition(d: DeviceMeasures, findings: list[Finding]) -> str:
     """What the peak is made of, in words: the largest known category, or the transient no tensor holds that
     the conv_workspace finding names."""
-    workspace = next((f for f in findings if f["kind"] == "conv_workspace"), None)
+    workspace = next((f for f in findings if f["kind"] == FindingKind.CONV_WORKSPACE), None)
     if workspace is None:
         return d.composition()
     return (f"{workspace['evidence']['details']['share']:.0%} of it is a transient no tensor holds, most likely "
@@ -269,7 +278,7 @@ def _end_state_sentence(ctx: DeviceContext, picture: dict[str, Any]) -> str:
             "snapshot again.")
 
 
-def _plan_clause(found: dict[str, Any], remedies: list[dict[str, Any]], demand: Demand) -> str:
+def _plan_clause(found: Plan, remedies: list[ListedRemedy], demand: Demand) -> str:
     """'Halve the micro-batch, then ZeRO-1 … (peak 30 → 20 GiB, fits in 24 GiB); no single change fits', or
     '…; cheaper together than ZeRO-3 alone': the plan's changes in order, and why it is not one change."""
     assert demand.capacity is not None  # a plan needs the device
@@ -282,11 +291,12 @@ def _plan_clause(found: dict[str, Any], remedies: list[dict[str, Any]], demand: 
             f"{gib(steps[-1]['predicted_peak_allocated_bytes'])}, fits in {gib(demand.capacity)}); {why}")
 
 
-def _oom_reason(finding: dict[str, Any]) -> str:
+def _oom_reason(finding: Finding) -> str:
     """Why the OOM happened, with the numbers that show it (story 4: plenty of free memory, still OOM)."""
     facts = finding["evidence"]["details"]
     if finding["verdict"] == "fragmentation":
-        expandable = {True: "on", False: "off"}.get(facts.get("expandable_segments"), "not recorded")
+        setting = facts.get("expandable_segments")
+        expandable = "on" if setting is True else "off" if setting is False else "not recorded"
         return (f"fragmentation, not capacity (reserved {gib(facts['reserved_bytes'])}, allocated "
                 f"{gib(facts['allocated_bytes'])}, largest free block {gib(facts['largest_free_block_bytes'])} < the "
                 f"{gib(facts['requested_bytes'])} request; expandable_segments {expandable})")
@@ -295,7 +305,7 @@ def _oom_reason(finding: dict[str, Any]) -> str:
     return "the work does not fit"
 
 
-def _leak_clause(finding: dict[str, Any]) -> str:
+def _leak_clause(finding: Finding) -> str:
     """'+500.0 MiB per step, allocated at train.py:88 (…) and 2 more places; out of memory in about 34 more
     steps at this rate (step 40); a smaller batch only delays it'."""
     return (f"+{rate_bytes(finding['bytes_per_step'])} per step, {leak.origin(finding)}"

@@ -1,17 +1,16 @@
 """Activation-dominated peak: activations are the largest category at the peak."""
 from __future__ import annotations
 
-from typing import Any
-
 from analyzer.core.breakdown import split
 from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
 from analyzer.diagnose.evidence import top_allocations
 from analyzer.core.module_tree import module_in_sentence
-from analyzer.core.vocabulary import Category, Phase, names_module
+from analyzer.core.vocabulary import Category, FindingKind, Phase, names_module
+from analyzer.result import Finding
 
 
-def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
+def detect(ctx: DeviceContext) -> list[Finding]:
     d = ctx.d
     if not d.by_category or d.by_category[0]["name"] != Category.ACTIVATION:
         return []
@@ -22,7 +21,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     steps = [s["step"] for s in d.steps if s.get("phase") in (Phase.FORWARD, Phase.BACKWARD)]
     where = ", ".join(f"{module_in_sentence(m['name'])} {gib(m['bytes'])}" for m in modules[:3])
     return [{
-        "kind": "activation_peak", "severity": "warning", "bytes": top["bytes"],
+        "kind": FindingKind.ACTIVATION_PEAK.value, "severity": "warning", "bytes": top["bytes"],
         "summary": (f"Activations are {top['share']:.0%} of the peak ({gib(top['bytes'])} of "
                     f"{gib(d.peak.allocated_bytes)}){': largest in ' + where if where else ''}"),
         "evidence": {"time_us": [d.peak.time_us, d.peak.time_us], "event_index": [d.peak.event_index] * 2,

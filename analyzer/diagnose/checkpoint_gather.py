@@ -2,16 +2,15 @@
 the training peak."""
 from __future__ import annotations
 
-from typing import Any
-
 from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import Phase
+from analyzer.core.vocabulary import FindingKind, Phase
 from analyzer.diagnose.evidence import top_allocations
 from analyzer.diagnose.phase_peaks import phase_peak
+from analyzer.result import Finding
 
 
-def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
+def detect(ctx: DeviceContext) -> list[Finding]:
     peak = phase_peak(ctx, Phase.CHECKPOINT_SAVE)
     if peak is None or peak.bytes <= peak.elsewhere:
         return []
@@ -19,7 +18,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     saving = live[live["phase"] == Phase.CHECKPOINT_SAVE]
     gathered = int(saving["allocated_bytes"].sum())
     return [{
-        "kind": "checkpoint_gather", "severity": "warning", "bytes": peak.bytes - peak.elsewhere,
+        "kind": FindingKind.CHECKPOINT_GATHER.value, "severity": "warning", "bytes": peak.bytes - peak.elsewhere,
         "gathered_bytes": gathered,
         "summary": (f"Saving the checkpoint peaks at {gib(peak.bytes)}, {gib(peak.bytes - peak.elsewhere)} above the "
                     f"training peak: {gib(gathered)} of state gathered onto the GPU"),

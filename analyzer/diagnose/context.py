@@ -1,9 +1,10 @@
 """What every detector and remedy needs to know about one device, computed once and shared between them."""
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import pandas as pd
 
@@ -11,6 +12,8 @@ from analyzer.core.timeline import live_at
 from analyzer.core.trace import MemoryTrace
 from analyzer.diagnose.step_levels import StepLevel, step_levels
 from analyzer.result import DeviceMeasures
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -23,11 +26,8 @@ class DeviceContext:
     capacity_source: str              # where that number came from
     world_size: int | None = None     # GPUs the job could shard over (for ZeRO / TP / PP estimates)
     device_usage: MemoryTrace | None = None  # a second recording of the run that sees the device (Nsight)
-    # what one detector measured and a later one (or the remedies) reads, set once by the detector named
-    fragmentation_at_oom: dict[str, Any] | None = None      # oom
-    fragmentation_at_peak: dict[str, Any] | None = None     # fragmentation, at the reserved peak
-    leaked_allocations: pd.DataFrame | None = None          # leak
     _live: dict[int, pd.DataFrame] = field(default_factory=dict, repr=False)
+    _measured: dict[Hashable, Any] = field(default_factory=dict, repr=False)
 
     @property
     def device(self) -> int:
@@ -50,6 +50,13 @@ class DeviceContext:
         if seq not in self._live:
             self._live[seq] = live_at(self.trace, self.device, seq)
         return self._live[seq]
+
+    def memo(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """A measurement several detectors (or the remedies) read, computed once by whichever asks first: each
+        computes it from the trace alone, so the detectors' order never matters."""
+        if key not in self._measured:
+            self._measured[key] = compute()
+        return cast(T, self._measured[key])
 
     def at(self, seq: int) -> pd.Series:
         """The timeline row just after event `seq`."""

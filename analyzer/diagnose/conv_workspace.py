@@ -10,21 +10,20 @@ evidence; its remedy turns the autotuner off (or caps the workspace).
 """
 from __future__ import annotations
 
-from typing import Any
-
 import pandas as pd
 
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import UNATTRIBUTED, phase_in_sentence
+from analyzer.core.vocabulary import UNATTRIBUTED, FindingKind, phase_in_sentence
 from analyzer.diagnose.context import DeviceContext
+from analyzer.result import Finding
 
 UNKNOWN_SHARE = 0.5   # torch's "unknown" memory at the peak from this share of it: worth naming its likely owner
-TIMELINE_SOURCES = ("memory_timeline", "memory_timeline_raw")   # where "unknown" is torch's own word
 
 
-def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
-    """The finding, when the peak is mostly a transient in torch's unknown category."""
-    if ctx.trace.source_kind not in TIMELINE_SOURCES:
+def detect(ctx: DeviceContext) -> list[Finding]:
+    """The finding, when the peak is mostly a transient in torch's unknown category (only a recording whose rows
+    carry torch's own categories says "unknown": an export_memory_timeline file)."""
+    if not ctx.trace.records_categories:
         return []
     live = ctx.d.peak.live
     unknown = live[live["category"] == UNATTRIBUTED]
@@ -37,7 +36,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     when = f" in {phase_in_sentence(ctx.d.peak_phase)}" if ctx.d.peak_phase and ctx.d.peak_phase != UNATTRIBUTED else ""
     lived_ms = (int(largest["t_free_us"]) - int(largest["t_alloc_us"])) / 1000
     return [{
-        "kind": "conv_workspace", "severity": "warning", "bytes": total,
+        "kind": FindingKind.CONV_WORKSPACE, "severity": "warning", "bytes": total,
         "summary": (f"{gib(total)} of the {gib(peak)} peak ({total / peak:.0%}) is memory no tensor holds (torch's "
                     f"'unknown' category), made and freed{when} ({gib(int(largest['allocated_bytes']))} lived "
                     f"{lived_ms:.1f} ms): most likely cuDNN's convolution workspace, large when its autotuner "

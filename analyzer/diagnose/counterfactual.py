@@ -24,6 +24,7 @@ from analyzer.core.vocabulary import Category, Phase
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.remedies import BY_ID, REMEDIES, Demand, zero_shards
 from analyzer.diagnose.transforms import Stream
+from analyzer.result import Replayed
 from analyzer.simulate.allocator import AllocatorSettings, CachingAllocator
 from analyzer.simulate.device import DeviceMemory
 from analyzer.simulate.requests import Requests, feed
@@ -43,7 +44,7 @@ class Prediction:
     oom: bool | None              # None: the device's capacity is unknown
     oom_at: int | None = None     # the recorded event the first failing request comes at (or after)
 
-    def to_dict(self) -> dict[str, int | bool | None]:
+    def to_dict(self) -> Replayed:
         return {"peak_allocated_bytes": self.peak_allocated_bytes, "peak_reserved_bytes": self.peak_reserved_bytes,
                 "oom": self.oom, "oom_at_event": self.oom_at}
 
@@ -217,7 +218,7 @@ def predict(trace: MemoryTrace, device: int, remedy_ids: list[str], capacity: in
     return {remedy: replayer.run([(remedy, None)]) for remedy in remedy_ids if replayer.can(remedy, None)}
 
 
-def replayed(ctx: DeviceContext, demand: Demand, offered: list[str]) -> dict[str, dict[str, int | bool | None]]:
+def replayed(ctx: DeviceContext, demand: Demand, offered: list[str]) -> dict[str, Replayed]:
     """The replayed predictions of the offered remedies, as the remedy list carries them; a ZeRO remedy is
     replayed over the GPU count its title names."""
     if ctx.device < 0:

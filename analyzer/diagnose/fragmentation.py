@@ -24,10 +24,11 @@ import pandas as pd
 
 from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
+from analyzer.core.vocabulary import FindingKind
+from analyzer.result import Finding
 
 RECOVERY_THRESHOLD = 0.05  # free memory worth reporting: at least this share of what is reserved
 NEAR_OOM_SHARE = 0.95      # reserved at the peak above this share of the device: an OOM nearly happened
-SEGMENTED_SOURCES = ("snapshot",)  # inputs that record segments and blocks (profiler traces record totals)
 
 
 def segments_at(ctx: DeviceContext, seq: int) -> pd.DataFrame:
@@ -68,12 +69,17 @@ def _largest_gaps(segments: pd.DataFrame, blocks: pd.DataFrame) -> np.ndarray:
 
 def segments_recorded(ctx: DeviceContext) -> bool:
     """The input records the allocator's segments (a snapshot), not only its reserved total."""
-    return ctx.trace.source_kind in SEGMENTED_SOURCES
+    return ctx.trace.has_segments
 
 
 def fragmentation_at(ctx: DeviceContext, seq: int, request: int | None = None) -> dict[str, Any]:
     """The fragmentation picture just after event `seq` (the peak, or the OOM); what the input does not
-    record (segments, blocks) is None."""
+    record (segments, blocks) is None. Measured once per moment (the oom detector, this one and the diagnosis
+    ask for it)."""
+    return ctx.memo(("fragmentation", seq, request), lambda: _picture(ctx, seq, request))
+
+
+def _picture(ctx: DeviceContext, seq: int, request: int | None) -> dict[str, Any]:
     row = ctx.at(seq)
     live = ctx.live_at(seq)
     picture: dict[str, Any] = {
@@ -114,19 +120,18 @@ def nearly_out_of_memory(picture: dict[str, Any], capacity: int | None, near_oom
 
 
 def detect(ctx: DeviceContext, *, near_oom_share: float = NEAR_OOM_SHARE,
-           recovery_share: float = RECOVERY_THRESHOLD) -> list[dict[str, Any]]:
+           recovery_share: float = RECOVERY_THRESHOLD) -> list[Finding]:
     """Fragmentation at the allocated peak, warned about only when it nearly caused an OOM (an OOM it caused is
     the oom detector's verdict): `nearly_out_of_memory`."""
     seq = ctx.d.peak.event_index
     picture = fragmentation_at(ctx, seq)
-    ctx.fragmentation_at_peak = picture
     if ctx.d.oom is not None or not nearly_out_of_memory(picture, ctx.capacity_bytes, near_oom_share, recovery_share):
         return []
     reserved, fragmented = picture["reserved_bytes"], picture["external_bytes"]
     assert ctx.capacity_bytes is not None  # nearly_out_of_memory needs it
     largest = picture["largest_free_block_bytes"]
     return [{
-        "kind": "fragmentation", "severity": "warning", "bytes": fragmented,
+        "kind": FindingKind.FRAGMENTATION.value, "severity": "warning", "bytes": fragmented,
         "summary": (f"At the peak {gib(reserved)} of the {gib(ctx.capacity_bytes)} device was reserved, "
                     f"{gib(fragmented)} of it free in pieces inside used segments"
                     + ("" if largest is None else f" (the largest {gib(largest)})")

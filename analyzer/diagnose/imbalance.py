@@ -18,13 +18,12 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from analyzer.core.module_tree import module_in_sentence
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import UNATTRIBUTED, Category, category_plural
+from analyzer.core.vocabulary import UNATTRIBUTED, Category, FindingKind, category_plural
 from analyzer.diagnose.remedies import PIPELINE_MIN_LAYERS, count_layers
-from analyzer.result import DeviceAnalysis
+from analyzer.result import DeviceAnalysis, Finding
 
 #: the worst peak over the median peak from which the spread is a finding, and the least gap in bytes (two small
 #: devices that differ by 2x are no story)
@@ -73,7 +72,7 @@ def worst_first(peaks: Sequence[PeakSummary]) -> list[PeakSummary]:
 
 
 def find_imbalance(peaks: Sequence[PeakSummary], *, ratio: float = IMBALANCE_RATIO, min_gap_bytes: int = MIN_GAP_BYTES,
-                   idle_share: float = IDLE_SHARE) -> dict[str, Any] | None:
+                   idle_share: float = IDLE_SHARE) -> Finding | None:
     """The `imbalance` finding, or None when the peaks are even (or there is only one): the worst peak is at
     least `ratio` times the median one and `min_gap_bytes` above it, among the devices whose peak is at least
     `idle_share` of the largest."""
@@ -98,7 +97,7 @@ def find_imbalance(peaks: Sequence[PeakSummary], *, ratio: float = IMBALANCE_RAT
     if same_step is not None:
         why += f"{'; ' if why else ''}in step {worst.peak_step} {median.label} peaked at {gib(same_step)}"
     return {
-        "kind": "imbalance", "severity": "warning", "bytes": int(gap),
+        "kind": FindingKind.IMBALANCE.value, "severity": "warning", "bytes": int(gap),
         "summary": (f"{worst.label} peaks at {gib(worst.peak_bytes)}, {ratio:.1f}x the median "
                     f"({median.label}, {gib(median.peak_bytes)}){': ' + why if why else ''}"),
         "evidence": {"details": {

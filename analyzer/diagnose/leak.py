@@ -13,6 +13,7 @@ it: kept memory offset by frees elsewhere is not growth) and matter (at least 0.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -20,8 +21,9 @@ import pandas as pd
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import top_allocations
 from analyzer.core.units import rate_bytes
-from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, MODEL_STATES, as_json, measured
-from analyzer.core.vocabulary import names_module
+from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, MODEL_STATES, StepLevel, as_json, measured
+from analyzer.core.vocabulary import FindingKind, names_module
+from analyzer.result import Finding
 
 MIN_SHARE_OF_PEAK = 0.001   # a rate below this share of the largest step peak is noise, not a leak
 LEVEL_AGREEMENT = 0.5       # the step-start levels must grow by at least this share of the kept rate
@@ -53,14 +55,30 @@ def leaking(kept: pd.DataFrame, steps: list[int]) -> pd.DataFrame:
     return groups[seen >= needed].sort_values("bytes_per_step", ascending=False, kind="stable").reset_index()
 
 
-def detect(ctx: DeviceContext, *, level_agreement: float = LEVEL_AGREEMENT,
-           min_share_of_peak: float = MIN_SHARE_OF_PEAK) -> list[dict[str, Any]]:
-    """A leak: lines that keep memory in most measured steps, at a rate of at least `min_share_of_peak` of the
-    largest step peak, the step-start levels growing by at least `level_agreement` of that rate."""
+@dataclass(frozen=True)
+class Leaking:
+    """What leaks: the measured steps, the leaking groups (a user line and module each), their allocations, the
+    rate they keep memory at and the growth of the step-start levels."""
+
+    window: list[StepLevel]
+    groups: pd.DataFrame
+    leaked: pd.DataFrame
+    rate: float
+    growth: float
+
+
+def find(ctx: DeviceContext, *, level_agreement: float = LEVEL_AGREEMENT,
+         min_share_of_peak: float = MIN_SHARE_OF_PEAK) -> Leaking | None:
+    """The leak at these thresholds, or None; measured once per device (the detector and the remedies ask)."""
+    return ctx.memo(("leak", level_agreement, min_share_of_peak),
+                    lambda: _find(ctx, level_agreement, min_share_of_peak))
+
+
+def _find(ctx: DeviceContext, level_agreement: float, min_share_of_peak: float) -> Leaking | None:
     levels = ctx.step_levels
     window = measured(levels)
     if not window:
-        return []
+        return None
     steps = [lv.step for lv in window]
     kept = kept_allocations(ctx)
     groups = leaking(kept, steps)
@@ -68,16 +86,28 @@ def detect(ctx: DeviceContext, *, level_agreement: float = LEVEL_AGREEMENT,
     growth = (levels[-1].kept_bytes - window[0].kept_bytes) / len(window)
     largest_peak = max(lv.peak_allocated_bytes for lv in levels)
     if groups.empty or growth < level_agreement * rate or rate < min_share_of_peak * largest_peak:
-        return []
+        return None
     keys = set(zip(groups["frame"], groups["module"]))
     leaked = kept[[k in keys for k in zip(kept["frame"], kept["module"])]]
-    ctx.leaked_allocations = leaked
+    return Leaking(window, groups, leaked, rate, growth)
+
+
+def detect(ctx: DeviceContext, *, level_agreement: float = LEVEL_AGREEMENT,
+           min_share_of_peak: float = MIN_SHARE_OF_PEAK) -> list[Finding]:
+    """A leak: lines that keep memory in most measured steps, at a rate of at least `min_share_of_peak` of the
+    largest step peak, the step-start levels growing by at least `level_agreement` of that rate."""
+    found = find(ctx, level_agreement=level_agreement, min_share_of_peak=min_share_of_peak)
+    if found is None:
+        return []
+    levels, window, groups, leaked = ctx.step_levels, found.window, found.groups, found.leaked
+    steps, rate, growth = [lv.step for lv in window], found.rate, found.growth
+    largest_peak = max(lv.peak_allocated_bytes for lv in levels)
     steps_to_oom = _steps_to_oom(ctx, rate)
     oom_step = None if steps_to_oom is None else levels[-1].step + steps_to_oom
     stacks = [{"top_user_frame": g.frame, "module": g.module, "bytes_per_step": int(g.bytes_per_step),
                "steps_seen": int(g.steps_seen)} for g in groups.head(TOP_STACKS).itertuples()]
-    finding = {
-        "kind": "leak", "severity": "critical",
+    finding: Finding = {
+        "kind": FindingKind.LEAK.value, "severity": "critical", "summary": "",
         "bytes": int(leaked["allocated_bytes"].sum()), "bytes_per_step": int(rate), "steps_to_oom": steps_to_oom,
         "oom_step": oom_step, "stacks": stacks, "stack_count": len(groups),
         "evidence": {
@@ -98,7 +128,7 @@ def place(stack: dict[str, Any]) -> str:
     return stack["top_user_frame"] + (f" ({stack['module']})" if known else "")
 
 
-def origin(finding: dict[str, Any]) -> str:
+def origin(finding: Finding) -> str:
     """'allocated at train.py:88 forward (layers.0.mlp) and 5 more places'."""
     more = finding["stack_count"] - 1
     return f"allocated at {place(finding['stacks'][0])}" + (f" and {more} more place{'s' * (more > 1)}" if more else "")
@@ -111,9 +141,11 @@ def runway(steps_to_oom: int | None, oom_step: int | None) -> str:
     return f"; out of memory in about {steps_to_oom} more steps at this rate (step {oom_step})"
 
 
-def leaked_bytes_at(ctx: DeviceContext, seq: int) -> int:
-    """Leaked memory alive just after event `seq` (what `detect` found leaking lives to the end once made)."""
-    leaked = ctx.leaked_allocations
+def leaked_bytes_at(ctx: DeviceContext, seq: int, *, level_agreement: float = LEVEL_AGREEMENT,
+                    min_share_of_peak: float = MIN_SHARE_OF_PEAK) -> int:
+    """Leaked memory alive just after event `seq` (what leaks lives to the end once made)."""
+    found = find(ctx, level_agreement=level_agreement, min_share_of_peak=min_share_of_peak)
+    leaked = None if found is None else found.leaked
     return 0 if leaked is None else int(leaked.loc[leaked["seq_alloc"] <= seq, "allocated_bytes"].sum())
 
 

@@ -11,20 +11,19 @@ Verdicts:
 """
 from __future__ import annotations
 
-from typing import Any
-
 from analyzer.core.breakdown import labels_at
 from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import names_module
+from analyzer.core.vocabulary import FindingKind, names_module
 from analyzer.diagnose.evidence import oom_where, top_allocations
 from analyzer.diagnose.fragmentation import RECOVERY_THRESHOLD, fragmentation_at
+from analyzer.result import Finding
 
 OUTSIDE_THRESHOLD = 0.10  # share of the device that must be outside PyTorch before we blame it
 
 
 def detect(ctx: DeviceContext, *, outside_share: float = OUTSIDE_THRESHOLD,
-           recovery_share: float = RECOVERY_THRESHOLD) -> list[dict[str, Any]]:
+           recovery_share: float = RECOVERY_THRESHOLD) -> list[Finding]:
     """The device's out-of-memory and its cause: outside PyTorch when more than `outside_share` of the device is
     neither free nor reserved by it; fragmentation when the cache (at least `recovery_share` of the reserve)
     would cover the request but no free block is large enough; else capacity."""
@@ -33,7 +32,6 @@ def detect(ctx: DeviceContext, *, outside_share: float = OUTSIDE_THRESHOLD,
         return []
     seq = oom.event_index
     picture = fragmentation_at(ctx, seq, oom.requested_bytes)
-    ctx.fragmentation_at_oom = picture
     step, phase = labels_at(ctx.labels, seq)
     live = ctx.live_at(seq)
     module = _module_at(ctx, seq)
@@ -59,7 +57,7 @@ def detect(ctx: DeviceContext, *, outside_share: float = OUTSIDE_THRESHOLD,
                                     f"{gib(reserved)})")
     where = oom_where(phase, module, step)
     return [{
-        "kind": "oom", "severity": "critical", "bytes": oom.requested_bytes, "verdict": verdict,
+        "kind": FindingKind.OOM.value, "severity": "critical", "bytes": oom.requested_bytes, "verdict": verdict,
         "phase": phase, "module": module, "step": step,
         "summary": f"Out of memory{' ' + where if where else ''}: {why}",
         "evidence": {

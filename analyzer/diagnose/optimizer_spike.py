@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pandas as pd
 
 from analyzer.core.breakdown import labels_at
 from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import OPTIMIZER_STEP_PREFIX, Category, Phase
+from analyzer.core.vocabulary import OPTIMIZER_STEP_PREFIX, Category, FindingKind, Phase
 from analyzer.diagnose.evidence import top_allocations
 from analyzer.diagnose.phase_peaks import phase_peak
+from analyzer.result import Finding
 
 _OPTIMIZER_ANNOTATION = re.compile(rf"^{re.escape(OPTIMIZER_STEP_PREFIX)}(\w+)\.step$")
 _OPTIMIZER_FRAME = re.compile(r"torch[\\/]optim[\\/](\w+)\.py$")
@@ -30,7 +30,7 @@ def optimizer_name(ctx: DeviceContext) -> str | None:
     return None
 
 
-def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
+def detect(ctx: DeviceContext) -> list[Finding]:
     peak = phase_peak(ctx, Phase.OPTIMIZER, ignore=(Phase.CHECKPOINT_SAVE,))
     oom = ctx.d.oom
     oom_step, oom_phase = labels_at(ctx.labels, oom.event_index) if oom is not None else (None, None)
@@ -47,7 +47,7 @@ def detect(ctx: DeviceContext) -> list[dict[str, Any]]:
     parameters = ctx.category_bytes(Category.PARAMETER)
     raise_bytes = max(0, peak.bytes - peak.elsewhere)
     return [{
-        "kind": "optimizer_spike", "severity": "warning", "bytes": raise_bytes, "optimizer": name,
+        "kind": FindingKind.OPTIMIZER_SPIKE.value, "severity": "warning", "bytes": raise_bytes, "optimizer": name,
         "lazy_state_bytes": lazy_bytes, "temporary_bytes": temp_bytes, "first_step": first_step,
         "first_step_excess_bytes": _first_step_excess(ctx, first_step),
         "oom_in_first_step": bool(oom_in_optimizer and oom_step == first_step),

@@ -3,18 +3,18 @@ beside the snapshot): every cudaMalloc the caching allocator did not make (NCCL,
 extensions), measured by analyzer.diagnose.outside_pytorch, at the OOM (else the peak)."""
 from __future__ import annotations
 
-from typing import Any
-
 from analyzer.diagnose.outside_pytorch import outside_pytorch
 from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
+from analyzer.core.vocabulary import FindingKind
+from analyzer.result import Finding
 
 OUTSIDE_SHARE = 0.01  # of the device (or of PyTorch's reserved memory): less is noise (a few workspaces)
 SIGNIFICANT_SHARE = 0.10  # above this share of the device it is the first thing to explain
 
 
 def detect(ctx: DeviceContext, *, share: float = OUTSIDE_SHARE,
-           significant_share: float = SIGNIFICANT_SHARE) -> list[dict[str, Any]]:
+           significant_share: float = SIGNIFICANT_SHARE) -> list[Finding]:
     """Memory outside PyTorch of at least `share` of the device (or of the reserve), critical from
     `significant_share` on."""
     companion = ctx.device_usage
@@ -28,7 +28,7 @@ def detect(ctx: DeviceContext, *, share: float = OUTSIDE_SHARE,
     unseen = measured["unseen_bytes_at_oom"]
     significant = outside >= significant_share * reference
     return [{
-        "kind": "outside_pytorch", "severity": "critical" if significant else "info", "bytes": outside,
+        "kind": FindingKind.OUTSIDE_PYTORCH.value, "severity": "critical" if significant else "info", "bytes": outside,
         "significant": significant,
         "summary": (f"{gib(outside)} of device memory is outside PyTorch at the {measured['at']} (Nsight saw "
                     f"{gib(measured['device_bytes_at_peak'])} in use, PyTorch reserved "

@@ -21,6 +21,7 @@ from typing import Any
 
 from analyzer.core.vocabulary import RemedyId
 from analyzer.diagnose.counterfactual import Prediction, Replayer
+from analyzer.result import ListedRemedy, Plan, PlanAlternative, PlanStep
 from analyzer.diagnose.remedies import (BY_ID, FIT_HEADROOM, LAYOUT_ONLY, REMEDIES, Breakdown, Demand, LeverName, PlanLever, Price,
                                         fits_as_is)
 
@@ -112,12 +113,12 @@ def steps(config: Config, as_is: Config) -> list[tuple[Level, Config]]:
     return out
 
 
-def step_json(level: Level, peak: int, reserved: int | None, fits: bool, source: str) -> dict[str, Any]:
+def step_json(level: Level, peak: int, reserved: int | None, fits: bool, source: str) -> PlanStep:
     return {"remedy": level.id, "title": level.title, "value": level.value, "predicted_peak_allocated_bytes": peak,
             "predicted_peak_reserved_bytes": reserved, "fits": fits, "source": source, "cost": level.price()}
 
 
-def alternative_json(config: Config, cost: float, peak: int, plan_cost: float) -> dict[str, Any]:
+def alternative_json(config: Config, cost: float, peak: int, plan_cost: float) -> PlanAlternative:
     made = changes(config)
     return {"remedies": [level.id for level in made], "titles": [level.title for level in made],
             "predicted_peak_allocated_bytes": peak, "source": "formula", "extra_cost": round(cost - plan_cost, 2),
@@ -159,7 +160,7 @@ def _batch_title(remedy: str, title: str, k: int) -> str:
     return f"Divide the batch by {k}" + (" (or the sequence length)" if "sequence" in title else "")
 
 
-def recording_levers(d: Demand, remedies: list[dict[str, Any]]) -> list[Lever]:
+def recording_levers(d: Demand, remedies: list[ListedRemedy]) -> list[Lever]:
     """The levers a recording's offered remedies give, each remedy a level at its place in the list's order. The
     batch lever of a run that trains halves the micro-batch once (the global batch halves) and goes further only
     with accumulation, which keeps the global batch; a forward-only run's batch divides by 2, 4 and 8."""
@@ -206,7 +207,7 @@ def _key(config: Config) -> tuple[tuple[str, Any], ...]:
 Predicted = tuple[int, int | None, bool, str]   # (peak allocated, peak reserved or None, fits, source)
 
 
-def _seed(d: Demand, remedies: list[dict[str, Any]]) -> tuple[dict[Any, Predicted], dict[Any, Prediction]]:
+def _seed(d: Demand, remedies: list[ListedRemedy]) -> tuple[dict[Any, Predicted], dict[Any, Prediction]]:
     """The remedy list's own predictions of its single changes (so that a one-change plan says what the list
     says), and its replays, reused when a change is composed with formula-only ones."""
     singles: dict[Any, Predicted] = {}
@@ -215,8 +216,8 @@ def _seed(d: Demand, remedies: list[dict[str, Any]]) -> tuple[dict[Any, Predicte
         if r["new_peak_bytes"] is None or r["fits"] is None:
             continue
         key = ((r["id"], listed_value(d, r["id"])),)
-        replay: dict[str, Any] = r.get("replay") or {}
-        if replay.get("oom") is None:
+        replay = r["replay"]
+        if replay is None or replay["oom"] is None:
             singles[key] = (int(r["new_peak_bytes"]), None, bool(r["fits"]), "formula")
             continue
         singles[key] = (int(r["new_peak_bytes"]), int(replay["peak_reserved_bytes"]), bool(r["fits"]), "replay")
@@ -224,7 +225,7 @@ def _seed(d: Demand, remedies: list[dict[str, Any]]) -> tuple[dict[Any, Predicte
     return singles, runs
 
 
-def for_recording(d: Demand, remedies: list[dict[str, Any]], replayer: Replayer | None) -> dict[str, Any] | None:
+def for_recording(d: Demand, remedies: list[ListedRemedy], replayer: Replayer | None) -> Plan | None:
     """The plan of a run that does not fit on a known device: the cheapest configuration of its offered remedies
     that fits, single changes as the remedy list predicts them and combinations by their formula, checked by
     replaying the replayable changes composed (the formula's saving of the others taken off the replayed peak);
@@ -318,7 +319,7 @@ def _at_least(found: Predicted | None) -> Predicted:
     return found
 
 
-def agree(remedies: list[dict[str, Any]], found: dict[str, Any] | None) -> None:
+def agree(remedies: list[ListedRemedy], found: Plan | None) -> None:
     """One try-first for the verdict, the list and the plan: when a plan fits, the remedy of its first step. A
     plan of exactly the list's cheapest fitting remedy leaves it as it is; otherwise (no single change fits, or
     changes cheaper together) the remedy of step 1 is marked, with `plan_step` saying it is the plan's first."""

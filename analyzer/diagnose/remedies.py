@@ -32,12 +32,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import pandas as pd
 
 from analyzer.core.units import gib, human_bytes
-from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, UNATTRIBUTED, Category, Phase, RemedyId, Word, category_plural
+from analyzer.core.vocabulary import (MODULE_PATH_SEPARATOR, UNATTRIBUTED, Category, FindingKind, Phase, RemedyId, Word,
+                                      category_plural)
+from analyzer.result import ListedRemedy, Replayed
 from analyzer.diagnose.transforms import (Stream, accumulation, bf16, checkpointing, micro_batch, optimizer_state,
                                           zero, zero3)
 
@@ -103,7 +104,7 @@ class Demand:
     leak_stacks: list[str] = field(default_factory=list)   # where the leaked memory was allocated, with its rate
     # counterfactual replay (analyzer.diagnose.counterfactual): remedy id -> the replayed run's peak allocated and
     # reserved bytes and whether it would still run out of memory; a remedy with one takes its saving from it
-    replayed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    replayed: dict[str, Replayed] = field(default_factory=dict)
 
     def bytes(self, *categories: str) -> int:
         return sum(self.by_category.get(c, 0) for c in categories)
@@ -224,7 +225,7 @@ def fits_any_gpu(d: Demand) -> bool:
 def fits_as_is(d: Demand) -> bool:
     """No OOM, a known device, AMPLE_HEADROOM of it left at the allocated peak and the reserve within it; and
     no leak, which runs out later whatever the headroom today."""
-    if d.oomed or d.capacity is None or "leak" in d.findings:
+    if d.oomed or d.capacity is None or FindingKind.LEAK in d.findings:
         return False
     reserved = d.reserved_peak if d.reserved_peak is not None else d.total
     return d.total <= (1 - AMPLE_HEADROOM) * d.capacity and reserved <= FIT_HEADROOM * d.capacity
@@ -532,7 +533,7 @@ REMEDIES: list[Remedy] = [
     Remedy(id=RemedyId.STATE_DICT_OFFLOAD, title="Gather the state dict to CPU while saving", cost="a slower save",
            how="from torch.distributed.checkpoint.state_dict import get_state_dict, StateDictOptions\n"
                "sd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))",
-           estimate=lambda d: (d.bytes(Category.OTHER), "medium"), applies=lambda d: "checkpoint_gather" in d.findings,
+           estimate=lambda d: (d.bytes(Category.OTHER), "medium"), applies=lambda d: FindingKind.CHECKPOINT_GATHER in d.findings,
            acts_on=(Category.OTHER,), price=Price("a slower save", "none", "get_state_dict(..., cpu_offload=True)"),
            plan=PlanLever(LeverName.CHECKPOINT_SAVE, 0.1, _state_dict_offload_formula), replay=None, estimate_term=None,
            variables=(), docs="the gathered copies (when a checkpoint gather spike is found)"),
@@ -540,7 +541,7 @@ REMEDIES: list[Remedy] = [
            cost="a directory of shards instead of one file",
            how="import torch.distributed.checkpoint as dcp\ndcp.save({'model': model.state_dict()}, checkpoint_id=path)",
            estimate=lambda d: (int(d.bytes(Category.OTHER) * (1 - 1 / gpus_for(d, d.bytes(Category.OTHER))[0])), "medium"),
-           applies=lambda d: "checkpoint_gather" in d.findings and _shards_possible(d), acts_on=(Category.OTHER,),
+           applies=lambda d: FindingKind.CHECKPOINT_GATHER in d.findings and _shards_possible(d), acts_on=(Category.OTHER,),
            price=Price("none measurable", "none", "torch.distributed.checkpoint.save (a directory of shards)"),
            plan=PlanLever(LeverName.CHECKPOINT_SAVE, 0.2, _sharded_save_formula), replay=None, estimate_term=None,
            variables=(), docs="(1 − 1/N) of the gathered copies, N GPUs (when a checkpoint gather spike is found)"),
@@ -612,6 +613,7 @@ REMEDIES: list[Remedy] = [
            plan=PlanLever(LeverName.BATCH, 1.75, _accumulation_formula, lambda d: 2, divides_batch=True),
            replay=Replay(accumulation), estimate_term=None, variables=(),
            docs="as `micro_batch`, less the gradients the first micro-batch leaves alive through the second"),
+    # `analyze estimate` only: a recording cannot tell the attention core's activations apart from the rest
     Remedy(id=RemedyId.SELECTIVE_CHECKPOINTING, title="Selective activation checkpointing (the attention core)",
            cost="about 5% more compute (attention recomputed)",
            how="# Megatron: --recompute-granularity selective", estimate=lambda d: (None, "low"), applies=_never,
@@ -737,15 +739,15 @@ REMEDIES: list[Remedy] = [
     Remedy(id=RemedyId.CUDNN_BENCHMARK_OFF, title="Turn cuDNN's autotuner off (torch.backends.cudnn.benchmark = False)",
            cost="convolutions may pick slower algorithms; or cap the workspace instead (CUDNN_CONV_WSCAP_DBG=<MiB>)",
            how="torch.backends.cudnn.benchmark = False   # or: export CUDNN_CONV_WSCAP_DBG=1024  (MiB of workspace)",
-           estimate=lambda d: (d.bytes(UNATTRIBUTED), "low"), applies=lambda d: "conv_workspace" in d.findings,
+           estimate=lambda d: (d.bytes(UNATTRIBUTED), "low"), applies=lambda d: FindingKind.CONV_WORKSPACE in d.findings,
            acts_on=(), price=None, plan=None, replay=None, estimate_term=None, variables=(),   # no category: a transient
            conditional=True, docs="the transient no tensor holds where convolutions run (when the conv_workspace "
                                   "finding names cuDNN's workspace or autotuner)"),
     Remedy(id=RemedyId.EXPANDABLE_SEGMENTS, title="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
            cost="none measurable", how="export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
            estimate=lambda d: (d.recoverable_fragmentation, "medium"),
-           applies=lambda d: d.expandable_segments is not True and ("fragmentation" in d.findings or "reserved_growth" in
-                                                                    d.findings or d.oom_verdict == "fragmentation"),
+           applies=lambda d: d.expandable_segments is not True and (FindingKind.FRAGMENTATION in d.findings
+                                                                    or FindingKind.RESERVED_GROWTH in d.findings or d.oom_verdict == "fragmentation"),
            acts_on=(), price=Price("none measurable", "none", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
            plan=PlanLever(LeverName.LAYOUT, 9.0, None, layout_first_cost=0.05),
            replay=Replay(lambda s, k: s, expandable=True), estimate_term=None, variables=(), layout_only=True,
@@ -810,7 +812,7 @@ def checkpointable_bytes(live: pd.DataFrame) -> int | None:
     return int(inside["allocated_bytes"].sum() - latest["allocated_bytes"].sum())
 
 
-def rank_remedies(demand: Demand) -> list[dict[str, Any]]:
+def rank_remedies(demand: Demand) -> list[ListedRemedy]:
     """The remedies that act on this run, cheapest first, with their estimates; a `first` remedy (fixing a leak)
     leads and is `try_first`, else the cheapest that fits is, and none when the run fits as it is.
 
@@ -819,7 +821,7 @@ def rank_remedies(demand: Demand) -> list[dict[str, Any]]:
     layout_first = demand.oom_verdict == "fragmentation"
     order = sorted(REMEDIES, key=lambda r: (not r.first, layout_first and not r.layout_only))
     grow = fits_as_is(demand) or fits_any_gpu(demand)
-    out: list[dict[str, Any]] = []
+    out: list[ListedRemedy] = []
     for remedy in order:
         if not remedy.applies(demand) or (remedy.beyond_one_gpu and not needs_beyond_one_gpu(demand)):
             continue
@@ -852,7 +854,7 @@ def rank_remedies(demand: Demand) -> list[dict[str, Any]]:
     return out
 
 
-def _same_saving(d: Demand, remedy: Remedy, saved: int | None, cheaper: list[dict[str, Any]]) -> str | None:
+def _same_saving(d: Demand, remedy: Remedy, saved: int | None, cheaper: list[ListedRemedy]) -> str | None:
     """'the same saving as #1 (Halve the micro-batch): both act on activations': why two remedies tie."""
     if saved is None:
         return None
@@ -869,7 +871,7 @@ def _same_saving(d: Demand, remedy: Remedy, saved: int | None, cheaper: list[dic
             "the cheaper one is listed first")
 
 
-def describe(remedy: dict[str, Any], capacity: int | None) -> str:
+def describe(remedy: ListedRemedy, capacity: int | None) -> str:
     """'Halve the micro-batch (peak 61.2 → 38.4 GiB, fits in 80 GiB)'."""
     saved, new_peak = remedy["saved_bytes"], remedy["new_peak_bytes"]
     low = "; low confidence" if remedy.get("confidence") == "low" else ""

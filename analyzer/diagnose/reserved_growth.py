@@ -11,18 +11,19 @@ and grows the reserve too; that is the leak's growth, reported by the leak detec
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
 from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import rate_bytes
 from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, as_json, measured
+from analyzer.core.vocabulary import FindingKind
+from analyzer.result import Finding
 
 MIN_SHARE_OF_RESERVED = 0.005   # growth per step below this share of the reserved peak is noise
 
 
-def detect(ctx: DeviceContext, *, min_share: float = MIN_SHARE_OF_RESERVED) -> list[dict[str, Any]]:
+def detect(ctx: DeviceContext, *, min_share: float = MIN_SHARE_OF_RESERVED) -> list[Finding]:
     """The reserve growing step after step beyond what is kept, by at least `min_share` of the reserved peak."""
     levels = ctx.step_levels
     window = measured(levels)
@@ -43,7 +44,7 @@ def detect(ctx: DeviceContext, *, min_share: float = MIN_SHARE_OF_RESERVED) -> l
     steps = [lv.step for lv in window]
     runway = "" if steps_to_oom is None else f"; the reserve reaches the device in about {steps_to_oom} more steps"
     return [{
-        "kind": "reserved_growth", "severity": "warning", "bytes": int(excess[-1] - excess[0]),
+        "kind": FindingKind.RESERVED_GROWTH.value, "severity": "warning", "bytes": int(excess[-1] - excess[0]),
         "bytes_per_step": int(reserved_rate), "steps_to_oom": steps_to_oom,
         "summary": (f"Reserved memory grows by {rate_bytes(reserved_rate)} every step (steps {steps[0]}-{steps[-1]}) while "
                     f"the highest allocation does not: the caching allocator keeps segments it cannot reuse "

@@ -9,28 +9,27 @@
 """
 from __future__ import annotations
 
-from typing import Any
-
-from analyzer.core.vocabulary import Phase
+from analyzer.core.vocabulary import FindingKind, Phase
 from analyzer.diagnose.context import DeviceContext
+from analyzer.result import Finding, Triage
 from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, measured
 
-PHASE_SPIKES = {"optimizer_spike": Phase.OPTIMIZER, "checkpoint_gather": Phase.CHECKPOINT_SAVE}  # finding -> its phase
+PHASE_SPIKES: dict[str, Phase] = {FindingKind.OPTIMIZER_SPIKE: Phase.OPTIMIZER, FindingKind.CHECKPOINT_GATHER: Phase.CHECKPOINT_SAVE}  # finding -> its phase
 
 
-def triage(ctx: DeviceContext, findings: list[dict[str, Any]]) -> dict[str, str]:
+def triage(ctx: DeviceContext, findings: list[Finding]) -> Triage:
     """{"verdict": outside_pytorch | leak | phase_spike | steady_state, "reason": one sentence}."""
-    first: dict[str, dict[str, Any]] = {}
+    first: dict[str, Finding] = {}
     for f in findings:
         first.setdefault(f["kind"], f)
-    oom = first.get("oom")
-    measured = first.get("outside_pytorch")
+    oom = first.get(FindingKind.OOM)
+    measured = first.get(FindingKind.OUTSIDE_PYTORCH)
     outside = oom if oom is not None and oom["verdict"] == "outside_pytorch" else \
         (measured if measured is not None and measured.get("significant") else None)
     if outside is not None:
         return {"verdict": "outside_pytorch", "reason": outside["summary"]}
-    if "leak" in first:
-        return {"verdict": "leak", "reason": f"{first['leak']['summary']}; a smaller batch only delays the out of memory"}
+    if FindingKind.LEAK in first:
+        return {"verdict": "leak", "reason": f"{first[FindingKind.LEAK]['summary']}; a smaller batch only delays the out of memory"}
     spikes = [first[k] for k in PHASE_SPIKES if k in first]
     if spikes:
         worst_phase = oom["phase"] if oom is not None else ctx.d.peak_phase
@@ -39,7 +38,7 @@ def triage(ctx: DeviceContext, findings: list[dict[str, Any]]) -> dict[str, str]
     return {"verdict": "steady_state", "reason": _steady_reason(ctx, oom)}
 
 
-def _steady_reason(ctx: DeviceContext, oom: dict[str, Any] | None) -> str:
+def _steady_reason(ctx: DeviceContext, oom: Finding | None) -> str:
     levels = ctx.step_levels
     count = f"{len(levels)} training step{'s' if len(levels) != 1 else ''} recorded"
     growth = (f"memory does not grow across steps {levels[1].step}-{levels[-1].step}" if measured(levels) else

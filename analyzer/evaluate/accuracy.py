@@ -18,7 +18,8 @@ from analyzer.pipeline import analyze
 from analyzer.attribute import attribute
 from analyzer.attribute.annotations import classify
 from analyzer.ingest import load
-from analyzer.ingest.memory_timeline import AS_OUR_CATEGORY, CATEGORIES, CREATE
+from analyzer.core.vocabulary import AS_OUR_CATEGORY
+from analyzer.ingest.memory_timeline import CATEGORIES, CREATE
 from analyzer.ingest.sniff import open_input
 from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace

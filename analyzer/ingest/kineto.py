@@ -94,6 +94,7 @@ from analyzer.core.allocator_rules import blas_workspace_bytes
 from analyzer.core.stacks import stack_op, top_user_frame
 from analyzer.core.trace import MISSING, DeviceInfo, MemoryTrace, MultiRankTrace, empty_table, make_table
 from analyzer.core.vocabulary import GradMode
+from analyzer.core.intervals import innermost_open
 
 HOST = -1
 RECORD_HINT = ("Record it again with torch.profiler.profile(profile_memory=True, record_shapes=True, "
@@ -132,7 +133,6 @@ _MAX_TS_US = 2.0**53                       # ~285 years: times beyond it are cor
 _TAIL_BYTES = 8 << 20
 _SHAPES_CHARS = 160
 _MAX_FRAMES = 1000       # frames kept of one stack (innermost first): a deeper call chain is a hostile input
-_SKIP_DEPTH = 8
 #: ops that only allocate the output of the op around them: the op named for an allocation is the one outside
 _ALLOCATING_OPS = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::resize_",
                              "aten::new_empty", "aten::new_empty_strided"})
@@ -543,40 +543,6 @@ class _Stacks:
         return make_table("stacks", {"stack_id": np.arange(len(self.frames), dtype=np.int64), "frames": self.frames,
                                      "top_user_frame": [top_user_frame(f) for f in self.frames],
                                      "op": [op or stack_op(f) for f, op in zip(self.frames, self.ops)]})
-
-
-def innermost_open(start: np.ndarray, end: np.ndarray, times: np.ndarray,
-                   skip: np.ndarray | None = None) -> np.ndarray:
-    """For spans of one thread (in file order) and event times: the position of the innermost span open at each
-    time (the latest started of those whose [start, end] holds it), -1 where none; with `skip`, passing over
-    open spans marked in it to the one below (an op that only allocates for the op around it).
-
-    One sweep over spans and events in time order with a stack of started spans: a span is pushed once and
-    popped once, so a long chain of ended spans followed by many events costs no more than its length."""
-    out = np.full(len(times), -1, dtype=np.int64)
-    if not len(start) or not len(times):
-        return out
-    order = np.argsort(start, kind="stable")
-    starts, ends = start[order].tolist(), end[order].tolist()
-    skipped = skip[order].tolist() if skip is not None else None
-    stack: list[int] = []
-    pushed = 0
-    for event in np.argsort(times, kind="stable").tolist():
-        t = times[event]
-        while pushed < len(starts) and starts[pushed] <= t:
-            stack.append(pushed)
-            pushed += 1
-        while stack and ends[stack[-1]] < t:
-            stack.pop()
-        if not stack:
-            continue
-        found = stack[-1]
-        if skipped is not None and skipped[found]:
-            # bounded look below: allocating ops sit directly inside the op they allocate for
-            below = [s for s in stack[-_SKIP_DEPTH:-1] if ends[s] >= t and not skipped[s]]
-            found = below[-1] if below else found
-        out[event] = order[found]
-    return out
 
 
 def _frame(name: str) -> tuple[str, int, str] | None:

@@ -36,15 +36,13 @@ from analyzer.ingest.history import BySize, HistoryBuilder, Pile
 from analyzer.ingest.json_depth import DepthLimitedStream
 from analyzer.ingest.json_stream import first_byte, ijson_backend, reading
 from analyzer.core.trace import DeviceInfo, MemoryTrace, empty_table
-from analyzer.core.vocabulary import UNATTRIBUTED
+from analyzer.core.vocabulary import TORCH_PROFILER_LABEL_SOURCE, UNATTRIBUTED
 
 #: torch's category index -> our category name
 CATEGORIES = ("parameter", "optimizer_state", "input", "temporary", "activation", "gradient", "autograd_detail",
               UNATTRIBUTED)
 #: torch's categories that are not ours, as ours: AUTOGRAD_DETAIL (intermediate gradients) is a temporary
-AS_OUR_CATEGORY = {"autograd_detail": "temporary"}
 PREEXISTING, CREATE, INCREMENT_VERSION, DESTROY = 1, 2, 3, 4
-LABEL_SOURCE = "torch_memory_profiler"
 DEVICE = 0
 _HINT = "Export it again with prof.export_memory_timeline(path) from a profile recorded with profile_memory=True."
 
@@ -130,7 +128,7 @@ def _curve_trace(name: str, times: Any, sizes: list, warnings: list[str]) -> Mem
 
 
 def _trace(name: str, kind: str, builder: HistoryBuilder, warnings: list[str], has_history: bool) -> MemoryTrace:
-    tables = builder.tables(label_source=LABEL_SOURCE)
+    tables = builder.tables(label_source=TORCH_PROFILER_LABEL_SOURCE)
     notes = [f"export_memory_timeline files do not name their device: shown as device {DEVICE}",
              "no reserved bytes recorded; reserved is estimated as the running peak of allocated bytes (a lower bound)"]
     return MemoryTrace(
@@ -139,6 +137,6 @@ def _trace(name: str, kind: str, builder: HistoryBuilder, warnings: list[str], h
         annotations=empty_table("annotations"), ooms=tables["ooms"],
         devices={DEVICE: DeviceInfo(DEVICE, trace_entries=len(tables["events"]),
                                     history_truncated=DEVICE in tables["truncated"], reserved_recorded=False)},
-        torch_era="torch.profiler export_memory_timeline", has_history=has_history,
+        torch_era="torch.profiler export_memory_timeline", has_history=has_history, records_categories=True,
         warnings=warnings + builder.warnings + notes, event_threads=tables["event_threads"],
     )

@@ -50,6 +50,7 @@ import pandas as pd
 from analyzer.errors import CorruptInput, UnsupportedFormat
 from analyzer.ingest.limits import check_devices
 from analyzer.core.trace import DeviceInfo, MemoryTrace, empty_table, make_table
+from analyzer.core.vocabulary import RECORD_MEMORY_HINT
 
 #: one row per GPU activity (`MemoryTrace.kernels`); times are epoch µs like every other table
 GPU_ACTIVITY_COLUMNS: dict[str, str] = {
@@ -65,9 +66,6 @@ GPU_ACTIVITY_COLUMNS: dict[str, str] = {
 #: CUDA API functions that reserve or release device memory (their `_vNNNN` suffix removed)
 MEMORY_APIS = ("cudaMalloc", "cudaFree", "cudaMallocAsync", "cudaFreeAsync", "cuMemAlloc", "cuMemFree",
                "cuMemAllocAsync", "cuMemFreeAsync", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap")
-
-RECORD_MEMORY_HINT = ("Record device memory next time: nsys profile --cuda-memory-usage=true --trace=cuda,nvtx "
-                      "--output run python train.py, then nsys export --type sqlite --output run.sqlite run.nsys-rep")
 
 _TID_SPAN = 1 << 24
 _EPOCH_NS_PER_US = 1000

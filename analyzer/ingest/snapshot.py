@@ -171,7 +171,7 @@ class _Builder:
             events=make_table("events", events), stacks=self.stacks.table(), annotations=self._annotations_table(),
             ooms=make_table("ooms", ooms), devices=dict(sorted(self.devices.items())),
             allocator_settings=self.settings, torch_era=self._torch_era(), has_history=has_history,
-            warnings=self.warnings,
+            has_segments=True, blocks_before=True, warnings=self.warnings,
         )
 
     def _history_warnings(self, histories: list[DeviceHistory]) -> None:

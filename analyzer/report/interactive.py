@@ -40,7 +40,7 @@ from analyzer.core.timeline import downsample
 from analyzer.core.vocabulary import (MODULE_PATH_SEPARATOR, UNATTRIBUTED, Category, category_color, category_rank,
                                       phase_color)
 from analyzer.diagnose.context import DeviceContext, make_context
-from analyzer.diagnose.fragmentation import SEGMENTED_SOURCES, fragmentation_at, segments_at
+from analyzer.diagnose.fragmentation import fragmentation_at, segments_at
 from analyzer.result import Analysis, DeviceAnalysis
 
 CHART_POINTS = (2000, 6000, 12000)   # interactive timeline rows per device: at least, at most, all devices together
@@ -303,7 +303,7 @@ def allocator_pictures(analysis: Analysis, d: DeviceAnalysis) -> list[AllocatorP
     """The segments and their blocks at the peak and at the last OOMS_PICTURED OOMs; None where the input
     records no segments (a profiler trace or a memory timeline records only totals)."""
     trace = analysis.trace
-    if trace.source_kind not in SEGMENTED_SOURCES or not d.trace_entries:
+    if not trace.has_segments or not d.trace_entries:
         return None
     ctx = make_context(trace, d, None, None)
     ooms = trace.ooms[trace.ooms["device"] == d.device].tail(OOMS_PICTURED)

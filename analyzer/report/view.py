@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from analyzer import __version__
-from analyzer.result import Analysis, DeviceAnalysis
+from analyzer.result import Analysis, DeviceAnalysis, Finding, ListedRemedy, Plan
 from analyzer.core.module_tree import ModuleNode, module_in_sentence
 from analyzer.core.units import human_bytes, relative_seconds
 from analyzer.core.stacks import format_frame, is_user_frame
@@ -132,7 +132,6 @@ class RemedyView:
     try_first: bool
     how: str | None
     cost: str | None
-    addresses: list[str]
     note: str | None = None              # why it saves what a cheaper one saves, when it does
     plan_step: str | None = None         # the try-first as the plan's first step, when alone it is not the plan
 
@@ -294,7 +293,7 @@ class ReportView:
         return [d for d in self.devices if self.sections is None or d.device in self.sections]
 
 
-def with_imbalance(verdict: str, imbalance: dict[str, Any] | None, lead: str) -> str:
+def with_imbalance(verdict: str, imbalance: Finding | None, lead: str) -> str:
     """The verdict about the lead device, told that this device is the one far above the others."""
     if imbalance is None or imbalance["evidence"]["details"]["worst"] != lead:
         return verdict
@@ -303,7 +302,7 @@ def with_imbalance(verdict: str, imbalance: dict[str, Any] | None, lead: str) ->
             f"an imbalance, see below.")
 
 
-def comparison_view(imbalance: dict[str, Any] | None) -> ComparisonView | None:
+def comparison_view(imbalance: Finding | None) -> ComparisonView | None:
     if imbalance is None:
         return None
     return ComparisonView(summary=str(imbalance["summary"]), remedies=[str(r) for r in imbalance["remedies"]])
@@ -377,7 +376,7 @@ def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> De
     )
 
 
-def _plan_view(found: dict[str, Any] | None) -> PlanView | None:
+def _plan_view(found: Plan | None) -> PlanView | None:
     if not found:
         return None
     steps = [PlanStep(str(s["title"]), int(s["predicted_peak_allocated_bytes"]),
@@ -499,7 +498,7 @@ def _detail_text(name: str, value: Any) -> str:
     return f"{value:.3g}"
 
 
-def _finding_view(f: dict[str, Any], origin: int | None) -> FindingView:
+def _finding_view(f: Finding, origin: int | None) -> FindingView:
     evidence = f.get("evidence") or {}
     allocations = [EvidenceAllocation(int(a.get("bytes") or 0), a.get("top_user_frame"), a.get("op"), a.get("module"),
                                       a.get("category")) for a in evidence.get("allocations") or []]
@@ -517,13 +516,11 @@ def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def _remedy_view(r: dict[str, Any]) -> RemedyView:
+def _remedy_view(r: ListedRemedy) -> RemedyView:
     return RemedyView(
-        id=str(r.get("id", "")), rank=_optional_int(r.get("rank")), title=str(r.get("title", r.get("id", ""))),
-        saved_bytes=_optional_int(r.get("saved_bytes")), new_peak_bytes=_optional_int(r.get("new_peak_bytes")),
-        fits=r.get("fits"), confidence=r.get("confidence"), try_first=bool(r.get("try_first")),
-        how=r.get("how"), cost=r.get("cost"), addresses=[str(a) for a in r.get("addresses") or []],
-        note=r.get("note"), plan_step=r.get("plan_step"),
+        id=r["id"], rank=r["rank"], title=r["title"], saved_bytes=r["saved_bytes"],
+        new_peak_bytes=r["new_peak_bytes"], fits=r["fits"], confidence=r["confidence"], try_first=r["try_first"],
+        how=r["how"], cost=r["cost"], note=r["note"], plan_step=r["plan_step"],
     )
 
 

@@ -10,7 +10,7 @@ import pytest
 
 import analyzer
 from analyzer.core.units import human_bytes, parse_bytes
-from analyzer.diagnose.fragmentation import NEAR_OOM_SHARE, SEGMENTED_SOURCES
+from analyzer.diagnose.fragmentation import NEAR_OOM_SHARE
 from analyzer.diagnose.remedies import CONDITIONAL, FIT_HEADROOM, LAYOUT_ONLY, REMEDIES
 from analyzer.report.view import build_view
 from analyzer.result import Analysis
@@ -63,7 +63,7 @@ def test_the_advice_holds(path: Path):
     analysis = _analysis(path)
     if analysis is None:
         pytest.skip("a set of ranks: each rank is an analysis of its own")
-    segmented = analysis.trace.source_kind in SEGMENTED_SOURCES
+    segmented = analysis.trace.has_segments
     gpu_present = any(d.device >= 0 for d in analysis.devices)
     for d in analysis.devices:
         dx = d.diagnosis

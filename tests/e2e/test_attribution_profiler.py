@@ -12,7 +12,8 @@ import pytest
 
 import analyzer
 from analyzer.evaluate.accuracy import profiler_agreement
-from analyzer.ingest.memory_timeline import AS_OUR_CATEGORY, CATEGORIES
+from analyzer.core.vocabulary import AS_OUR_CATEGORY
+from analyzer.ingest.memory_timeline import CATEGORIES
 from support.paths import FIXTURES, REAL
 
 KINETO = FIXTURES / "kineto"

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import analyzer
-from analyzer.ingest.memory_timeline import AS_OUR_CATEGORY
+from analyzer.core.vocabulary import AS_OUR_CATEGORY
 from support.paths import REAL
 from support.profiled_run import OPTIMIZERS, aligned, record
 

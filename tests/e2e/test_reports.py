@@ -108,11 +108,12 @@ def realistic(a: Analysis) -> Analysis:
     remedies = [
         {"id": "activation_checkpointing", "rank": 4, "title": "Activation checkpointing", "saved_bytes": 15 << 30,
          "new_peak_bytes": 7 << 30, "fits": True, "confidence": "medium", "try_first": False,
-         "how": "x = checkpoint(block, x, use_reentrant=False)", "cost": "20-30% more compute",
-         "addresses": ["activation_peak"]},
+         "how": "x = checkpoint(block, x, use_reentrant=False)", "cost": "20-30% more compute", "purpose": "fix",
+         "note": None, "saving_source": "formula", "replay": None, "plan_step": None},
         {"id": "micro_batch", "rank": 1, "title": "Halve the micro-batch", "saved_bytes": 11 << 30,
          "new_peak_bytes": 12 << 30, "fits": True, "confidence": "high", "try_first": True,
-         "how": "batch_size //= 2", "cost": "instant", "addresses": ["oom", "activation_peak"]},
+         "how": "batch_size //= 2", "cost": "instant", "purpose": "fix", "note": None, "saving_source": "formula",
+         "replay": None, "plan_step": None},
     ]
     fragmentation = {"reserved_bytes": 22 << 30, "allocated_bytes": 21 << 30, "inactive_bytes": 1 << 30,
                        "largest_free_block_bytes": 256 << 20, "request_bytes": 512 << 20, "expandable_segments": False,
@@ -214,7 +215,7 @@ def test_findings_and_remedies_are_ordered_and_their_evidence_reads_well() -> No
     assert oom.allocations[0].where == "gpt.py:39 forward"
     assert {x.name: x.text for x in d.findings[1].details}["free share"] == "2%"
     assert [r.rank for r in d.remedies] == [1, 4] and d.remedies[0].try_first
-    assert d.remedies[1].addresses == ["activation_peak"]
+    assert d.remedies[1].how == "x = checkpoint(block, x, use_reentrant=False)"
 
 
 def test_fragmentation_and_theory_views() -> None:

@@ -1,10 +1,18 @@
 """The imbalance finding (issue 22): the worst peak against the median one, the category and module that make
-the difference, and the remedies that follow; each threshold tested on both sides."""
+the difference, and the remedies that follow; each threshold tested on both sides.
+
+The worst peak is a finding from IMBALANCE_RATIO = 1.5 times the median peak and MIN_GAP_BYTES = 256 MiB above
+it, among devices whose peak is at least IDLE_SHARE = 2% of the largest (stated here as the spec, not imported).
+"""
 from __future__ import annotations
 
-from analyzer.diagnose.imbalance import IMBALANCE_RATIO, MIN_GAP_BYTES, PeakSummary, find_imbalance, worst_first
+import analyzer
+from analyzer.diagnose.imbalance import PeakSummary, find_imbalance, worst_first
 
 GiB = 2**30
+IMBALANCE_RATIO = 1.5
+MIN_GAP_BYTES = 256 * 2**20
+IDLE_SHARE = 0.02
 
 
 def peak(label: str, total: int, oom: bool = False, replicas: bool = False, **categories: int) -> PeakSummary:
@@ -31,6 +39,27 @@ def test_small_devices_that_differ_twofold_are_no_story():
     small = 100 * 2**20
     assert find_imbalance([peak("a", small), peak("b", small), peak("c", small + MIN_GAP_BYTES - 1)]) is None
     assert find_imbalance([peak("a", small), peak("b", small), peak("c", small + MIN_GAP_BYTES)]) is not None
+
+
+def test_an_idle_device_is_not_the_median():
+    """A device under IDLE_SHARE of the largest peak is left out: with it the median would be tiny."""
+    largest = 10 * GiB
+    idle_under, idle_at = int(IDLE_SHARE * largest) - 1, int(IDLE_SHARE * largest) + 1
+    assert find_imbalance([peak("a", idle_under), peak("b", largest)]) is None      # one device left: no spread
+    found = find_imbalance([peak("a", idle_at), peak("b", largest)])
+    assert found is not None and found["evidence"]["details"]["median"] == "a"
+
+
+def test_the_thresholds_are_keyword_arguments_and_part_of_the_api():
+    """HTA-style: each threshold is a keyword with its default, and analyzer.Thresholds carries them."""
+    median = 10 * GiB
+    over = [peak("a", median), peak("b", median), peak("c", int(IMBALANCE_RATIO * median) + 1)]
+    assert find_imbalance(over, ratio=1.6) is None and find_imbalance(over) is not None
+    assert find_imbalance(over, min_gap_bytes=6 * GiB) is None
+    defaults = analyzer.Thresholds()
+    assert (defaults.imbalance_ratio, defaults.imbalance_min_gap_bytes, defaults.idle_share) == (
+        IMBALANCE_RATIO, MIN_GAP_BYTES, IDLE_SHARE)
+    assert find_imbalance(over, **analyzer.Thresholds(imbalance_ratio=1.6).imbalance()) is None
 
 
 def test_the_category_and_module_that_make_the_difference():

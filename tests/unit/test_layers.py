@@ -1,4 +1,16 @@
-"""The package's layers import only downward, and no modules import each other in a circle.
+"""The package's layers import only downward, no modules import each other in a circle, and the pairs DESIGN.md
+says never import each other ("What never imports what") do not:
+
+    ingest -> diagnose, report       readers know formats, not judgements or outputs
+    core -> ingest, commands         the tables do not know where they came from, nor who asked
+    attribute -> ingest, diagnose    labels read the tables and the trace's capabilities, never a format's name
+    diagnose -> ingest, report       judgement reads tables; findings are data
+    report -> ingest, diagnose       reporters render a finished Analysis; they never reopen a file or recompute
+    job -> report                    orchestration renders nothing: commands render
+
+The order below is coarser (it lets report import diagnose, for one): the "never" pairs are the contract. The
+imports that break a pair today are listed in STILL_CROSSING, each with why; the test fails on any other, and on
+a listed one that is gone (the list only shrinks).
 
     errors < core < ingest, recording < attribute, simulate < result < diagnose, estimate < report < pipeline, job <
     evaluate, gate, commands < the package's public __init__
@@ -58,6 +70,50 @@ def _is_module(name: str) -> bool:
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
+NEVER = {("analyzer.ingest", "analyzer.diagnose"), ("analyzer.ingest", "analyzer.report"),
+         ("analyzer.core", "analyzer.ingest"), ("analyzer.core", "analyzer.commands"),
+         ("analyzer.attribute", "analyzer.ingest"), ("analyzer.attribute", "analyzer.diagnose"),
+         ("analyzer.diagnose", "analyzer.ingest"), ("analyzer.diagnose", "analyzer.report"),
+         ("analyzer.report", "analyzer.ingest"), ("analyzer.report", "analyzer.diagnose"),
+         ("analyzer.job", "analyzer.report")}
+#: the imports that still cross a "never" pair (issue 30), and why each is not yet gone
+STILL_CROSSING = {
+    # the job of ranks builds each rank's report view and allocator pictures on its worker (only what renders
+    # travels back, never a trace): moving that to commands needs the worker's result to carry the pictures' data
+    ("analyzer.job", "analyzer.report.job_report"), ("analyzer.job", "analyzer.report.interactive"),
+    ("analyzer.job", "analyzer.report.view"),
+    # the HTML explorer's allocator pictures measure segments at the peak and the OOMs from the trace
+    ("analyzer.report.interactive", "analyzer.diagnose.context"),
+    ("analyzer.report.interactive", "analyzer.diagnose.fragmentation"),
+    # the log of runs reads the remedy registry (what a remedy's saving is measured in, which config variable it
+    # changes): the registry is data, but it lives in diagnose
+    ("analyzer.report.run_log", "analyzer.diagnose.remedies"),
+    ("analyzer.report.run_pairs", "analyzer.diagnose.remedies"),
+    # --export-trace streams the original Chrome trace again (too large to hold in the analysis)
+    ("analyzer.report.trace_export", "analyzer.ingest.sniff"),
+}
+
+
+def _package(module: str) -> str:
+    """analyzer.report.view -> analyzer.report; analyzer.job -> analyzer.job."""
+    return ".".join(module.split(".")[:2])
+
+
+def _crossing() -> set[tuple[str, str]]:
+    return {(m, i) for m, p in MODULES.items() for i in imports(p) if (_package(m), _package(i)) in NEVER}
+
+
+def test_no_never_pair_imports() -> None:
+    new = sorted(_crossing() - STILL_CROSSING)
+    assert not new, "\n".join(f"{m} imports {i}: DESIGN.md says {_package(m)} never imports {_package(i)}"
+                              for m, i in new)
+
+
+def test_the_imports_still_crossing_are_still_there() -> None:
+    """A crossing that is gone leaves the list, so the list states today's debt exactly."""
+    assert not STILL_CROSSING - _crossing()
+
+
 def test_every_module_has_a_layer() -> None:
     assert all(layer(m) >= 0 for m in MODULES)
 
@@ -88,6 +144,13 @@ def test_no_import_circle() -> None:
         if m not in state:
             visit(m, [m])
     assert not circles, "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_the_check_sees_a_never_pair(tmp_path: Path) -> None:
+    """The checker itself: a reporter importing a reader is named as a never pair."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from analyzer.ingest import load\n", encoding="utf-8")
+    assert ("analyzer.report", _package(next(iter(imports(bad))))) in NEVER
 
 
 def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
