@@ -14,15 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from analyzer.core.log_records import LogReading, OomText
 from analyzer.core.vocabulary import phase_in_sentence
 from analyzer.diagnose import log_advice, log_trends
 from analyzer.diagnose.log_cause import UNKNOWN, Cause, judge
 from analyzer.errors import UnsupportedFormat
 from analyzer.ingest.log import read_log_file
-from analyzer.ingest.sniff import ACCEPTED, looks_like, open_input
-from analyzer.ingest.log.oom_message import OomText
-from analyzer.ingest.log.reading import LogReading
 from analyzer.ingest.log.traceback import INFERENCE, phase_of, user_frame
+from analyzer.ingest.sniff import ACCEPTED, looks_like, open_input
 from analyzer.result import SCHEMA
 
 #: what a log cannot tell, for readers of the JSON (a recording's capabilities would be true)

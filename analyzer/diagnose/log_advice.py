@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from analyzer.core.log_records import AllocatorSetting, OomText, Reading
 from analyzer.core.units import human_bytes
 from analyzer.diagnose.log_cause import CAPACITY, FRAGMENTATION, OTHER_PROCESS, Cause
-from analyzer.ingest.log.oom_message import OomText
-from analyzer.ingest.log.reading import AllocatorSetting, Reading
 
 #: the lines that make the next run's OOM analysable in full (a snapshot with history and stacks)
 RECORD_NEXT = """import torch

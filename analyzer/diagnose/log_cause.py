@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from analyzer.core.log_records import Era, OomText
 from analyzer.core.units import human_bytes
-from analyzer.ingest.log.oom_message import Era, OomText
 
 #: device memory any CUDA process holds outside PyTorch's cache (context, cuBLAS/cuDNN workspaces, NCCL
 #: buffers): less than this outside the cache is not "another process took the room"

@@ -7,8 +7,8 @@ from collections import defaultdict
 from itertools import pairwise
 from typing import Any
 
+from analyzer.core.log_records import Reading
 from analyzer.core.units import human_bytes
-from analyzer.ingest.log.reading import Reading
 
 #: readings of one series needed before growth says anything
 LEAK_MIN_READINGS = 5

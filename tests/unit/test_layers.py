@@ -12,7 +12,8 @@ The order below is coarser (it lets report import diagnose, for one): the "never
 imports that break a pair today are listed in STILL_CROSSING, each with why; the test fails on any other, and on
 a listed one that is gone (the list only shrinks).
 
-    errors < core < ingest, recording < attribute, simulate < result < diagnose, estimate < report < pipeline, job <
+    errors < core < ingest, recording < attribute, simulate < result < diagnose, estimate, log_result < report <
+    pipeline, job <
     evaluate, gate, commands < the package's public __init__
 
 Every import counts, those inside functions included (an import deferred for speed is still a dependency).
@@ -28,6 +29,8 @@ PACKAGE = Path(analyzer.__file__).parent
 LAYERS = {
     "analyzer.errors": 0, "analyzer.core": 1, "analyzer.ingest": 2, "analyzer.recording": 2,
     "analyzer.attribute": 3, "analyzer.simulate": 3, "analyzer.result": 4, "analyzer.diagnose": 5, "analyzer.estimate": 5,
+    # a log's analysis: read by ingest.log, judged by diagnose.log_*, rendered by report.log_*
+    "analyzer.log_result": 5,
     "analyzer.report": 6, "analyzer.pipeline": 7, "analyzer.job": 7, "analyzer.evaluate": 8, "analyzer.gate": 8, "analyzer.commands": 8,
     "analyzer.__main__": 9, "analyzer": 9,
 }

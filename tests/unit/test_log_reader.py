@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
+from analyzer.core.log_records import Era, OomText, Reading
 from analyzer.diagnose import log_trends
 from analyzer.diagnose.log_cause import CONTEXT_ALLOWANCE, FREE_SLACK, judge
 from analyzer.ingest.log import read_log
 from analyzer.ingest.log.lines import clean
-from analyzer.ingest.log.oom_message import Era, OomText, parse
-from analyzer.ingest.log.reading import Reading
+from analyzer.ingest.log.oom_message import parse
 from analyzer.log_result import analyze_log
 from tests.support.paths import ROOT
 

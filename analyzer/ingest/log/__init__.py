@@ -13,14 +13,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
+from analyzer.core.log_records import AllocatorSetting, LogReading, OomText, Reading
 from analyzer.errors import CorruptInput
 from analyzer.ingest.log import oom_message
 from analyzer.ingest.log.framework_lines import FrameworkLinesReader
 from analyzer.ingest.log.lines import Tally, scan
 from analyzer.ingest.log.memory_summary import MemorySummaryReader
 from analyzer.ingest.log.nvidia_smi import NvidiaSmiReader
-from analyzer.ingest.log.oom_message import OomText
-from analyzer.ingest.log.reading import AllocatorSetting, LogReading, Reading
 from analyzer.ingest.log.traceback import Frame, TracebackWindow
 
 #: OOMs and readings kept; past these a log is still read to its end and the warnings say what was left out

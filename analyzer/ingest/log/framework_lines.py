@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from analyzer.ingest.log.reading import Reading
+from analyzer.core.log_records import Reading
 from analyzer.ingest.log.sizes import SIZE, to_bytes
 
 _N = r"(\d+(?:\.\d+)?)"

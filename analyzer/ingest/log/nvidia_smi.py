@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from analyzer.ingest.log.reading import Reading
+from analyzer.core.log_records import Reading
 from analyzer.ingest.log.sizes import to_bytes
 
 _GPU_ROW = re.compile(r"^\|\s*(\d+)\s+\S.*\|\s*[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d\s+\S+\s*\|")

@@ -29,8 +29,9 @@ much) and torch <= 0.4's `THCudaCheck FAIL ... error=2 : out of memory`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
+from analyzer.core.log_records import Era, OomText
 from analyzer.ingest.log.sizes import SIZE, rounding, to_bytes
 
 #: continuation lines joined to a message wrapped by a terminal, a mail or an issue
@@ -66,50 +67,6 @@ _COMPLETE = re.compile(r"\)|but unallocated\.|\bpool\b")
 _CONTINUES = re.compile(r"^(?:[a-z0-9(;]|GPU|Process|Including|Of the|If |See |PYTORCH|allocated|free|cached|"
                         r"reserved|total|already)")
 _NEW_RECORD = re.compile(r"^(?:Traceback|File |During handling|The above exception|\[|\d{4}-\d\d-\d\d)")
-
-
-class Era:
-    """Which form of the message a text is: it names the torch versions and what its numbers mean."""
-
-    CACHED = "torch<=1.3"        # "... C cached)"
-    RESERVED = "torch1.4-2.0"    # "... R reserved in total by PyTorch)"
-    OF_WHICH = "torch>=2.1"      # "... of which F is free ..."
-    MPS = "mps"
-    OUTSIDE = "outside_allocator"  # an OOM outside the caching allocator: no numbers
-    PARTIAL = "partial"          # the message starts but its numbers are cut off
-
-
-@dataclass(frozen=True, kw_only=True)
-class OomText:
-    """One out-of-memory message as read: every number as bytes, None where the form does not print it."""
-
-    line: int
-    rank: int | None
-    era: str
-    backend: str                          # CUDA, HIP, XPU, MPS
-    source: str = "caching_allocator"     # or cuda_error, cublas, nccl, thcudacheck
-    device: int | None = None
-    requested_bytes: int | None = None
-    capacity_bytes: int | None = None
-    free_bytes: int | None = None
-    allowed_bytes: int | None = None
-    allocated_bytes: int | None = None    # by PyTorch (private pools included)
-    reserved_bytes: int | None = None     # by PyTorch: allocated + reserved but unallocated
-    unallocated_bytes: int | None = None  # reserved but unallocated ("cached" before 1.4)
-    this_process_bytes: int | None = None  # NVML: this process, non-PyTorch memory included
-    processes: tuple[tuple[int, int], ...] = ()  # NVML: (pid, bytes) of every other process listed
-    private_pool_bytes: int | None = None
-    malloc_at: str | None = None          # "CUDACachingAllocator.cpp:289": the torch build's line
-    tolerance_bytes: int = 0              # how far the printed numbers can be from the true ones, summed
-    text: str = ""
-    repeats: int = 1                      # the same message printed again (chained exceptions, loggers)
-    frames: tuple[tuple[str, int, str, str], ...] = field(default=())  # the traceback: (file, line, function, code)
-
-    def same_event(self, other: OomText) -> bool:
-        """The same OOM printed twice: same device, rank and numbers."""
-        keys = ("rank", "era", "device", "requested_bytes", "free_bytes", "allocated_bytes", "unallocated_bytes",
-                "reserved_bytes", "source")
-        return all(getattr(self, k) == getattr(other, k) for k in keys)
 
 
 def starts(text: str) -> bool:

@@ -1,0 +1,87 @@
+"""What a text log holds, as typed values: the OOM messages and the memory readings the log readers
+(analyzer.ingest.log) produce and the log's diagnosis (analyzer.diagnose.log_*) judges. Plain data, below both,
+as the shared tables are for recordings."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class Era:
+    """Which form of the message a text is: it names the torch versions and what its numbers mean."""
+
+    CACHED = "torch<=1.3"        # "... C cached)"
+    RESERVED = "torch1.4-2.0"    # "... R reserved in total by PyTorch)"
+    OF_WHICH = "torch>=2.1"      # "... of which F is free ..."
+    MPS = "mps"
+    OUTSIDE = "outside_allocator"  # an OOM outside the caching allocator: no numbers
+    PARTIAL = "partial"          # the message starts but its numbers are cut off
+
+
+@dataclass(frozen=True, kw_only=True)
+class OomText:
+    """One out-of-memory message as read: every number as bytes, None where the form does not print it."""
+
+    line: int
+    rank: int | None
+    era: str
+    backend: str                          # CUDA, HIP, XPU, MPS
+    source: str = "caching_allocator"     # or cuda_error, cublas, nccl, thcudacheck
+    device: int | None = None
+    requested_bytes: int | None = None
+    capacity_bytes: int | None = None
+    free_bytes: int | None = None
+    allowed_bytes: int | None = None
+    allocated_bytes: int | None = None    # by PyTorch (private pools included)
+    reserved_bytes: int | None = None     # by PyTorch: allocated + reserved but unallocated
+    unallocated_bytes: int | None = None  # reserved but unallocated ("cached" before 1.4)
+    this_process_bytes: int | None = None  # NVML: this process, non-PyTorch memory included
+    processes: tuple[tuple[int, int], ...] = ()  # NVML: (pid, bytes) of every other process listed
+    private_pool_bytes: int | None = None
+    malloc_at: str | None = None          # "CUDACachingAllocator.cpp:289": the torch build's line
+    tolerance_bytes: int = 0              # how far the printed numbers can be from the true ones, summed
+    text: str = ""
+    repeats: int = 1                      # the same message printed again (chained exceptions, loggers)
+    frames: tuple[tuple[str, int, str, str], ...] = field(default=())  # the traceback: (file, line, function, code)
+
+    def same_event(self, other: OomText) -> bool:
+        """The same OOM printed twice: same device, rank and numbers."""
+        keys = ("rank", "era", "device", "requested_bytes", "free_bytes", "allocated_bytes", "unallocated_bytes",
+                "reserved_bytes", "source")
+        return all(getattr(self, k) == getattr(other, k) for k in keys)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reading:
+    """One memory reading at one moment: a memory_summary() table, a memory_stats() dict, an nvidia-smi row or a
+    framework's line. `bytes` holds sizes ("allocated", "allocated_peak", "reserved", "reserved_peak", "used",
+    "total", ...), `counts` numbers that are not sizes ("ooms", "alloc_retries")."""
+
+    line: int
+    source: str                      # which form: memory_summary, memory_stats, nvidia_smi, megatron, ...
+    rank: int | None = None
+    device: int | None = None
+    label: str | None = None         # what the line says it measured ("before forward", "pid 123 python")
+    step: int | None = None
+    bytes: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AllocatorSetting:
+    """PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) as the log shows it set, with its line."""
+
+    line: int
+    value: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogReading:
+    """Everything read from one text: the OOMs in order, the readings in order, and what was set."""
+
+    path: str
+    lines: int
+    ooms: list[OomText]
+    readings: list[Reading]
+    settings: list[AllocatorSetting]
+    frameworks: list[str]            # the frameworks whose lines were seen (vllm, sglang, deepspeed, megatron)
+    warnings: list[str] = field(default_factory=list)
