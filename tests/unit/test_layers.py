@@ -13,8 +13,7 @@ imports that break a pair today are listed in STILL_CROSSING, each with why; the
 a listed one that is gone (the list only shrinks).
 
     errors < core < ingest, recording < attribute, simulate < result < diagnose, estimate, log_result < report <
-    pipeline, job <
-    evaluate, gate, commands < the package's public __init__
+    pipeline, job < evaluate, gate, commands < the package's public __init__
 
 Every import counts, those inside functions included (an import deferred for speed is still a dependency).
 """
