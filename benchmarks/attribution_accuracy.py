@@ -24,14 +24,20 @@ from pathlib import Path
 import pandas as pd
 
 import analyzer
-from analyzer.pipeline import active_devices
 from analyzer.attribute import attribute
-from analyzer.evaluate.accuracy import peak_agreement, simulator_sources
 from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, NO_MODULE, UNATTRIBUTED, names_module
-from analyzer.evaluate.module_classes import (has_python_frames, module_class_agreement, module_share,
-                                              simulator_classes, unattributed_module_share, whole_model_share)
+from analyzer.evaluate.accuracy import peak_agreement, simulator_sources
+from analyzer.evaluate.module_classes import (
+    has_python_frames,
+    module_class_agreement,
+    module_share,
+    simulator_classes,
+    unattributed_module_share,
+    whole_model_share,
+)
+from analyzer.pipeline import active_devices
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = ROOT / "fixtures" / "traces" / "sim"

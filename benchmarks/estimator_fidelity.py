@@ -31,8 +31,16 @@ from typing import Any, NamedTuple
 from analyzer.core.units import human_bytes
 from analyzer.core.vocabulary import RemedyId
 from analyzer.evaluate import estimator_fidelity as fidelity
-from analyzer.evaluate.estimator_fidelity import (ACTIVATION, CATEGORIES, GRADIENT, OPTIMIZER, PARAMETER, TOTAL, Row,
-                                                   Workload)
+from analyzer.evaluate.estimator_fidelity import (
+    ACTIVATION,
+    CATEGORIES,
+    GRADIENT,
+    OPTIMIZER,
+    PARAMETER,
+    TOTAL,
+    Row,
+    Workload,
+)
 from analyzer.evaluate.real_truth import load_truth
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -34,8 +34,8 @@ import pandas as pd
 from analyzer.attribute.annotations import annotation_labels, metadata_labels, tensor_marks
 from analyzer.attribute.category import categorise, recomputed_activations
 from analyzer.attribute.frames import StackFacts, stack_facts
-from analyzer.attribute.module_paths import SourceIndex
 from analyzer.attribute.model_states import REPLACES_PARAMETER, REPLACES_STATE, infer_model_states
+from analyzer.attribute.module_paths import SourceIndex
 from analyzer.attribute.modules import assign_modules
 from analyzer.attribute.profiler_ops import forward_categories, op_labels
 from analyzer.attribute.steps import number_steps

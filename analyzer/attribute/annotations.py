@@ -7,9 +7,17 @@ import numpy as np
 import pandas as pd
 
 from analyzer.attribute.ranges import innermost
-from analyzer.core.vocabulary import (OPTIMIZER_STEP_PREFIX, OPTIMIZER_ZERO_GRAD_PREFIX, PROFILER_STEP_PREFIX,
-                                      ROOT_MODULE, TENSOR_PREFIX, Phase, parse_module_label, parse_phase_label,
-                                      parse_tensor_mark)
+from analyzer.core.vocabulary import (
+    OPTIMIZER_STEP_PREFIX,
+    OPTIMIZER_ZERO_GRAD_PREFIX,
+    PROFILER_STEP_PREFIX,
+    ROOT_MODULE,
+    TENSOR_PREFIX,
+    Phase,
+    parse_module_label,
+    parse_phase_label,
+    parse_tensor_mark,
+)
 
 _FSDP = re.compile(r"^FSDP::(pre_forward|post_forward|pre_backward|post_backward|forward|backward)\s*\((.*)\)\s*$")
 _STEP = re.compile(rf"^{re.escape(PROFILER_STEP_PREFIX)}(\d{{1,18}})$")  # a longer number is no step: int64 holds 18 digits

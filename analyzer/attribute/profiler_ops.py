@@ -30,9 +30,9 @@ import pandas as pd
 
 from analyzer.attribute.annotations import classify
 from analyzer.attribute.ranges import innermost
+from analyzer.core.intervals import innermost_open
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, OPTIMIZER_ZERO_GRAD_PREFIX, Category, Phase
-from analyzer.core.intervals import innermost_open
 
 #: the autograd engine's ops: evaluate_function wrappers, and in 2021 traces the nodes themselves
 _BACKWARD_OP = r"^autograd::engine::evaluate_function: |^\w*Backward\d*$|^torch::autograd::AccumulateGrad$"

@@ -13,15 +13,15 @@ import argparse
 import json
 from typing import Any
 
-from analyzer.result import Analysis, DeviceAnalysis, ListedRemedy
-from analyzer.pipeline import analyze
 from analyzer.commands.estimate import device_memory
-from analyzer.diagnose.remedies import BY_ID, LAYOUT_ONLY
 from analyzer.core.printable import printable
 from analyzer.core.units import format_bytes
 from analyzer.core.vocabulary import FindingKind, RemedyId
+from analyzer.diagnose.remedies import BY_ID, LAYOUT_ONLY
 from analyzer.diagnose.remedy_names import remedy_help, resolve_remedy
 from analyzer.errors import UnsupportedFormat
+from analyzer.pipeline import analyze
+from analyzer.result import Analysis, DeviceAnalysis, ListedRemedy
 
 SHRANK = 0.05   # a category shrank when it lost at least this share of its bytes
 UNCHANGED = 0.01  # of the memory needed before: an allocator setting leaves the need this close to what it was

@@ -33,8 +33,7 @@ from analyzer.core.vocabulary import RemedyId
 from analyzer.diagnose import plan as lattice
 from analyzer.diagnose.plan import Config, Level
 from analyzer.diagnose.remedies import BY_ID, REMEDIES
-from analyzer.diagnose.theory import (PRECISIONS, activation_bytes, loss_backward_bytes, model_states,
-                                      output_layer_bytes)
+from analyzer.diagnose.theory import PRECISIONS, activation_bytes, loss_backward_bytes, model_states, output_layer_bytes
 from analyzer.errors import AnalyzerError
 from analyzer.estimate.config import MoE, TrainingConfig, read_hf_config, read_megatron_config, with_layout
 from analyzer.estimate.device import Device

@@ -13,18 +13,38 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from analyzer.diagnose import (activation_peak, checkpoint_gather, conv_workspace, fragmentation, leak, oom,
-                               optimizer_spike, outside, reserved_growth)
-from analyzer.diagnose import counterfactual, plan
-from analyzer.diagnose.context import DeviceContext
-from analyzer.diagnose.evidence import oom_where
 from analyzer.core.units import gib, human_bytes, rate_bytes
 from analyzer.core.vocabulary import RECORD_HISTORY, Category, FindingKind, Phase
-from analyzer.diagnose.triage import triage
-from analyzer.diagnose.remedies import (LAYOUT_ONLY, SMALLEST_GPU, Demand, checkpointable_bytes, count_layers,
-                                        describe, fits_any_gpu, fits_as_is, rank_remedies, zero_shards)
+from analyzer.diagnose import (
+    activation_peak,
+    checkpoint_gather,
+    conv_workspace,
+    counterfactual,
+    fragmentation,
+    leak,
+    oom,
+    optimizer_spike,
+    outside,
+    plan,
+    reserved_growth,
+)
+from analyzer.diagnose.context import DeviceContext
+from analyzer.diagnose.evidence import oom_where
+from analyzer.diagnose.remedies import (
+    LAYOUT_ONLY,
+    SMALLEST_GPU,
+    Demand,
+    checkpointable_bytes,
+    count_layers,
+    describe,
+    fits_any_gpu,
+    fits_as_is,
+    rank_remedies,
+    zero_shards,
+)
 from analyzer.diagnose.theory import explain_model_states
 from analyzer.diagnose.thresholds import Thresholds
+from analyzer.diagnose.triage import triage
 from analyzer.diagnose.workload import Workload, recognise
 from analyzer.result import DeviceMeasures, Diagnosis, Finding, Fits, ListedRemedy, Plan, Triage
 

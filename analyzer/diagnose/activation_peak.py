@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from analyzer.core.breakdown import split
-from analyzer.diagnose.context import DeviceContext
-from analyzer.core.units import gib
-from analyzer.diagnose.evidence import top_allocations
 from analyzer.core.module_tree import module_in_sentence
+from analyzer.core.units import gib
 from analyzer.core.vocabulary import Category, FindingKind, Phase, names_module
+from analyzer.diagnose.context import DeviceContext
+from analyzer.diagnose.evidence import top_allocations
 from analyzer.result import Finding
 
 

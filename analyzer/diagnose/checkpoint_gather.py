@@ -2,9 +2,9 @@
 the training peak."""
 from __future__ import annotations
 
-from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
 from analyzer.core.vocabulary import FindingKind, Phase
+from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import top_allocations
 from analyzer.diagnose.phase_peaks import phase_peak
 from analyzer.result import Finding

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
 from analyzer.core.vocabulary import FindingKind
+from analyzer.diagnose.context import DeviceContext
 from analyzer.result import Finding
 
 RECOVERY_THRESHOLD = 0.05  # free memory worth reporting: at least this share of what is reserved

@@ -18,11 +18,11 @@ from typing import Any
 
 import pandas as pd
 
+from analyzer.core.units import rate_bytes
+from analyzer.core.vocabulary import FindingKind, names_module
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import top_allocations
-from analyzer.core.units import rate_bytes
 from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, MODEL_STATES, StepLevel, as_json, measured
-from analyzer.core.vocabulary import FindingKind, names_module
 from analyzer.result import Finding
 
 MIN_SHARE_OF_PEAK = 0.001   # a rate below this share of the largest step peak is noise, not a leak

@@ -12,9 +12,9 @@ Verdicts:
 from __future__ import annotations
 
 from analyzer.core.breakdown import labels_at
-from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
 from analyzer.core.vocabulary import FindingKind, names_module
+from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import oom_where, top_allocations
 from analyzer.diagnose.fragmentation import RECOVERY_THRESHOLD, fragmentation_at
 from analyzer.result import Finding

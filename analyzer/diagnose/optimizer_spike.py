@@ -7,9 +7,9 @@ import re
 import pandas as pd
 
 from analyzer.core.breakdown import labels_at
-from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
 from analyzer.core.vocabulary import OPTIMIZER_STEP_PREFIX, Category, FindingKind, Phase
+from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import top_allocations
 from analyzer.diagnose.phase_peaks import phase_peak
 from analyzer.result import Finding

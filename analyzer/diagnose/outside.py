@@ -3,10 +3,10 @@ beside the snapshot): every cudaMalloc the caching allocator did not make (NCCL,
 extensions), measured by analyzer.diagnose.outside_pytorch, at the OOM (else the peak)."""
 from __future__ import annotations
 
-from analyzer.diagnose.outside_pytorch import outside_pytorch
-from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import gib
 from analyzer.core.vocabulary import FindingKind
+from analyzer.diagnose.context import DeviceContext
+from analyzer.diagnose.outside_pytorch import outside_pytorch
 from analyzer.result import Finding
 
 OUTSIDE_SHARE = 0.01  # of the device (or of PyTorch's reserved memory): less is noise (a few workspaces)

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.errors import AnalyzerError
 from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import RECORD_MEMORY_HINT
+from analyzer.errors import AnalyzerError
 
 #: how far apart (µs) the two recorders' timestamps of one cudaMalloc may be and still match
 DEFAULT_MAX_SKEW_US = 1_000_000

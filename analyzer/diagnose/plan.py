@@ -21,9 +21,19 @@ from typing import Any
 
 from analyzer.core.vocabulary import RemedyId
 from analyzer.diagnose.counterfactual import Prediction, Replayer
+from analyzer.diagnose.remedies import (
+    BY_ID,
+    FIT_HEADROOM,
+    LAYOUT_ONLY,
+    REMEDIES,
+    Breakdown,
+    Demand,
+    LeverName,
+    PlanLever,
+    Price,
+    fits_as_is,
+)
 from analyzer.result import ListedRemedy, Plan, PlanAlternative, PlanStep
-from analyzer.diagnose.remedies import (BY_ID, FIT_HEADROOM, LAYOUT_ONLY, REMEDIES, Breakdown, Demand, LeverName, PlanLever, Price,
-                                        fits_as_is)
 
 ALTERNATIVES = 3   # fitting configurations shown after the plan
 

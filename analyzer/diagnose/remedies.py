@@ -36,11 +36,27 @@ from dataclasses import dataclass, field, replace
 import pandas as pd
 
 from analyzer.core.units import gib, human_bytes
-from analyzer.core.vocabulary import (MODULE_PATH_SEPARATOR, UNATTRIBUTED, Category, FindingKind, Phase, RemedyId, Word,
-                                      category_plural)
+from analyzer.core.vocabulary import (
+    MODULE_PATH_SEPARATOR,
+    UNATTRIBUTED,
+    Category,
+    FindingKind,
+    Phase,
+    RemedyId,
+    Word,
+    category_plural,
+)
+from analyzer.diagnose.transforms import (
+    Stream,
+    accumulation,
+    bf16,
+    checkpointing,
+    micro_batch,
+    optimizer_state,
+    zero,
+    zero3,
+)
 from analyzer.result import ListedRemedy, Replayed
-from analyzer.diagnose.transforms import (Stream, accumulation, bf16, checkpointing, micro_batch, optimizer_state,
-                                          zero, zero3)
 
 RELEVANT_SHARE = 0.05     # a remedy must act on at least this share of the peak to be listed
 MIN_SAVING_SHARE = 0.01   # a remedy must save more than this share of the peak to be listed

@@ -14,10 +14,10 @@ import math
 
 import numpy as np
 
-from analyzer.diagnose.context import DeviceContext
 from analyzer.core.units import rate_bytes
-from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, as_json, measured
 from analyzer.core.vocabulary import FindingKind
+from analyzer.diagnose.context import DeviceContext
+from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, as_json, measured
 from analyzer.result import Finding
 
 MIN_SHARE_OF_RESERVED = 0.005   # growth per step below this share of the reserved peak is noise

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from analyzer.core.vocabulary import FindingKind, Phase
 from analyzer.diagnose.context import DeviceContext
-from analyzer.result import Finding, Triage
 from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, measured
+from analyzer.result import Finding, Triage
 
 PHASE_SPIKES: dict[str, Phase] = {FindingKind.OPTIMIZER_SPIKE: Phase.OPTIMIZER, FindingKind.CHECKPOINT_GATHER: Phase.CHECKPOINT_SAVE}  # finding -> its phase
 

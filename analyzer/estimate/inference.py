@@ -17,7 +17,7 @@ from typing import Any
 
 from analyzer.core.units import gib
 from analyzer.estimate.config import TrainingConfig
-from analyzer.estimate.device import CUDA_CONTEXT, Device, NCCL_CHANNEL_BUFFERS, NCCL_CHANNELS
+from analyzer.estimate.device import CUDA_CONTEXT, NCCL_CHANNEL_BUFFERS, NCCL_CHANNELS, Device
 from analyzer.estimate.training import FP32, stage_layers, stage_params, total_parameters
 
 CACHE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}

@@ -10,6 +10,7 @@ from analyzer.estimate.config import TrainingConfig
 from analyzer.estimate.device import Device, outside_allocator
 from analyzer.estimate.training import PARTS, stages, total_parameters
 
+
 def layout(c: TrainingConfig) -> dict[str, Any]:
     return {"tp": c.tp, "pp": c.pp, "vp": c.vp, "cp": c.cp, "ep": c.ep, "etp": c.expert_tp, "dp": c.dp,
             "sequence_parallel": c.sequence_parallel,

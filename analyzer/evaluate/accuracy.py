@@ -13,17 +13,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analyzer.errors import UnsupportedFormat
-from analyzer.pipeline import analyze
 from analyzer.attribute import attribute
 from analyzer.attribute.annotations import classify
-from analyzer.ingest import load
-from analyzer.core.vocabulary import AS_OUR_CATEGORY
-from analyzer.ingest.memory_timeline import CATEGORIES, CREATE
-from analyzer.ingest.sniff import open_input
 from analyzer.core.timeline import find_peak
 from analyzer.core.trace import MemoryTrace
-from analyzer.core.vocabulary import NO_MODULE, ROOT_MODULE, UNATTRIBUTED, Role, names_module
+from analyzer.core.vocabulary import AS_OUR_CATEGORY, NO_MODULE, ROOT_MODULE, UNATTRIBUTED, Role, names_module
+from analyzer.errors import UnsupportedFormat
+from analyzer.ingest import load
+from analyzer.ingest.memory_timeline import CATEGORIES, CREATE
+from analyzer.ingest.sniff import open_input
+from analyzer.pipeline import analyze
 from analyzer.result import Analysis
 
 # parameters and buffers are both model state made at load time: the recording cannot tell them apart;

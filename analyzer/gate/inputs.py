@@ -22,8 +22,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from analyzer.errors import CorruptInput, ResourceLimit, UnsupportedFormat
-from analyzer.gate.summary import (BASELINE_PREFIX, DevicePeak, Kind, Option, RunPeaks, StepPeak, from_baseline,
-                                   from_document)
+from analyzer.gate.summary import (
+    BASELINE_PREFIX,
+    DevicePeak,
+    Kind,
+    Option,
+    RunPeaks,
+    StepPeak,
+    from_baseline,
+    from_document,
+)
 from analyzer.ingest.sniff import KINETO, LOG, check_path, open_input, sniff
 
 if TYPE_CHECKING:

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from analyzer.errors import UnsupportedFormat
 from analyzer.core.gc_pause import gc_paused
+from analyzer.core.trace import MemoryTrace, MultiRankTrace
+from analyzer.errors import UnsupportedFormat
 from analyzer.ingest import sniff as formats
 from analyzer.ingest.confined import confined
-from analyzer.core.trace import MemoryTrace, MultiRankTrace
 
 Loaded = MemoryTrace | MultiRankTrace  # one recording, or a set of ranks (a directory or .tar.gz of traces)
 

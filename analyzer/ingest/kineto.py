@@ -83,6 +83,11 @@ import ijson
 import numpy as np
 import pandas as pd
 
+from analyzer.core.allocator_rules import blas_workspace_bytes
+from analyzer.core.intervals import innermost_open
+from analyzer.core.stacks import stack_op, top_user_frame
+from analyzer.core.trace import MISSING, DeviceInfo, MemoryTrace, MultiRankTrace, empty_table, make_table
+from analyzer.core.vocabulary import GradMode
 from analyzer.errors import CorruptInput, ResourceLimit, UnsupportedFormat
 from analyzer.ingest import sniff
 from analyzer.ingest.columns import MAX_TOTAL_BYTES
@@ -90,11 +95,6 @@ from analyzer.ingest.history import ByAddress, BySize, HistoryBuilder
 from analyzer.ingest.json_depth import DepthLimitedStream
 from analyzer.ingest.json_stream import first_byte, ijson_backend, reading
 from analyzer.ingest.limits import check_devices, named_skips
-from analyzer.core.allocator_rules import blas_workspace_bytes
-from analyzer.core.stacks import stack_op, top_user_frame
-from analyzer.core.trace import MISSING, DeviceInfo, MemoryTrace, MultiRankTrace, empty_table, make_table
-from analyzer.core.vocabulary import GradMode
-from analyzer.core.intervals import innermost_open
 
 HOST = -1
 RECORD_HINT = ("Record it again with torch.profiler.profile(profile_memory=True, record_shapes=True, "

@@ -29,14 +29,14 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.core.trace import DeviceInfo, MemoryTrace, empty_table
+from analyzer.core.vocabulary import TORCH_PROFILER_LABEL_SOURCE, UNATTRIBUTED
 from analyzer.errors import CorruptInput
-from analyzer.ingest.columns import MAX_TOTAL_BYTES
 from analyzer.ingest import sniff
+from analyzer.ingest.columns import MAX_TOTAL_BYTES
 from analyzer.ingest.history import BySize, HistoryBuilder, Pile
 from analyzer.ingest.json_depth import DepthLimitedStream
 from analyzer.ingest.json_stream import first_byte, ijson_backend, reading
-from analyzer.core.trace import DeviceInfo, MemoryTrace, empty_table
-from analyzer.core.vocabulary import TORCH_PROFILER_LABEL_SOURCE, UNATTRIBUTED
 
 #: torch's category index -> our category name
 CATEGORIES = ("parameter", "optimizer_state", "input", "temporary", "activation", "gradient", "autograd_detail",

@@ -47,10 +47,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.errors import CorruptInput, UnsupportedFormat
-from analyzer.ingest.limits import check_devices
 from analyzer.core.trace import DeviceInfo, MemoryTrace, empty_table, make_table
 from analyzer.core.vocabulary import RECORD_MEMORY_HINT
+from analyzer.errors import CorruptInput, UnsupportedFormat
+from analyzer.ingest.limits import check_devices
 
 #: one row per GPU activity (`MemoryTrace.kernels`); times are epoch µs like every other table
 GPU_ACTIVITY_COLUMNS: dict[str, str] = {

@@ -18,18 +18,25 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.errors import CorruptInput, ResourceLimit
-from analyzer.ingest.safe_pickle import load_untrusted
-from analyzer.ingest.sniff import open_input
 from analyzer.core.allocator_rules import round_sizes
 from analyzer.core.printable import MAX_SHOWN
+from analyzer.core.trace import TABLES, DeviceInfo, MemoryTrace, make_table
+from analyzer.core.vocabulary import UNATTRIBUTED
+from analyzer.errors import CorruptInput, ResourceLimit
 from analyzer.ingest.columns import MAX_TOTAL_BYTES, MISSING, to_nullable
 from analyzer.ingest.fields import plain_settings, text
 from analyzer.ingest.limits import check_devices
-from analyzer.ingest.snapshot_history import (ACTIONS, ALLOC_COLUMNS, ORIGIN_END, ORIGINS, DeviceHistory,
-                                              StackInterner, read_device_history)
-from analyzer.core.trace import TABLES, DeviceInfo, MemoryTrace, make_table
-from analyzer.core.vocabulary import UNATTRIBUTED
+from analyzer.ingest.safe_pickle import load_untrusted
+from analyzer.ingest.snapshot_history import (
+    ACTIONS,
+    ALLOC_COLUMNS,
+    ORIGIN_END,
+    ORIGINS,
+    DeviceHistory,
+    StackInterner,
+    read_device_history,
+)
+from analyzer.ingest.sniff import open_input
 
 _SEGMENT_GROW = ("segment_alloc", "segment_map")
 _HINT = "Dump it again with torch.cuda.memory._dump_snapshot() from an unmodified torch."

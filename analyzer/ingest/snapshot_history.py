@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.ingest.columns import MAX_TOTAL_BYTES, MISSING, to_int64
-from analyzer.ingest.fields import require_strings, text
 from analyzer.core.printable import MAX_SHOWN, shorten
 from analyzer.core.stacks import stack_op, top_user_frame
 from analyzer.core.trace import make_table
+from analyzer.ingest.columns import MAX_TOTAL_BYTES, MISSING, to_int64
+from analyzer.ingest.fields import require_strings, text
 
 #: trace actions, in the order of their codes in the events table
 ACTIONS = ["alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",

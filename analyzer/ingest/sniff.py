@@ -11,9 +11,9 @@ import re
 import stat
 import tarfile
 import zlib
-from pathlib import Path
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import IO
 
 from analyzer.errors import CorruptInput, InputNotFound, ResourceLimit, UnsupportedFormat

@@ -16,11 +16,11 @@ from typing import Any
 
 import jinja2
 
-from analyzer.report import interactive
-from analyzer.report.job_report import JobReport, Report
-from analyzer.report.interactive import allocator_pictures, embed_json, module_icicle, page_data
-from analyzer.report.plots import figure_svg, memory_figure
 from analyzer.core.units import human_bytes
+from analyzer.report import interactive
+from analyzer.report.interactive import allocator_pictures, embed_json, module_icicle, page_data
+from analyzer.report.job_report import JobReport, Report
+from analyzer.report.plots import figure_svg, memory_figure
 from analyzer.report.view import ReportView, build_view, reserved, words
 
 #: the reports' Jinja templates, with their filters (shared by the run log's page)

@@ -37,8 +37,14 @@ from analyzer.core.module_tree import OWN, ModuleNode
 from analyzer.core.printable import visible
 from analyzer.core.stacks import format_frame, is_python_frame, is_user_frame
 from analyzer.core.timeline import downsample
-from analyzer.core.vocabulary import (MODULE_PATH_SEPARATOR, UNATTRIBUTED, Category, category_color, category_rank,
-                                      phase_color)
+from analyzer.core.vocabulary import (
+    MODULE_PATH_SEPARATOR,
+    UNATTRIBUTED,
+    Category,
+    category_color,
+    category_rank,
+    phase_color,
+)
 from analyzer.diagnose.context import DeviceContext, make_context
 from analyzer.diagnose.fragmentation import fragmentation_at, segments_at
 from analyzer.result import Analysis, DeviceAnalysis

@@ -14,10 +14,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from analyzer.report.job_report import Report, report_view
-from analyzer.report.plots import memory_figure, save_png
 from analyzer.core.printable import visible
 from analyzer.core.units import binary_unit, human_bytes
+from analyzer.report.job_report import Report, report_view
+from analyzer.report.plots import memory_figure, save_png
 from analyzer.report.view import DeviceView, RemedyView, ReportView, Share, reserved, words
 
 TOP_REMEDIES = 3

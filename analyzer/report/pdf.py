@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from analyzer.report.job_report import Report
 from analyzer.errors import AnalyzerError
 from analyzer.report.html import render_html
+from analyzer.report.job_report import Report
 
 
 def write_pdf(report: Report, out: Path) -> list[Path]:

@@ -19,7 +19,7 @@ from analyzer.core.units import binary_unit
 from analyzer.report.view import Chart, words
 
 if TYPE_CHECKING:
-    from matplotlib.typing import RcKeyType   # matplotlib >= 3.9; only the type checker reads it
+    from matplotlib.typing import RcKeyType  # matplotlib >= 3.9; only the type checker reads it
 
 _STYLE: dict[RcKeyType, Any] = {
     "text.parse_math": False,      # a `$` in a phase name is text, not TeX

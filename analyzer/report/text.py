@@ -8,12 +8,12 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from analyzer.core.units import human_bytes
-from analyzer.report.job_report import Report, report_view
-from analyzer.report.view import DeviceView, RecordingRow, ReportView, Share, reserved, words
 from analyzer.core.printable import printable
 from analyzer.core.stacks import short_frame
+from analyzer.core.units import human_bytes
+from analyzer.report.job_report import Report, report_view
 from analyzer.report.terminal import Trimmed, indented
+from analyzer.report.view import DeviceView, RecordingRow, ReportView, Share, reserved, words
 
 TOP_MODULES = 5
 TOP_REMEDIES = 3

@@ -17,10 +17,10 @@ import ijson
 import numpy as np
 import orjson
 
-from analyzer.result import Analysis
+from analyzer.core.timeline import downsample
 from analyzer.errors import UnsupportedFormat
 from analyzer.ingest.sniff import open_input
-from analyzer.core.timeline import downsample
+from analyzer.result import Analysis
 
 MAX_POINTS = 20_000
 COUNTER_PID = 2**31 - 7  # a process id of its own, named below, so the tracks sit together

@@ -14,14 +14,14 @@ from typing import Any
 import pandas as pd
 
 from analyzer import __version__
-from analyzer.result import Analysis, DeviceAnalysis, Finding, ListedRemedy, Plan
 from analyzer.core.module_tree import ModuleNode, module_in_sentence
-from analyzer.core.units import human_bytes, relative_seconds
 from analyzer.core.stacks import format_frame, is_user_frame
 from analyzer.core.timeline import downsample
 from analyzer.core.trace import MemoryTrace
+from analyzer.core.units import human_bytes, relative_seconds
 from analyzer.core.vocabulary import UNATTRIBUTED, category_color, category_rank, phase_color
 from analyzer.report.shown import shown
+from analyzer.result import Analysis, DeviceAnalysis, Finding, ListedRemedy, Plan
 
 LIVE_SHOWN = 25          # allocations live at the peak listed with their stacks
 FRAMES_SHOWN = 40        # frames of one stack, innermost first

@@ -32,8 +32,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from analyzer.core.allocator_rules import (LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, division_table,
-                                          round_with, segment_size)
+from analyzer.core.allocator_rules import (
+    LARGE_BUFFER,
+    MIN_BLOCK_SIZE,
+    SMALL_BUFFER,
+    SMALL_SIZE,
+    division_table,
+    round_with,
+    segment_size,
+)
 from analyzer.simulate.blocks import NO_CONTEXT, Block, BlockPool, CallContext
 from analyzer.simulate.device import DeviceMemory
 from analyzer.simulate.expandable import ExpandableSegment

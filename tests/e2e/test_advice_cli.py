@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pickle
 
-
 from analyzer.commands import main
 from support.snapshots import GiB, Recording
 
@@ -124,8 +123,8 @@ def test_diff_credits_a_given_remedy_only_when_its_change_is_visible(tmp_path, c
 
 
 def test_remedy_short_names_and_help(capsys):
-    from analyzer.diagnose.remedy_names import resolve_remedy
     from analyzer.diagnose.remedies import BY_ID
+    from analyzer.diagnose.remedy_names import resolve_remedy
 
     assert [resolve_remedy(n) for n in ("bf16", "checkpointing", "zero-3", "fsdp", "Micro-Batch", "accumulation")] \
         == ["bf16", "activation_checkpointing", "zero3", "zero3", "micro_batch", "gradient_accumulation"]

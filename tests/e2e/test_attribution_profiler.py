@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 import analyzer
-from analyzer.evaluate.accuracy import profiler_agreement
 from analyzer.core.vocabulary import AS_OUR_CATEGORY
+from analyzer.evaluate.accuracy import profiler_agreement
 from analyzer.ingest.memory_timeline import CATEGORIES
 from support.paths import FIXTURES, REAL
 

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.result import Analysis
-from analyzer.pipeline import analyze
 from analyzer.commands.diff import compare
 from analyzer.commands.estimate import Shape, estimate
 from analyzer.diagnose.remedies import Demand, rank_remedies
+from analyzer.pipeline import analyze
+from analyzer.result import Analysis
 
 SIM = Path(__file__).resolve().parents[2] / "fixtures" / "traces" / "sim"
 INFORMATIONAL = "fragmentation"

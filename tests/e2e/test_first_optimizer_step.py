@@ -3,7 +3,6 @@ device just too small for its first optimizer step (simulated, so the truth is k
 from __future__ import annotations
 
 import re
-
 from pathlib import Path
 
 import analyzer

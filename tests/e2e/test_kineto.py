@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from analyzer.core.timeline import find_peak
+from analyzer.core.trace import MemoryTrace, MultiRankTrace
 from analyzer.errors import CorruptInput
 from analyzer.ingest import kineto, load
 from analyzer.ingest.kineto import HOST, SPAN_COLUMNS, read_kineto
 from analyzer.ingest.memory_timeline import read_memory_timeline
-from analyzer.core.timeline import find_peak
-from analyzer.core.trace import MemoryTrace, MultiRankTrace
 from support.paths import FIXTURES
 
 KINETO_FIXTURES = FIXTURES / "kineto"

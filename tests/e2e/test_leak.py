@@ -2,11 +2,10 @@
 simulator's ground truth, a CPU-profiled leaking loop, and real snapshots that must not be called leaks."""
 from __future__ import annotations
 
-import re
-
 import json
 import math
 import pickle
+import re
 import statistics
 from pathlib import Path
 

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from analyzer.core.trace import empty_table
 from analyzer.diagnose.outside_pytorch import outside_pytorch
 from analyzer.errors import AnalyzerError, CorruptInput, UnsupportedFormat
 from analyzer.ingest import load
 from analyzer.ingest.nsys import annotation_name, decode_global_tid
 from analyzer.ingest.safe_pickle import load_untrusted
 from analyzer.ingest.snapshot import snapshot_to_trace
-from analyzer.core.trace import empty_table
 from support.paths import FIXTURES
 
 GiB, MiB = 1 << 30, 1 << 20

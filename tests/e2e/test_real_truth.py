@@ -8,6 +8,7 @@ import analyzer
 from analyzer.evaluate.real_truth import Check, checks, load_truth
 from support.paths import REAL, real_snapshots
 
+
 def _checks() -> list[Check]:
     if not REAL.is_dir():
         return []

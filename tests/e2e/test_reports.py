@@ -16,14 +16,14 @@ import pytest
 from rich.console import Console
 
 import analyzer
-from analyzer.result import Analysis, Diagnosis
 from analyzer.commands import main
+from analyzer.core.module_tree import OWN, module_tree
+from analyzer.core.units import human_bytes
 from analyzer.report.html import render_html, write_html
 from analyzer.report.markdown import md_code, md_text, render_markdown, write_markdown
-from analyzer.core.module_tree import OWN, module_tree
 from analyzer.report.text import print_summary
-from analyzer.core.units import human_bytes
 from analyzer.report.view import CHART_POINTS, FRAMES_SHOWN, LIVE_SHOWN, build_view
+from analyzer.result import Analysis, Diagnosis
 from support.chromium import Chromium, chromium_binary
 from support.paths import FIXTURES, REAL
 

@@ -13,12 +13,12 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
-from analyzer.result import Analysis
-from analyzer.pipeline import analyze
+from analyzer.core.trace import MemoryTrace, MultiRankTrace
 from analyzer.errors import AnalyzerError
 from analyzer.ingest import load
+from analyzer.pipeline import analyze
 from analyzer.report.text import print_summary
-from analyzer.core.trace import MemoryTrace, MultiRankTrace
+from analyzer.result import Analysis
 
 
 def analyse_file(path: Path) -> list[Analysis]:

@@ -21,9 +21,9 @@ import pytest
 
 from analyzer.errors import AnalyzerError, CorruptInput
 from analyzer.ingest import load
-from support.paths import FIXTURES, ROOT
 from hostile import make_corpus
 from hostile.pipeline import outcome
+from support.paths import FIXTURES, ROOT
 
 CORPUS = make_corpus.CORPUS
 MANIFEST: dict[str, dict] = json.loads((CORPUS / "MANIFEST.json").read_text())

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.result import Analysis
-from analyzer.pipeline import analyze
 from analyzer.log_result import LogAnalysis, analyze_log
+from analyzer.pipeline import analyze
 from analyzer.report import LOG_REPORTERS, REPORTERS, reporter
-from support.paths import FIXTURES
+from analyzer.result import Analysis
 from hostile.make_corpus import chrome_trace, tiny_snapshot
+from support.paths import FIXTURES
 
 FORMATS = sorted(f for f in REPORTERS if f != "json")
 REFERENCES = ("evil.example", "javascript:", "alert(")

@@ -16,8 +16,15 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from analyzer.errors import AnalyzerError
-from hostile.generators import (allocator_runs, chrome_traces, corrupt, flip_bytes, json_bytes, memory_timelines,
-                                nsys_exports)
+from hostile.generators import (
+    allocator_runs,
+    chrome_traces,
+    corrupt,
+    flip_bytes,
+    json_bytes,
+    memory_timelines,
+    nsys_exports,
+)
 from hostile.pipeline import analyse_file, check_analysis, outcome
 
 pytestmark = pytest.mark.usefixtures("in_process")  # thousands of inputs: read here (conftest.py)

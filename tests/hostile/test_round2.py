@@ -277,9 +277,8 @@ def test_an_archive_member_that_expands_past_the_ratio_is_refused(tmp_path: Path
 
 def test_a_reader_stuck_without_cpu_is_ended_by_the_wall_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """RLIMIT_CPU never fires for a child that waits (a lock held at the fork): the parent's deadline kills it."""
-    import time
-
     import importlib
+    import time
 
     from analyzer.errors import ResourceLimit
 

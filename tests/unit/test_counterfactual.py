@@ -8,8 +8,7 @@ import pytest
 
 from analyzer.attribute import attribute
 from analyzer.diagnose.counterfactual import Replayer, predict, recorded_stream, replay
-from analyzer.diagnose.transforms import (Stream, accumulation, bf16, block_key, checkpointing, micro_batch, zero,
-                                          zero3)
+from analyzer.diagnose.transforms import Stream, accumulation, bf16, block_key, checkpointing, micro_batch, zero, zero3
 from analyzer.simulate.allocator import AllocatorSettings
 from tests.support.snapshots import MiB, Recording
 

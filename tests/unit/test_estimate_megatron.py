@@ -17,8 +17,14 @@ import pytest
 from analyzer.commands import main
 from analyzer.errors import AnalyzerError
 from analyzer.estimate import megatron_reference
-from analyzer.estimate.config import (MoE, TrainingConfig, Unsupported, from_megatron_args, read_hf_config,
-                                      read_megatron_config)
+from analyzer.estimate.config import (
+    MoE,
+    TrainingConfig,
+    Unsupported,
+    from_megatron_args,
+    read_hf_config,
+    read_megatron_config,
+)
 from analyzer.estimate.device import Device, outside_allocator
 from analyzer.estimate.result import training_estimate
 from analyzer.estimate.training import in_flight, layer_activations, stage_layers, stages, total_parameters

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from analyzer.gate.compare import Cause, check_baseline, check_budget, cheapest_fix
+from analyzer.gate.compare import Cause, cheapest_fix, check_baseline, check_budget
 from analyzer.gate.summary import DevicePeak, Kind, Option, Plan, RunPeaks, Site, StepPeak
 
 GiB = 2**30

@@ -7,10 +7,27 @@ import pytest
 
 from analyzer.attribute.annotations import classify, tensor_marks
 from analyzer.core.units import binary_unit, format_bytes, gib, human_bytes, rate_bytes, relative_seconds
-from analyzer.core.vocabulary import (CATEGORY_ORDER, PHASES, ROOT_MODULE, UNATTRIBUTED, Category, Phase, Role,
-                                      category_color, category_plural, category_rank, module_label, parse_module_label,
-                                      parse_phase_label, parse_tensor_mark, phase_color, phase_in_sentence, phase_label,
-                                      phase_noun, tensor_mark)
+from analyzer.core.vocabulary import (
+    CATEGORY_ORDER,
+    PHASES,
+    ROOT_MODULE,
+    UNATTRIBUTED,
+    Category,
+    Phase,
+    Role,
+    category_color,
+    category_plural,
+    category_rank,
+    module_label,
+    parse_module_label,
+    parse_phase_label,
+    parse_tensor_mark,
+    phase_color,
+    phase_in_sentence,
+    phase_label,
+    phase_noun,
+    tensor_mark,
+)
 from analyzer.simulate.events import CATEGORIES as TRUTH_CATEGORIES
 
 
