@@ -40,7 +40,7 @@ def table() -> tuple[str, int]:
         scores = zoo_scores(path, tags=False, source_roots=simulator_sources())
         met = [scores[k] >= bar for k, bar in BARS.items()]
         misses += met.count(False)
-        rows.append([case, stacks, *(f"{scores[k]:.1%}" + ("" if ok else " ✗") for k, ok in zip(BARS, met)),
+        rows.append([case, stacks, *(f"{scores[k]:.1%}" + ("" if ok else " ✗") for k, ok in zip(BARS, met, strict=True)),
                      "yes" if all(met) else "no"])
     lines = [header, ["---", "---"] + ["---:"] * (len(header) - 2), *rows]
     return "\n".join("| " + " | ".join(cells) + " |" for cells in lines), misses

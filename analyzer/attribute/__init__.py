@@ -78,9 +78,9 @@ def _categorical(values: np.ndarray) -> pd.Categorical:
 
 def _combinations(*columns: np.ndarray) -> tuple[np.ndarray, list[tuple]]:
     """(code per row, distinct tuples): rows of several object columns (None allowed) factorised together."""
-    codes, uniques = zip(*(pd.factorize(c, use_na_sentinel=False) for c in columns))
+    codes, uniques = zip(*(pd.factorize(c, use_na_sentinel=False) for c in columns), strict=True)
     combined = np.zeros(len(columns[0]), dtype=np.int64)
-    for c, u in zip(codes, uniques):
+    for c, u in zip(codes, uniques, strict=True):
         combined = combined * max(len(u), 1) + c
     distinct, inverse = np.unique(combined, return_inverse=True)
     first = np.zeros(len(distinct), dtype=np.int64)

@@ -94,7 +94,7 @@ def metadata_labels(metadata: pd.Categorical, field: str) -> tuple[np.ndarray, n
 def tensor_marks(annotations: pd.DataFrame) -> pd.DataFrame:
     """`tensor::<role>::<fqn>::<0xaddr>` marks (analyzer.tag_modules): columns addr, t_us, role, module."""
     rows = []
-    for name, start in zip(annotations["name"], annotations["start_us"]):
+    for name, start in zip(annotations["name"], annotations["start_us"], strict=True):
         if (mark := parse_tensor_mark(name)) is not None and not pd.isna(start):
             role, fqn, address = mark
             rows.append((address, float(start), role, fqn or ROOT_MODULE))

@@ -111,7 +111,7 @@ def _optimizer_ranges(annotations: pd.DataFrame, step: np.ndarray, t_alloc: np.n
     """End of the Optimizer.step range of each step (the step whose allocations fall inside it)."""
     ranges = annotations[annotations["name"].str.startswith(OPTIMIZER_STEP_PREFIX)]
     out: dict[int, float] = {}
-    for start, end in zip(ranges["start_us"], ranges["end_us"]):
+    for start, end in zip(ranges["start_us"], ranges["end_us"], strict=True):
         if pd.isna(start) or pd.isna(end):
             continue
         inside = (t_alloc >= float(start)) & (t_alloc <= float(end))

@@ -146,7 +146,7 @@ def _replaced_parameters(a: pd.DataFrame, sizes: np.ndarray, t_alloc: np.ndarray
     window = pd.DataFrame({"step": step, "t": t_alloc[made]}).groupby("step")["t"].agg(["min", "max"])
     gap = _step_gap(t_alloc[made])
     freed = np.flatnonzero((category == PARAMETER) & np.isfinite(t_free))
-    events = [(t_alloc[r], 1, int(r), int(s)) for r, s in zip(made, step)]
+    events = [(t_alloc[r], 1, int(r), int(s)) for r, s in zip(made, step, strict=True)]
     for r in freed:  # a parameter freed inside (or just after) an optimizer step
         inside = np.flatnonzero((window["min"].to_numpy() <= t_free[r]) & (t_free[r] <= window["max"].to_numpy() + gap))
         if len(inside):

@@ -70,7 +70,7 @@ CallPath = tuple[Level, ...]  # outermost first
 def path_label(levels: Sequence[Level], indices: Sequence[int | None] | None = None) -> str:
     """`A › B[3] › C`: the levels' labels, each with its order number where one is given."""
     indices = indices or [None] * len(levels)
-    return SEPARATOR.join(lv.label if i is None else f"{lv.label}[{i}]" for lv, i in zip(levels, indices))
+    return SEPARATOR.join(lv.label if i is None else f"{lv.label}[{i}]" for lv, i in zip(levels, indices, strict=True))
 
 
 @dataclass(frozen=True)

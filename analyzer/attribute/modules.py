@@ -173,7 +173,7 @@ def call_path_labels(times: np.ndarray, stacks: np.ndarray, paths: Sequence[Call
                 break
             keep += 1
         del chain[keep:]
-        for call, level in zip(chain, levels):
+        for call, level in zip(chain, levels, strict=False):
             call.line = level.line
         for depth in range(keep, len(levels)):
             level = levels[depth]
@@ -315,7 +315,7 @@ def _mirror_forward(a: pd.DataFrame, times: np.ndarray, steps: np.ndarray, phase
         f_rows = f_rows[t_free[f_rows] >= times[b_rows].min()]          # released during this backward
         f_rows = f_rows[np.argsort(t_free[f_rows], kind="stable")]
         first = np.searchsorted(t_free[f_rows], times[b_rows], side="left")
-        for row, k in zip(b_rows, first):
+        for row, k in zip(b_rows, first, strict=True):
             released = f_rows[k:k + MIRROR_RELEASES]
             twin = released[sizes[released] == sizes[row]]
             if len(twin):

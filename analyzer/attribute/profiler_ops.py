@@ -191,7 +191,7 @@ def _forward_modules(spans: pd.DataFrame, forward_ops: np.ndarray, backward: np.
     first = first.sort_values(["seq", "start"], kind="stable").drop_duplicates("seq")  # the outermost op
     hit = inside(modules, first["start"].to_numpy(dtype=np.float64),
                  spans["thread"].to_numpy()[first["row"].to_numpy()].astype(np.float64))
-    return {s: paths[h] for s, h in zip(first["seq"].tolist(), hit.tolist()) if h >= 0}
+    return {s: paths[h] for s, h in zip(first["seq"].tolist(), hit.tolist(), strict=True) if h >= 0}
 
 
 def _window(step_starts: np.ndarray, times: np.ndarray) -> np.ndarray:

@@ -243,7 +243,7 @@ def write_report(write: Callable[[Path], list[Path]], target: Path, default: boo
             else:
                 raise OutputError(target, f"every name tried for the files beside it is taken (up to "
                                   f"{target.stem}-{_FREE_NAME_ATTEMPTS - 1})", "Pass -o a path in another folder.")
-            for made_path, final in zip(made, finals):
+            for made_path, final in zip(made, finals, strict=True):
                 os.replace(made_path, final)
             return finals
         finally:

@@ -87,8 +87,8 @@ def _find(ctx: DeviceContext, level_agreement: float, min_share_of_peak: float) 
     largest_peak = max(lv.peak_allocated_bytes for lv in levels)
     if groups.empty or growth < level_agreement * rate or rate < min_share_of_peak * largest_peak:
         return None
-    keys = set(zip(groups["frame"], groups["module"]))
-    leaked = kept[[k in keys for k in zip(kept["frame"], kept["module"])]]
+    keys = set(zip(groups["frame"], groups["module"], strict=True))
+    leaked = kept[[k in keys for k in zip(kept["frame"], kept["module"], strict=True)]]
     return Leaking(window, groups, leaked, rate, growth)
 
 

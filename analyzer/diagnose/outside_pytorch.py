@@ -160,14 +160,14 @@ def _match_segments(nsys_segments: pd.DataFrame, torch_segments: pd.DataFrame,
                     max_skew_us: int) -> tuple[np.ndarray, np.ndarray, int]:
     """(Nsight rows that are PyTorch segments, snapshot rows found in Nsight, median clock offset in µs)."""
     candidates: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for i, (addr, size) in enumerate(zip(torch_segments["addr"], torch_segments["bytes"])):
+    for i, (addr, size) in enumerate(zip(torch_segments["addr"], torch_segments["bytes"], strict=True)):
         candidates[(int(addr), int(size))].append(i)
-    lifetimes = [_interval(a, f) for a, f in zip(torch_segments["t_alloc_us"], torch_segments["t_free_us"])]
+    lifetimes = [_interval(a, f) for a, f in zip(torch_segments["t_alloc_us"], torch_segments["t_free_us"], strict=True)]
     matched = np.zeros(len(nsys_segments), dtype=bool)
     torch_matched = np.zeros(len(torch_segments), dtype=bool)
     offsets = []
     for i, (addr, size, t_alloc, t_free) in enumerate(zip(nsys_segments["addr"], nsys_segments["bytes"],
-                                                          nsys_segments["t_alloc_us"], nsys_segments["t_free_us"])):
+                                                          nsys_segments["t_alloc_us"], nsys_segments["t_free_us"], strict=True)):
         start, end = _interval(t_alloc, t_free)
         overlapping = [j for j in candidates.get((int(addr), int(size)), ()) if not torch_matched[j]
                        and start - max_skew_us <= lifetimes[j][1] and lifetimes[j][0] <= end + max_skew_us]

@@ -86,7 +86,7 @@ def search(levers: list[Lever], predict: Predict, valid: Callable[[Config], bool
     """Every valid configuration that fits, as (cost, predicted peak, configuration), cheapest first."""
     fitting = []
     for choice in itertools.product(*(lv.levels for lv in levers)):
-        config = {lv.name: level for lv, level in zip(levers, choice)}
+        config = {lv.name: level for lv, level in zip(levers, choice, strict=True)}
         if not valid(config) or not changes(config):
             continue
         peak, fits = predict(config)

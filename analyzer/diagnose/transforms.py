@@ -186,7 +186,7 @@ def checkpointing(stream: Stream) -> Stream:
 def _precision(stacks: pd.DataFrame) -> np.ndarray:
     """Per stack: +1 autocast runs it in bf16, -1 it stays fp32, 0 the stack does not say."""
     verdict = np.zeros(len(stacks), dtype=np.int8)
-    for i, (frames, op) in enumerate(zip(stacks["frames"], stacks["op"])):
+    for i, (frames, op) in enumerate(zip(stacks["frames"], stacks["op"], strict=True)):
         if isinstance(op, str):
             verdict[i] = 1 if _BF16_OPS.match(op) else -1 if _FP32_OPS.match(op) else 0
             continue

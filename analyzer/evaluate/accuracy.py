@@ -76,7 +76,7 @@ def peak_agreement(snapshot: Path, tags: bool = True, source_roots: Sequence[str
     for field in ("category", "phase", "module"):
         ours = live[field].astype(str).to_numpy()
         theirs = [labels[k][field] if k in labels else None for k in keys]
-        match = np.asarray([_same(t) == _same(o) or (t, o) in _EITHER for o, t in zip(ours, theirs)])
+        match = np.asarray([_same(t) == _same(o) or (t, o) in _EITHER for o, t in zip(ours, theirs, strict=True)])
         scores[field] = float(weights[match].sum() / weights.sum()) if weights.sum() else 1.0
         scores[f"{field}_attributed"] = float(weights[ours != UNATTRIBUTED].sum() / weights.sum()) if weights.sum() else 1.0
     return scores
@@ -123,7 +123,7 @@ def _category_share(rows: pd.DataFrame, labels: dict) -> float:
     weights = rows["allocated_bytes"].to_numpy(dtype=np.float64)
     ours = rows["category"].astype(str).to_numpy()
     theirs = [labels[k]["category"] if k in labels else None for k in _keys(rows)]
-    match = np.asarray([_same(t) == _same(o) for o, t in zip(ours, theirs)], dtype=bool)
+    match = np.asarray([_same(t) == _same(o) for o, t in zip(ours, theirs, strict=True)], dtype=bool)
     return float(weights[match].sum() / weights.sum()) if weights.sum() else 1.0
 
 
@@ -161,7 +161,7 @@ def _module_class_share(rows: pd.DataFrame, labels: dict) -> float:
     fqn_classes = {a["module"]: a["module_class"] for a in labels.values() if a.get("module_class")}
     weights = rows["allocated_bytes"].to_numpy(dtype=np.float64)
     match = []
-    for label, key in zip(rows["module"].astype(str), _keys(rows)):
+    for label, key in zip(rows["module"].astype(str), _keys(rows), strict=True):
         truth = labels.get(key) if key is not None else None
         wanted = truth.get("module_class", "") if truth else None
         if not wanted:

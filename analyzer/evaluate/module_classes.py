@@ -65,7 +65,7 @@ def module_class_agreement(snapshot: Path, class_of: Callable[[str], str | None]
     labels = truth["allocations"]
     right = total = attributed = 0.0
     for seq, label, size in zip(live["seq_alloc"].astype("float64"), live["module"].astype(str),
-                                live["allocated_bytes"].to_numpy(dtype=np.float64)):
+                                live["allocated_bytes"].to_numpy(dtype=np.float64), strict=True):
         fqn = None if np.isnan(seq) else labels.get(str(int(seq)), {}).get("module")
         if fqn is None:
             continue

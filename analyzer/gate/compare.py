@@ -230,7 +230,7 @@ def _changes(now: dict[str, int], then: dict[str, int] | None, top: int) -> tupl
 def _running(steps: tuple[StepPeak, ...]) -> list[StepPeak]:
     """Each step with the running peak up to it (Megatron-LM logs that; per-step peaks become it)."""
     ordered = sorted(steps, key=lambda s: s.step)
-    return [StepPeak(s.step, b) for s, b in zip(ordered, accumulate((s.bytes for s in ordered), max))]
+    return [StepPeak(s.step, b) for s, b in zip(ordered, accumulate((s.bytes for s in ordered), max), strict=True)]
 
 
 def _running_at(steps: tuple[StepPeak, ...], step: int) -> int | None:

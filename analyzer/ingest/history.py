@@ -182,7 +182,7 @@ class HistoryBuilder:
     def oom(self, t: int, nbytes: int, stack: int | None = None, thread: int | None = None,
             device_free: int | None = None) -> None:
         seq = self._event(t, "oom", 0, nbytes, stack, thread)
-        for column, value in zip(self.ooms, (self.device, seq, t, nbytes, device_free, stack)):
+        for column, value in zip(self.ooms, (self.device, seq, t, nbytes, device_free, stack), strict=True):
             self.ooms[column].append(value)
 
     def finish_device(self, allocated_before: int | None = None, known_part: int | None = None) -> int:
@@ -191,7 +191,7 @@ class HistoryBuilder:
         when they hold that much: `set_apart` says so); the reserved bytes before the first event become one
         segment. Returns the allocated bytes before the first event."""
         columns = self.allocations.columns
-        seeded = sum(b for b, s in zip(columns["bytes"][self._first_row:], columns["seq_alloc"][self._first_row:])
+        seeded = sum(b for b, s in zip(columns["bytes"][self._first_row:], columns["seq_alloc"][self._first_row:], strict=True)
                      if s is None)
         unexplained = 0 if allocated_before is None else allocated_before - seeded
         part = known_part if known_part and unexplained > known_part else 0
@@ -211,7 +211,7 @@ class HistoryBuilder:
         start = seeded + max(unexplained, 0)
         before = self._reserved_start if self._reserved is not None else start
         released = sum(b for b, s in zip(self.segments.columns["bytes"][self._first_segment:],
-                                         self.segments.columns["seq_alloc"][self._first_segment:]) if s is None)
+                                         self.segments.columns["seq_alloc"][self._first_segment:], strict=True) if s is None)
         if before - released > 0:
             self.segments.add(self.device, 0, before - released, None, None, None, "reserved")
         return start

@@ -337,7 +337,7 @@ def _shapes(dims: Any, types: Any) -> str:
     out), at most _SHAPES_CHARS characters."""
     if not isinstance(dims, list) or not isinstance(types, list):
         return ""
-    tensors = [f"{t}[{', '.join(str(n) for n in d)}]" for d, t in zip(dims, types)
+    tensors = [f"{t}[{', '.join(str(n) for n in d)}]" for d, t in zip(dims, types, strict=False)
                if isinstance(d, list) and d and isinstance(t, str) and t]
     text = ", ".join(tensors)
     return text if len(text) <= _SHAPES_CHARS else text[: _SHAPES_CHARS - 1] + "…"
@@ -490,7 +490,7 @@ class _Stacks:
         by_id = {pid: i for i, pid in enumerate(ids) if pid != MISSING}
         # Python ids grow in call order, so a caller's id is smaller: requiring it keeps any input acyclic.
         self._parent = np.array([by_id.get(parent, -1) if parent < pid else -1
-                                 for pid, parent in zip(ids, _array(kept.s_parent, "q")[self._python].tolist())],
+                                 for pid, parent in zip(ids, _array(kept.s_parent, "q")[self._python].tolist(), strict=True)],
                                 dtype=np.int64)
         self._frame_of = [_frame(names[i]) for i in self._name[self._python].tolist()]
         self._chains: dict[int, tuple] = {}
@@ -506,7 +506,7 @@ class _Stacks:
             spans, ops = self._python[calls], self._ops[self._tid[self._ops] == thread]
             call = innermost_open(self._start[spans], self._end[spans], ts[events])
             op = innermost_open(self._start[ops], self._end[ops], ts[events], skip=self._allocating[ops])
-            for event, c, o in zip(events.tolist(), call.tolist(), op.tolist()):
+            for event, c, o in zip(events.tolist(), call.tolist(), op.tolist(), strict=True):
                 frames = self._chain(int(calls[c])) if c >= 0 else ()
                 ids[event] = self._intern(frames, self._op_text(int(ops[o])) if o >= 0 else None)
         return ids
@@ -542,7 +542,7 @@ class _Stacks:
     def table(self) -> pd.DataFrame:
         return make_table("stacks", {"stack_id": np.arange(len(self.frames), dtype=np.int64), "frames": self.frames,
                                      "top_user_frame": [top_user_frame(f) for f in self.frames],
-                                     "op": [op or stack_op(f) for f, op in zip(self.frames, self.ops)]})
+                                     "op": [op or stack_op(f) for f, op in zip(self.frames, self.ops, strict=True)]})
 
 
 def _frame(name: str) -> tuple[str, int, str] | None:
@@ -644,7 +644,7 @@ class _Assembler:
             self.reserved_estimated.add(device)
         builder.start_device(device, ByAddress if by_address else BySize)
         for t_i, tid_i, addr_i, bytes_i, reserved_i, oom_i, stack in zip(
-                t.tolist(), tid.tolist(), addr.tolist(), nbytes.tolist(), reserved.tolist(), oom.tolist(), stacks):
+                t.tolist(), tid.tolist(), addr.tolist(), nbytes.tolist(), reserved.tolist(), oom.tolist(), stacks, strict=True):
             if has_reserved and reserved_i != MISSING:
                 builder.reserve(t_i, reserved_i, tid_i)
             address = addr_i if by_address else 0

@@ -69,7 +69,7 @@ def _raw_trace(name: str, rows: Any, warnings: list[str]) -> MemoryTrace:
     builder.start_device(DEVICE, BySize)
     order = np.argsort(t_ns, kind="stable")
     for t, a, b, c in zip((t_ns[order] // 1000).tolist(), action[order].tolist(), nbytes[order].tolist(),
-                          category[order].tolist()):
+                          category[order].tolist(), strict=True):
         label = CATEGORIES[c]
         if a == PREEXISTING:
             builder.seed(b, label)

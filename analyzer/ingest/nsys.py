@@ -362,7 +362,7 @@ class _Reader:
         device_by_pid = self._device_by_pid()
         default_device = min(self.devices, default=min(device_by_pid.values(), default=0))
         names, devices = [], []
-        for pid, domain, message in zip(rows["pid"], rows["domainId"], rows["message"]):
+        for pid, domain, message in zip(rows["pid"], rows["domainId"], rows["message"], strict=True):
             pid = None if pd.isna(pid) else int(pid)
             name = "(unnamed NVTX range)" if pd.isna(message) else annotation_name(str(message))
             domain_name = None if pid is None or pd.isna(domain) else domain_names.get((pid, int(domain)))
@@ -449,7 +449,7 @@ def _segments_and_events(rows: pd.DataFrame, t_us: pd.array, is_alloc: np.ndarra
     open_rows: dict[tuple[int, int, int], int] = {}
     next_seq: dict[int, int] = {}
     for device, pid, addr, size, t, alloc in zip(rows["deviceId"], rows["globalPid"].fillna(0), rows["address"],
-                                                 rows["bytes"], t_us, is_alloc):
+                                                 rows["bytes"], t_us, is_alloc, strict=True):
         device, key = int(device), (int(device), int(pid), int(addr))
         seq = next_seq.get(device, 0)
         next_seq[device] = seq + 1

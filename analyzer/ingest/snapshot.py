@@ -196,7 +196,7 @@ class _Builder:
         alive at the end; then the blocks alive at the end whose alloc was never recorded."""
         requested = al["requested_bytes"]
         allocated = round_sizes(requested, self.settings)
-        live_blocks = {(d, a): i for i, (d, a, s) in enumerate(zip(blk["device"], blk["addr"], blk["state"]))
+        live_blocks = {(d, a): i for i, (d, a, s) in enumerate(zip(blk["device"], blk["addr"], blk["state"], strict=True))
                        if s == "active_allocated"}
         matched: set[tuple[int, int]] = set()
         for i in np.flatnonzero(al["seq_free"] == MISSING):
@@ -232,7 +232,7 @@ class _Builder:
         n_final = len(seg["addr"])
         columns = {**seg, "t_alloc_us": [None] * n_final, "t_free_us": [None] * n_final,
                    "seq_alloc": [None] * n_final, "seq_free": [None] * n_final, "alive_at_end": [True] * n_final}
-        final_index = {(d, a): i for i, (d, a) in enumerate(zip(seg["device"], seg["addr"]))}
+        final_index = {(d, a): i for i, (d, a) in enumerate(zip(seg["device"], seg["addr"], strict=True))}
         open_ranges: dict[tuple[int, int], tuple] = {}
         for device, seq, t_us, action, addr, size, stream in seg_events:
             key = (device, addr)

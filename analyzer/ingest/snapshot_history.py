@@ -116,17 +116,17 @@ class StackInterner:
         by_list, find = self._by_list, self._find
         by_list[0] = MISSING
         list_ids = [id(f) if f else 0 for f in frame_lists]
-        unseen = {i: f for i, f in zip(list_ids, frame_lists) if i not in by_list}
+        unseen = {i: f for i, f in zip(list_ids, frame_lists, strict=True) if i not in by_list}
         if unseen:
             lists = list(unseen.values())
             probes = [(len(f), id(f[0]), id(f[len(f) >> 1]), id(f[-1])) for f in lists]
             # the common case inline: the probe's one known stack holds the very same frame objects
             by_probe = self._by_probe.get
             sids = [c[0][1] if (c := by_probe(p)) is not None and len(c) == 1 and all(map(is_, c[0][0], f)) else -1
-                    for f, p in zip(lists, probes)]
+                    for f, p in zip(lists, probes, strict=True)]
             for k in [k for k, sid in enumerate(sids) if sid < 0]:
                 sids[k] = find(lists[k], probes[k])
-            by_list.update(zip(unseen, sids))
+            by_list.update(zip(unseen, sids, strict=True))
         out.extend(map(by_list.__getitem__, list_ids))
 
     def table(self) -> pd.DataFrame:

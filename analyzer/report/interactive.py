@@ -235,7 +235,7 @@ def _chart(analysis: Analysis, d: DeviceAnalysis, text: _Interned, max_points: i
         "categories": [{"name": text(c), "color": category_color(c)} for c in categories],
         "stack": [_delta(points[f"{c}_bytes"]) for c in categories],
         "phase": [-1 if seq[i] < 0 or p is None or pd.isna(p) else text(p) for i, p in enumerate(phase)],
-        "step": [None if s < 0 or np.isnan(st) or st < 0 else int(st) for s, st in zip(seq, step)],
+        "step": [None if s < 0 or np.isnan(st) or st < 0 else int(st) for s, st in zip(seq, step, strict=True)],
         "module": [-1 if i < 0 else text(modules[i]) for i in latest.tolist()],
         "bands": _bands(labels, text),
         "steps": _step_starts(labels),
@@ -257,7 +257,7 @@ def _bands(labels: pd.DataFrame, text: _Interned) -> list[list[int]]:
     phase = labels["phase"].astype(object).where(labels["phase"].notna(), UNATTRIBUTED).astype(str).to_numpy()
     starts = np.flatnonzero(np.r_[True, phase[1:] != phase[:-1]])
     ends = np.r_[starts[1:], len(phase)]
-    return [[int(s), int(e), text(phase[s])] for s, e in zip(starts, ends) if phase[s] != UNATTRIBUTED]
+    return [[int(s), int(e), text(phase[s])] for s, e in zip(starts, ends, strict=True) if phase[s] != UNATTRIBUTED]
 
 
 def _step_starts(labels: pd.DataFrame) -> list[list[int]]:
@@ -348,7 +348,7 @@ def _gradient(start: int, size: int, blocks: pd.DataFrame, largest_free: int) ->
     at, marked = start, False
     for k, (b_addr, allocated, requested) in enumerate(zip(blocks["addr"].to_numpy(dtype=np.int64),
                                            blocks["allocated_bytes"].to_numpy(dtype=np.int64),
-                                           blocks["requested_bytes"].to_numpy(dtype=np.int64))):
+                                           blocks["requested_bytes"].to_numpy(dtype=np.int64), strict=True)):
         if b_addr > at:
             marked = _gap(runs, int(b_addr - at), largest_free, marked)
         runs += [(USED_COLORS[k % 2], int(requested)), (WASTE_COLOR, int(allocated - requested))]

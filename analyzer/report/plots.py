@@ -85,7 +85,7 @@ def memory_figure(charts: list[Chart]) -> Figure:
     """Allocated bytes stacked by category, reserved bytes, phase bands, the peak and the OOM: one row per chart."""
     with matplotlib.rc_context(_STYLE):
         fig = Figure(figsize=(10, 3.2 * len(charts)), dpi=100, layout="constrained")
-        for ax, chart in zip(fig.subplots(len(charts), 1, squeeze=False)[:, 0], charts):
+        for ax, chart in zip(fig.subplots(len(charts), 1, squeeze=False)[:, 0], charts, strict=True):
             _draw(ax, chart)
     return fig
 

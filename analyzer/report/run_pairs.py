@@ -109,7 +109,7 @@ class _Traits:
 
 def _one_apart(before: tuple[Any, ...], after: tuple[Any, ...]) -> bool:
     """Exactly one variable known to both runs differs."""
-    return sum(b is not None and a is not None and b != a for b, a in zip(before, after)) == 1
+    return sum(b is not None and a is not None and b != a for b, a in zip(before, after, strict=True)) == 1
 
 
 def named_remedies(note: str | None) -> set[str]:

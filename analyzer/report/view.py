@@ -434,7 +434,7 @@ def _phase_bands(phases: pd.Series, seqs: pd.Series) -> list[Band]:
     if not seq:
         return []
     runs: list[list[Any]] = []   # [start, end, phase]
-    for s, nxt in zip(seq, seq[1:] + [seq[-1] + 1]):
+    for s, nxt in zip(seq, seq[1:] + [seq[-1] + 1], strict=True):
         phase = phases.iat[s] if s < len(phases) else None
         phase = None if pd.isna(phase) or phase == UNATTRIBUTED else str(phase)
         if runs and runs[-1][2] == phase:

@@ -117,7 +117,7 @@ class ShardedAdam(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:   # type: ignore[override]
         params = [p for group in self.param_groups for p in group["params"]]
-        for p, view in zip(params, self.views):
+        for p, view in zip(params, self.views, strict=True):
             if view.grad is None and p.grad is not None:     # stage 1: the shard of the full gradient
                 view.grad = p.grad.view(-1)[: view.numel()]
         self.inner.step()
@@ -150,14 +150,14 @@ class ShardedUnit:
             return
         self.buffer = torch.empty(sum(s.numel() for s in self.shapes), dtype=self.shards[0].dtype)
         offset = 0
-        for p, shard, shape in zip(self.params, self.shards, self.shapes):
+        for p, shard, shape in zip(self.params, self.shards, self.shapes, strict=True):
             part = self.buffer[offset: offset + shape.numel()]
             part[: shard.numel()].copy_(shard)          # the rest comes from the other ranks
             p.data = part.view(shape)
             offset += shape.numel()
 
     def reshard(self) -> None:
-        for p, shard in zip(self.params, self.shards):
+        for p, shard in zip(self.params, self.shards, strict=True):
             p.data = shard
         self.buffer = None
 
@@ -171,14 +171,14 @@ class ShardedUnit:
         self.ready = 0
         flat = torch.cat([p.grad.view(-1) for p in self.params if p.grad is not None])
         grads, offset = [], 0
-        for shard, shape in zip(self.shards, self.shapes):
+        for shard, shape in zip(self.shards, self.shapes, strict=True):
             grads.append(flat[offset: offset + shard.numel()].clone())
             offset += shape.numel()
         del flat
         for p in self.params:
             p.grad = None
         self.reshard()
-        for p, grad in zip(self.params, grads):
+        for p, grad in zip(self.params, grads, strict=True):
             p.grad = grad
 
 
@@ -216,7 +216,7 @@ def fully_shard(gpt: GPT, shards: int) -> GPT:
 
     gpt.register_forward_pre_hook(root_forward)
     gpt.register_forward_hook(lambda module, args, out: saving.__exit__(None, None, None))
-    for block, unit in zip(gpt.layers, units):
+    for block, unit in zip(gpt.layers, units, strict=True):
         block.register_forward_pre_hook(lambda module, args, unit=unit: unit.gather())
         block.register_forward_hook(lambda module, args, out, unit=unit: _after_forward(unit, out))
     return gpt

@@ -137,7 +137,7 @@ def feed(model: CachingAllocator, requests: Requests, fast_forward: bool = True)
     i = 0
     while i < n:
         end = n if skip is None else min(skip.next_boundary(i), n)
-        for kind, o, position in zip(kinds[i:end], ordinals[i:end], positions[i:end]):
+        for kind, o, position in zip(kinds[i:end], ordinals[i:end], positions[i:end], strict=True):
             if kind == ALLOC:
                 try:
                     blocks[o] = model.malloc(sizes[o], streams[o])

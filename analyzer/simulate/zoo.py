@@ -139,7 +139,7 @@ class EagerAdam(torch.optim.Optimizer):
         self.t += 1
         group = self.param_groups[0]
         beta1, beta2 = group["betas"]
-        for p, m, v in zip(self.params, self.m, self.v):
+        for p, m, v in zip(self.params, self.m, self.v, strict=True):
             if p.grad is None:
                 continue
             m.mul_(beta1).add_(p.grad, alpha=1 - beta1)

@@ -78,7 +78,7 @@ def test_hover_and_click_list_what_was_live_then(browser: Chromium, tmp_path: Pa
     assert int(state["liveCount"]) == len(d.peak.live)
     box = _chart_box(browser)
     timeline = a.trace.timeline
-    allocated = dict(zip(timeline["seq"], timeline["allocated_bytes"]))
+    allocated = dict(zip(timeline["seq"], timeline["allocated_bytes"], strict=True))
     for share in (0.3, 0.62):
         x, y = box["x"] + box["w"] * share, box["y"] + box["h"] / 2
         _mouse(browser, "mouseMoved", x, y)
@@ -238,7 +238,7 @@ def test_chart_ticks_are_round_binary_sizes_and_never_clipped(browser: Chromium,
         assert match, label
         values.append(float(match.group(1)))
         assert float(match.group(1)) * 4 == int(float(match.group(1)) * 4), f"{label} is not a round size"
-    steps = {b - a for a, b in zip(values, values[1:])}
+    steps = {b - a for a, b in zip(values, values[1:], strict=False)}
     assert len(steps) == 1 and values[0] == 0, labels   # evenly spaced from zero
     widest = browser.evaluate("(() => { const c = document.createElement('canvas').getContext('2d'); "
                               "c.font = '12px system-ui, -apple-system, \"Segoe UI\", Roboto, sans-serif'; "

@@ -50,7 +50,7 @@ def test_json_and_terminal_agree(path) -> None:
     text = _terminal(analysis)
     names = [analysis.trace.device_label(d["device"]) for d in document["devices"]]
     sections = _sections(text, names)
-    for name, d in zip(names, document["devices"]):
+    for name, d in zip(names, document["devices"], strict=True):
         shown, peak, end = sections[name], d["peak"], d["end"]
         assert (f"peak {human_bytes(peak['allocated_bytes'])} allocated ({human_bytes(peak['requested_bytes'])} "
                 f"requested, {reserved(peak['reserved_bytes'] if d['reserved_recorded'] else None)})") in shown, name

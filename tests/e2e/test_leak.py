@@ -49,7 +49,7 @@ def _truth_growth(name: str) -> float:
     phase `other`), step over step, from step 2 on (step 1 also creates the optimizer state)."""
     levels = _truth(name)["measures"]["peak_by_step_phase"]
     starts = [levels[f"{step}:other"] for step in range(2, _truth(name)["steps"] + 1)]
-    return statistics.median(b - a for a, b in zip(starts, starts[1:]))
+    return statistics.median(b - a for a, b in zip(starts, starts[1:], strict=False))
 
 
 # ---- detection: precision and recall on the set ---------------------------------------------------

@@ -47,7 +47,7 @@ def _users_own(filename: str) -> bool:
 @pytest.mark.parametrize("path", SNAPSHOTS, ids=_id)
 def test_sites_are_python_frames_and_ops_come_from_cpp_frames(path: Path) -> None:
     stacks = analyzer.load(path).stacks
-    for frames, site, op in zip(stacks["frames"], stacks["top_user_frame"], stacks["op"]):
+    for frames, site, op in zip(stacks["frames"], stacks["top_user_frame"], stacks["op"], strict=True):
         users = [f for f in frames if _users_own(f[0])]
         assert site == (format_frame(users[0]) if users else None), frames
         below_python = frames[:next((i for i, f in enumerate(frames) if _PYTHON_SOURCE.search(f[0])), len(frames))]

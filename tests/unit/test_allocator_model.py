@@ -131,7 +131,7 @@ def _agreement(path) -> Counter:
         real = [e["size"] for e in trace if e["action"] in grow]
         model = [e["size"] for e in result.allocator.trace if e["action"] in grow]
         counts["segments"] += max(len(real), len(model))
-        counts["segments_equal"] += sum(r == m for r, m in zip(real, model))
+        counts["segments_equal"] += sum(r == m for r, m in zip(real, model, strict=True))
         final = {b["address"]: b for s in data["segments"] if s["device"] == device
                  for b in s["blocks"] if b["state"] == "active_allocated"}
         open_allocs = {}
@@ -149,7 +149,7 @@ def _agreement(path) -> Counter:
             real_addrs = [e["addr"] for e in trace if e["action"] == "alloc"]
             model_addrs = [e["addr"] for e in result.allocator.trace if e["action"] == "alloc"]
             counts["placements"] += len(real_addrs)
-            counts["placements_equal"] += sum(r == m for r, m in zip(real_addrs, model_addrs))
+            counts["placements_equal"] += sum(r == m for r, m in zip(real_addrs, model_addrs, strict=True))
     return counts
 
 

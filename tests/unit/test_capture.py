@@ -333,7 +333,7 @@ def test_find_oom_walks_causes_and_contexts() -> None:
 def _spans(trace, prefix: str) -> dict[str, list[tuple[int, int]]]:
     rows = trace.annotations[trace.annotations["name"].str.startswith(prefix)]
     spans: dict[str, list[tuple[int, int]]] = {}
-    for name, start, end in zip(rows["name"], rows["start_us"], rows["end_us"]):
+    for name, start, end in zip(rows["name"], rows["start_us"], rows["end_us"], strict=True):
         spans.setdefault(name, []).append((int(start), int(end)))
     return spans
 

@@ -53,12 +53,12 @@ def test_the_live_set_from_the_encoding_is_the_analysis_live_set(name: str) -> N
     at_peak = live(d, dev.peak.event_index)
     assert int(d["bytes"][at_peak].sum()) == dev.peak.allocated_bytes
     expected = Counter(zip(dev.peak.live["allocated_bytes"].astype(int), dev.peak.live["module"].astype(str),
-                           dev.peak.live["category"].astype(str)))
+                           dev.peak.live["category"].astype(str), strict=True))
     decoded = Counter((int(d["bytes"][i]), d["text"][d["m"][i]], d["text"][d["c"][i]]) for i in at_peak)
     assert decoded == expected
     timeline = a.trace.timeline
     truth = dict(zip(timeline.loc[timeline["device"] == dev.device, "seq"],
-                     timeline.loc[timeline["device"] == dev.device, "allocated_bytes"]))
+                     timeline.loc[timeline["device"] == dev.device, "allocated_bytes"], strict=True))
     for k in range(0, len(d["seq"]), max(len(d["seq"]) // 40, 1)):  # forty moments across the chart
         seq = int(d["seq"][k])
         assert int(d["bytes"][live(d, seq)].sum()) == int(d["allocated"][k]) == int(truth[seq])

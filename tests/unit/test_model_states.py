@@ -127,7 +127,7 @@ def test_a_tensor_that_replaces_a_parameter_in_the_optimizer_step_is_the_paramet
         for size in SIZES:  # exp_avg, exp_avg_sq: new state, nothing of their size freed
             rec.alloc(size, OPTIM, name="step")
             rec.alloc(size, OPTIM, name="step")
-        for size, old in zip(SIZES, weights):  # p.data = p - lr * update: a new tensor, the old one freed
+        for size, old in zip(SIZES, weights, strict=True):  # p.data = p - lr * update: a new tensor, the old one freed
             rec.alloc(size, OPTIM, name="step")
             rec.free(old)
     a = labels(rec)
@@ -227,7 +227,7 @@ def _estimator_recording(replace_at_once: bool) -> Recording:
     for addr in saved:
         rec.free(addr)
     with rec.phase("load"):
-        for size, old in zip(SIZES, states):
+        for size, old in zip(SIZES, states, strict=True):
             rec.alloc(size, "/src/estimator.py:60", name="update_K")
             if replace_at_once:
                 rec.free(old)
@@ -329,7 +329,7 @@ def test_a_blas_workspace_is_other_and_so_is_its_frameless_twin_from_before_the_
     assert got.loc[workspace & ~pre, "category"].astype(str).tolist() == [made]
     assert got.loc[workspace & pre, "category"].astype(str).tolist() == [twin]
     if signals:
-        for rows, signal in zip((workspace & ~pre, workspace & pre), signals):
+        for rows, signal in zip((workspace & ~pre, workspace & pre), signals, strict=True):
             assert got.loc[rows, "label_source"].astype(str).str.contains(f"category={signal};").all()
 
 

@@ -92,7 +92,7 @@ def test_ground_truth_covers_every_alloc_and_sums_to_the_trace(name):
 def _windows(trace, name: str) -> list[tuple[int, int]]:
     a = trace.annotations
     rows = a[a["name"] == name]
-    return list(zip(rows["start_us"].astype("int64"), rows["end_us"].astype("int64")))
+    return list(zip(rows["start_us"].astype("int64"), rows["end_us"].astype("int64"), strict=True))
 
 
 def _allocated_between(trace, start: int, end: int) -> np.ndarray:

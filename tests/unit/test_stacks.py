@@ -166,6 +166,6 @@ def test_snapshot_reader_fills_site_and_op_per_stack():
                "blocks": blocks}
     stacks = snapshot_to_trace({"segments": [segment], "device_traces": [trace]}, "hand-written").stacks
     by_frames = {frames: (site, op) for frames, site, op in zip(stacks["frames"], stacks["top_user_frame"],
-                                                                 stacks["op"])}
+                                                                 stacks["op"], strict=True)}
     assert by_frames[python_site] == ("/root/a2/cs336_systems/modules/softmax.py:14 forward", "aten::exp")
     assert by_frames[c_only] == (None, "aten::exp")

@@ -70,7 +70,7 @@ class NvidiaSmiReader:
             return []
         if self._columns is None or len(cells) != len(self._columns):
             return []
-        row = dict(zip(self._columns, cells))
+        row = dict(zip(self._columns, cells, strict=True))
         sizes = {}
         for column, key in (("memory.used", "used"), ("memory.total", "total"), ("used_gpu_memory", "used")):
             m = _CSV_SIZE.match(row.get(column, ""))
