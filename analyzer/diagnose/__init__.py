@@ -202,8 +202,9 @@ def verdict(ctx: DeviceContext, findings: list[Finding], remedies: list[ListedRe
     single change fits, the plan's changes in order."""
     d = ctx.d
     if ctx.device < 0 and beside_a_gpu(ctx):
-        return (f"Host memory ({ctx.trace.device_label(d.device)}): peak {gib(d.peak.allocated_bytes)} allocated; "
-                "GPU remedies do not act on it")
+        label = ctx.trace.device_label(d.device)
+        named = label if "host memory" in label.lower() else f"Host memory ({label})"   # not "Host memory (CPU (host memory))"
+        return f"{named}: peak {gib(d.peak.allocated_bytes)} allocated; GPU remedies do not act on it"
     return _sentence(ctx, findings, remedies, demand, triaged, fits, found) + _lower_bound(ctx)
 
 

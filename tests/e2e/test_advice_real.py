@@ -191,3 +191,24 @@ def test_a_run_no_single_change_fits_gets_a_plan_that_fits(name: str, share: flo
     assert found["steps"][-1]["predicted_peak_allocated_bytes"] <= FIT_HEADROOM * capacity
     assert next(r for r in dx.remedies if r["try_first"])["id"] == found["steps"][0]["remedy"]
     assert "Try first, as the plan below: " + found["steps"][0]["title"] in dx.verdict
+
+
+def test_host_memory_is_named_once_in_its_verdict():
+    """tracelens' BERT trace names its host device 'CPU (host memory)': the verdict says that name, not
+    'Host memory (CPU (host memory))'; a host device with no recorded name is 'Host memory (host)'."""
+    from dataclasses import replace
+
+    path = REAL / "tracelens" / "gaunernst_bert-small-uncased__1016001.json.gz"
+    if not path.exists():
+        pytest.skip(f"{path} is absent (the real recordings live in ../shared/real)")
+    trace = analyzer.load(path)
+    assert isinstance(trace, analyzer.MemoryTrace)
+
+    def host_verdict(t: analyzer.MemoryTrace) -> str:
+        result = analyzer.analyze(t)
+        assert isinstance(result, Analysis)
+        return next(d.diagnosis.verdict for d in result.devices if d.device < 0)
+
+    assert host_verdict(trace).startswith("CPU (host memory): peak 16 B allocated; GPU remedies do not act on it")
+    unnamed = replace(trace, devices={**trace.devices, -1: replace(trace.devices[-1], name=None)})
+    assert host_verdict(unnamed).startswith("Host memory (host): peak 16 B allocated")
