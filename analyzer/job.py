@@ -31,8 +31,15 @@ from analyzer.errors import AnalyzerError
 from analyzer.ingest.ranks import RankFile, find_rank_files
 from analyzer.report.interactive import allocator_pictures, module_icicle
 from analyzer.report.job_report import DevicePictures, JobReport
-from analyzer.report.view import InputView, RecordingRow, ReportView, build_view, comparison_view, with_imbalance
-from analyzer.report.view import worst_first as devices_worst_first
+from analyzer.report.view import (
+    InputView,
+    RecordingRow,
+    ReportView,
+    build_view,
+    comparison_view,
+    with_imbalance,
+    worst_first as devices_worst_first,
+)
 from analyzer.result import Analysis, Claim, Finding, RankSetAnalysis, not_one_job, ranks_document
 
 SCHEDULER_VARIABLE = "ANALYZER_DASK_SCHEDULER"

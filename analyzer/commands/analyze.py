@@ -23,8 +23,7 @@ from analyzer.core.units import parse_bytes
 from analyzer.errors import AnalyzerError, OutputError, UnsupportedFormat
 from analyzer.report import REPORTERS, SUFFIXES, reporter
 from analyzer.report.job_report import Report
-from analyzer.report.run_log import ENV_VAR as RUN_LOG_ENV
-from analyzer.report.run_log import appending, document_of, log_line
+from analyzer.report.run_log import ENV_VAR as RUN_LOG_ENV, appending, document_of, log_line
 
 _STRIP_SUFFIXES = (".gz", ".json", ".pickle", ".pkl", ".sqlite", ".tar", ".log", ".txt")
 #: names tried for the files a report writes beside itself before giving up (`notes.png`, `notes-1.png`, ...)

@@ -17,8 +17,7 @@ from typing import Any
 import torch
 
 from analyzer.simulate.allocator import AllocatorSettings
-from analyzer.simulate.gpt import GPT, GPTConfig
-from analyzer.simulate.gpt import Block as GPTBlock
+from analyzer.simulate.gpt import GPT, Block as GPTBlock, GPTConfig
 from analyzer.simulate.runner import TrainingLoop, simulate_to_files, trace_training
 from analyzer.simulate.simulation import Simulation
 

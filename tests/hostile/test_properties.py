@@ -12,8 +12,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from analyzer.errors import AnalyzerError
 from hostile.generators import (
