@@ -334,7 +334,9 @@ def _checkpointing(d: Demand) -> tuple[int, str]:
 
 
 def _relevant(*categories: str) -> Callable[[Demand], bool]:
-    return lambda d: d.bytes(*categories) >= RELEVANT_SHARE * d.total
+    """The categories hold at least RELEVANT_SHARE of the peak, and something: a device that held nothing (a
+    peak of 0 B) has no remedy."""
+    return lambda d: 0 < d.bytes(*categories) >= RELEVANT_SHARE * d.total
 
 
 def _trains(d: Demand) -> bool:

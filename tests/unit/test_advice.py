@@ -234,7 +234,7 @@ def test_host_memory_alone_is_treated_without_the_cuda_allocator_settings():
     analysis = analyzer.analyze(FIXTURES / "kineto" / "train.pt.trace.json.gz")
     assert [d.device for d in analysis.devices] == [-1]
     d = analysis.devices[0].diagnosis
-    assert not d.verdict.startswith("Host memory")
+    assert "GPU remedies do not act on it" not in d.verdict
     assert not {"expandable_segments", "max_split_size"} & {r["id"] for r in d.remedies}
 
 
@@ -245,9 +245,9 @@ def test_host_memory_beside_a_gpu_gets_no_remedies_and_never_leads():
     from analyzer.report.view import build_view
     analysis = analyzer.analyze(path)
     host = analysis.device(-1)
-    assert host.diagnosis.remedies == [] and host.diagnosis.verdict.startswith("Host memory")
+    assert host.diagnosis.remedies == [] and host.diagnosis.verdict.startswith("CPU (host memory): peak")
     view = build_view(analysis)
-    assert view.lead_device == 0 and view.devices[-1].device == -1 and not view.verdict.startswith("Host")
+    assert view.lead_device == 0 and view.devices[-1].device == -1 and "GPU remedies do not act" not in view.verdict
 
 
 # ---- quantized weights: only weights nothing trains, a quarter of the peak or more -----------------------------

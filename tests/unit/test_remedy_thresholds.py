@@ -80,6 +80,14 @@ def test_optimizer_remedies_are_left_out_one_byte_below_5_percent():
     assert not OPTIMIZER_REMEDIES & _listed_with_optimizer_state(AT_SHARE - 1)
 
 
+def test_a_device_that_held_nothing_has_no_remedy():
+    """muduard's dump_snapshot holds a cuda:0 whose peak is 0 B: 0 B is 5% of it, yet nothing acts on nothing."""
+    empty = Demand(total=0, by_category={}, capacity=None, world_size=None, layers=None)
+    assert _by_id(empty) == {}
+    tiny = Demand(total=1024, by_category={"activation": 1024}, capacity=None, world_size=None, layers=None)
+    assert "model_changes" in _by_id(tiny)
+
+
 # ---- try first without a device size ---------------------------------------------------------------------------
 @pytest.mark.parametrize(("saved", "first"), [(math.ceil(UNKNOWN_DEVICE_FIRST * PEAK), "micro_batch"),
                                               (math.ceil(UNKNOWN_DEVICE_FIRST * PEAK) - 1, None)],
