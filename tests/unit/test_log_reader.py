@@ -391,3 +391,14 @@ def test_stdin_html_without_output_prints_the_summary_and_writes_nothing(tmp_pat
     assert done.returncode == 0 and b"capacity" in done.stdout and list(tmp_path.iterdir()) == []
     pdf = _analyze(str(LOGS / "mps_capacity_comfyui_7372.log"), "--format", "pdf")
     assert pdf.returncode == 2 and b"a log's report is html, json, md" in pdf.stderr
+
+
+def test_gzip_and_crlf_logs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import gzip
+    packed = tmp_path / "train.log.gz"
+    packed.write_bytes(gzip.compress((LOGS / "ofwhich_fragmentation_lerf_73.log").read_bytes()))
+    assert analyze_log(packed).ooms[0].cause.cause == "fragmentation"
+    crlf = tmp_path / "windows.log"
+    crlf.write_bytes((LOGS / "cublas_ranks_thunder_1296.log").read_bytes().replace(b"\n", b"\r\n"))
+    o = analyze_log(crlf).ooms[0]
+    assert (o.phase, o.text.rank) == ("backward", 0) and o.user_frame.endswith("benchmark_litgpt.py:748 in train")
