@@ -214,13 +214,17 @@ def _series(values: list[int]) -> list[Reading]:
 
 
 def test_leak_needs_growth_in_every_reading_over_the_minimum() -> None:
-    n = log_trends.LEAK_MIN_READINGS
-    step = log_trends.LEAK_MIN_GROWTH // (n - 1)
-    grows = [g(10) + i * step for i in range(n)]
-    assert log_trends.leaks(_series(grows))[0]["growth_bytes"] == step * (n - 1)
-    assert log_trends.leaks(_series(grows[:-1])) == []                                  # one reading short
-    assert log_trends.leaks(_series(grows[:-1] + [grows[-1] - 1 - step * 0])) == [] or step * (n - 1) - 1 < log_trends.LEAK_MIN_GROWTH
-    assert log_trends.leaks(_series([grows[0], grows[2], grows[1], grows[3], grows[4]])) == []  # went down once
+    n, least = log_trends.LEAK_MIN_READINGS, log_trends.LEAK_MIN_GROWTH
+
+    def rising(total: int, readings: int = n) -> list[int]:  # never down, `total` from the first to the last
+        return [g(10) + total * i // (readings - 1) for i in range(readings)]
+
+    assert log_trends.leaks(_series(rising(least)))[0]["growth_bytes"] == least
+    assert log_trends.leaks(_series(rising(least - 1))) == []                 # one byte short of the growth
+    assert log_trends.leaks(_series(rising(least, n - 1))) == []              # one reading short
+    down_once = rising(2 * least)
+    down_once[2], down_once[1] = down_once[1], down_once[2]                   # went down once
+    assert log_trends.leaks(_series(down_once)) == []
 
 
 def test_imbalance_ratio() -> None:
