@@ -302,7 +302,7 @@ def _json_line(line: str) -> str:
     writes some names unescaped (a docstring's three quotes after `torch/profiler/_cupti_monitor.py(0):`), which
     no JSON reader takes."""
     m = _NAME_LINE.match(line)
-    if m is None:
+    if m is None or '"' not in m.group(2):   # no quote inside the name: nothing can be bare
         return line
     try:
         json.loads("{" + line.strip().rstrip(",") + "}")

@@ -40,21 +40,7 @@ def test_without_gpus_no_zero_on_one_gpu_is_listed(capsys):
 def _pair(tmp_path) -> tuple[str, str]:
     """Before: 1 GiB of parameters and 8 GiB of activations kept to the backward; after: the activations halved
     (what bf16 does), the parameters as they were."""
-    paths = []
-    for name, activations in (("before", 8 * GiB), ("after", 4 * GiB)):
-        rec = Recording()
-        with rec.step(1):
-            with rec.phase("load"):
-                rec.alloc(GiB, where="model.py:5")
-            with rec.phase("forward"):
-                kept = [rec.alloc(activations // 4, where="model.py:20") for _ in range(4)]
-            with rec.phase("backward"):
-                for addr in kept:
-                    rec.free(addr)
-        path = tmp_path / f"{name}.pickle"
-        path.write_bytes(pickle.dumps(rec.snapshot()))
-        paths.append(str(path))
-    return paths[0], paths[1]
+    return _pair_of(tmp_path, GiB, GiB)
 
 
 def test_diff_credits_no_sharding_for_halved_activations(tmp_path, capsys):
