@@ -1,7 +1,7 @@
 """Read a text log (a training run's output, a pasted error, an issue's text) into a LogReading, streamed.
 
 One pass over cleaned lines (analyzer.ingest.log.lines) feeds every reader: the OOM messages with the
-traceback before each (oom_message, traceback), memory_summary() tables and memory_stats() dicts
+traceback read back from the lines before each (oom_message, traceback), memory_summary() tables and memory_stats() dicts
 (memory_summary), nvidia-smi output (nvidia_smi) and framework memory lines (framework_lines). Only what was
 read is kept, bounded: a log of any size is read in constant memory but for its OOMs and readings.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import IO
@@ -17,10 +18,10 @@ from analyzer.core.log_records import AllocatorSetting, LogReading, OomText, Rea
 from analyzer.errors import CorruptInput
 from analyzer.ingest.log import oom_message
 from analyzer.ingest.log.framework_lines import FrameworkLinesReader
-from analyzer.ingest.log.lines import Tally, scan
+from analyzer.ingest.log.lines import Scan, decode
 from analyzer.ingest.log.memory_summary import MemorySummaryReader
 from analyzer.ingest.log.nvidia_smi import NvidiaSmiReader
-from analyzer.ingest.log.traceback import Frame, TracebackWindow
+from analyzer.ingest.log.traceback import Frame, frames_before
 
 #: OOMs and readings kept; past these a log is still read to its end and the warnings say what was left out
 MAX_OOMS = 1000
@@ -29,17 +30,23 @@ MAX_READINGS = 50_000
 SAME_OOM_LINES = 200
 
 #: a piece of every line any reader starts from (a line without one is never decoded): "emory" (out of memory,
-#: memory summary, memory (MB), see_memory_usage, memory.used, gpu_memory_utilization...), "lloc"/"LLOC"
-#: (Tried to allocate, calloc, allocated_bytes, mem-allocated-gigabytes, ALLOC_CONF, ALLOC_FAILED), a
-#: traceback's lines, nvidia-smi's "MiB" rows and bus ids ("0000:"), list_gpu_processes()' "GPU:", DeepSpeed's
-#: "Max_MA", vLLM's and SGLang's "weight", "fraction", "vllm", "sglang" (a memory_stats() dict opens with
-#: "active.all.allocated")
-ANCHORS = (b"emory", b"lloc", b"LLOC", b'File "', b"raceback", b"MiB", b"0000:", b"GPU:", b"Max_MA", b"weight",
-           b"fraction", b"vllm", b"sglang")
+#: memory summary, memory (MB), see_memory_usage, memory.used, gpu_memory_utilization, list_gpu_processes()'
+#: "GPU memory"...), "lloc"/"LLOC" (Tried to allocate, calloc, allocated_bytes, mem-allocated-gigabytes,
+#: ALLOC_CONF, ALLOC_FAILED), nvidia-smi's "MiB" rows, DeepSpeed's "Max_MA", vLLM's and SGLang's "weight",
+#: "fraction", "vllm", "sglang" (a memory_stats() dict opens with "active.all.allocated"). Each costs one pass of
+#: bytes.find over the file, about what grep's whole search costs: the lines readers need only around one (a
+#: traceback before an OOM, a GPU's row before its memory row, list_gpu_processes()' "GPU:n") are read back
+#: from there instead (Scan.preceding)
+ANCHORS = (b"emory", b"lloc", b"LLOC", b"MiB", b"Max_MA", b"weight", b"fraction", b"vllm", b"sglang")
+_CLOSES = tuple(w.encode() for w in oom_message.START_WORDS)
 _SETTING = re.compile(r"PYTORCH_(?:CUDA_)?ALLOC_CONF\s*[=:]\s*['\"]?([\w:.,=\-]+)")
 _HINT = re.compile(r"try setting|If reserved|See documentation")
-_MARKERS = {"vllm": re.compile(r"\bvllm\b|VllmWorker|gpu_memory_utilization"),
-            "sglang": re.compile(r"\bsglang\b|mem[_-]fraction[_-]static|KV Cache is allocated")}
+#: a framework's name, the words one of its lines must hold (tested first: `in` is fifty times cheaper than the
+#: search) and the pattern that marks it
+_MARKERS = {"vllm": (("vllm", "VllmWorker", "gpu_memory_utilization"),
+                     re.compile(r"\bvllm\b|VllmWorker|gpu_memory_utilization")),
+            "sglang": (("sglang", "fraction", "KV Cache is allocated"),
+                       re.compile(r"\bsglang\b|mem[_-]fraction[_-]static|KV Cache is allocated"))}
 
 
 class _OomCollector:
@@ -50,7 +57,7 @@ class _OomCollector:
         self.left_out = 0
         self._buffer: tuple[int, int | None, str, tuple[Frame, ...], int] | None = None
 
-    def feed(self, number: int, text: str, rank: int | None, window: TracebackWindow) -> bool:
+    def feed(self, number: int, text: str, rank: int | None, frames_of: Callable[[], tuple[Frame, ...]]) -> bool:
         """Take `text` if it is (part of) an OOM message; True when it was."""
         if self._buffer is not None:
             start, r, joined, frames, extra = self._buffer
@@ -63,7 +70,7 @@ class _OomCollector:
             self.ooms[-1] = replace(self.ooms[-1], requested_bytes=calloc)
             return True
         if oom_message.starts(text):
-            self._buffer = (number, rank, text, window.take(number), 0)
+            self._buffer = (number, rank, text, frames_of(), 0)
             return True
         return False
 
@@ -92,7 +99,6 @@ class _OomCollector:
 
 def read_log(stream: IO[bytes], path: str) -> LogReading:
     """Everything the readers find in `stream`, in one pass."""
-    window = TracebackWindow()
     ooms = _OomCollector()
     summaries, smi, frameworks = MemorySummaryReader(), NvidiaSmiReader(), FrameworkLinesReader()
     readings: list[Reading] = []
@@ -101,20 +107,27 @@ def read_log(stream: IO[bytes], path: str) -> LogReading:
     dropped = 0
 
     def wants_next() -> bool:
-        return ooms.busy or window.busy or summaries.busy or smi.busy
+        return ooms.busy or summaries.busy or smi.busy
 
-    tally = Tally()
-    for line in scan(stream, ANCHORS, wants_next, tally):
+    scan = Scan(stream, ANCHORS, wants_next)
+
+    def text_of(raw: bytes) -> str:
+        return decode(raw)[0]
+
+    for line in scan:
         text, rank = line.text, line.rank
-        window.feed(line.number, text)
-        if ooms.feed(line.number, text, rank, window):
+
+        def frames(number: int = line.number, text: str = text) -> tuple[Frame, ...]:
+            return frames_before(scan.preceding(), text_of, number, text, oom_message.starts, _CLOSES)
+
+        if ooms.feed(line.number, text, rank, frames):
             continue
         if "ALLOC_CONF" in text and not _HINT.search(text) and (m := _SETTING.search(text)):
             settings.append(AllocatorSetting(line.number, m.group(1)))
-        for name, marker in _MARKERS.items():
-            if name not in seen and marker.search(text):
+        for name, (words, marker) in _MARKERS.items():
+            if name not in seen and any(w in text for w in words) and marker.search(text):
                 seen.add(name)
-        found = summaries.feed(line.number, text, rank) + smi.feed(line.number, text, rank) + \
+        found = summaries.feed(line.number, text, rank) + smi.feed(line.number, text, rank, scan.preceding) + \
             frameworks.feed(line.number, text, rank)
         room = MAX_READINGS - len(readings)
         readings += found[:room]
@@ -126,7 +139,7 @@ def read_log(stream: IO[bytes], path: str) -> LogReading:
         warnings.append(f"{ooms.left_out} more OOM messages after the first {MAX_OOMS} were not kept")
     if dropped:
         warnings.append(f"{dropped} memory readings after the first {MAX_READINGS} were not kept")
-    return LogReading(path=path, lines=tally.lines, ooms=ooms.ooms, readings=readings, settings=settings,
+    return LogReading(path=path, lines=scan.lines, ooms=ooms.ooms, readings=readings, settings=settings,
                       frameworks=sorted(seen | {s for s in frameworks.seen if s in ("vllm", "sglang", "deepspeed", "megatron")}),
                       warnings=warnings)
 

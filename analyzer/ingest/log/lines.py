@@ -67,11 +67,14 @@ def clean(raw: str) -> tuple[str, int | None]:
     return text, rank
 
 
-@dataclass
-class Tally:
-    """How many lines a scan went through (set when it ends)."""
+#: bytes before a line that a reader may look back over (a traceback's frames before an OOM, a GPU's row before
+#: its memory row): 256 frames of a traceback at about 250 bytes each
+LOOKBACK = 1 << 16
 
-    lines: int = 0
+
+def decode(raw: bytes) -> tuple[str, int | None]:
+    """One raw line, decoded and cleaned."""
+    return clean(raw.decode("utf-8", errors="replace"))
 
 
 def _starts(region: bytes, anchors: tuple[bytes, ...]) -> list[int]:
@@ -86,46 +89,80 @@ def _starts(region: bytes, anchors: tuple[bytes, ...]) -> list[int]:
     return sorted(starts)
 
 
-def scan(stream: IO[bytes], anchors: tuple[bytes, ...], wants_next: Callable[[], bool],
-         tally: Tally) -> Iterator[Line]:
-    """The cleaned lines of `stream` that hold one of `anchors`, and every line after one for as long as
-    `wants_next()` says a reader is inside something (a traceback, a wrapped message, a table).
+class Scan:
+    """The cleaned lines of a stream that hold one of `anchors`, and every line after one for as long as
+    `wants_next()` says a reader is inside something (a wrapped message, a table); and, while on a line, the
+    raw lines before it (`preceding`), for the readers that look back rather than read every line.
 
     The file is read in BLOCK pieces and searched block by block in C: only the lines a reader can use reach
     Python. A line longer than MAX_LINE is handed over in MAX_LINE pieces, all with its number; of a line longer
     than BLOCK only its last MAX_LINE bytes are read (an exception's message ends its line)."""
-    number = 0  # lines before the current region
-    carry = b""
-    while True:
-        data = stream.read(BLOCK)
-        block = carry + data
-        if not data:
-            if not block:
-                tally.lines = number
-                return
-            region, carry = block if block.endswith(b"\n") else block + b"\n", b""
+
+    def __init__(self, stream: IO[bytes], anchors: tuple[bytes, ...], wants_next: Callable[[], bool]) -> None:
+        self._stream, self._anchors, self._wants_next = stream, anchors, wants_next
+        self.lines = 0            # lines gone through: all of them once the iteration ends
+        self._region = b""        # whole lines being read
+        self._behind = b""        # up to LOOKBACK bytes of whole lines before the region
+        self._at = 0              # offset in the region of the line being handed over
+
+    def preceding(self, limit: int = LOOKBACK) -> list[tuple[int, bytes]]:
+        """(number, raw text) of the whole lines within `limit` bytes before the current line, oldest first."""
+        at = self._at
+        if at >= limit:
+            lo = at - limit
+            head, whole = self._region[lo:at], lo == 0 or self._region[lo - 1] == 0x0A
         else:
-            cut = block.rfind(b"\n")
-            if cut < 0:  # inside one long line: only its last MAX_LINE bytes are kept for when it ends
-                carry = block if len(block) < BLOCK else block[-MAX_LINE:]
-                continue
-            region, carry = block[: cut + 1], block[cut + 1:]
-        pos = 0  # offset of the first line of `region` not yet taken or counted past
-        for start in _starts(region, anchors):
-            if start < pos:
-                continue
-            number += region.count(b"\n", pos, start)
-            pos = start
-            while True:
-                end = region.index(b"\n", pos)
-                number += 1
-                for piece in range(pos, end, MAX_LINE) if end > pos else (pos,):
-                    text, rank = clean(region[piece: min(end, piece + MAX_LINE)].decode("utf-8", errors="replace"))
-                    yield Line(number, text, rank)
-                pos = end + 1
-                if pos >= len(region) or not wants_next():
+            lo = max(len(self._behind) - (limit - at), 0)
+            head, whole = self._behind[lo:] + self._region[:at], lo == 0 or self._behind[lo - 1] == 0x0A
+        found = head.split(b"\n")[:-1]
+        if not whole:
+            found = found[1:]
+        first = self.lines - len(found)   # self.lines is the current line's number while it is handed over
+        return [(first + i, raw) for i, raw in enumerate(found)]
+
+    def _keep_behind(self, region: bytes) -> None:
+        """Keep the whole lines within LOOKBACK bytes of the end of `region` (and what was behind it)."""
+        tail = region if len(region) >= LOOKBACK else self._behind + region
+        if len(tail) > LOOKBACK:
+            cut = len(tail) - LOOKBACK
+            tail = tail[cut if tail[cut - 1] == 0x0A else tail.index(b"\n", cut) + 1:]
+        self._behind = tail
+
+    def __iter__(self) -> Iterator[Line]:
+        number = 0  # lines before the current region
+        carry = b""
+        while True:
+            data = self._stream.read(BLOCK)
+            block = carry + data
+            if not data:
+                if not block:
                     break
-        number += region.count(b"\n", pos)
-        if not data:
-            tally.lines = number
-            return
+                region, carry = block if block.endswith(b"\n") else block + b"\n", b""
+            else:
+                cut = block.rfind(b"\n")
+                if cut < 0:  # inside one long line: only its last MAX_LINE bytes are kept for when it ends
+                    carry = block if len(block) < BLOCK else block[-MAX_LINE:]
+                    continue
+                region, carry = block[: cut + 1], block[cut + 1:]
+            self._region = region
+            pos = 0  # offset of the first line of `region` not yet taken or counted past
+            for start in _starts(region, self._anchors):
+                if start < pos:
+                    continue
+                number += region.count(b"\n", pos, start)
+                pos = start
+                while True:
+                    end = region.index(b"\n", pos)
+                    number += 1
+                    self.lines, self._at = number, pos
+                    for piece in range(pos, end, MAX_LINE) if end > pos else (pos,):
+                        text, rank = decode(region[piece: min(end, piece + MAX_LINE)])
+                        yield Line(number, text, rank)
+                    pos = end + 1
+                    if pos >= len(region) or not self._wants_next():
+                        break
+            number += region.count(b"\n", pos)
+            self._keep_behind(region)
+            if not data:
+                break
+        self.lines = number

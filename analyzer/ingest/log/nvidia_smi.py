@@ -2,15 +2,19 @@
 
 The screen: a GPU's first row `|   0  NVIDIA A100 ... On | 00000000:07:00.0 Off | 0 |` names its index, its
 second row holds `used MiB / total MiB`; under `Processes:` each row is `| GPU [GI CI] PID Type Name Used MiB |`
-(GI and CI since driver 450; older drivers print `N/A` or nothing there). CSV logs are read when their header
+(GI and CI since driver 450; older drivers print `N/A` or nothing there). The GPU's row is read back from its
+memory row (a log is searched for "MiB", not for bus ids). CSV logs are read when their header
 says which column is which (`--format=csv`, with or without `nounits`); a `noheader` log has no names for its
-columns and is not read. `list_gpu_processes()` prints `GPU:n` then `process PID uses X MB GPU memory`.
+columns and is not read. `list_gpu_processes()` prints `GPU:n` then `process PID uses X MB GPU memory` per
+process, so a process's device is read back from the lines before it.
 """
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from analyzer.core.log_records import Reading
+from analyzer.ingest.log.lines import decode
 from analyzer.ingest.log.sizes import to_bytes
 
 _GPU_ROW = re.compile(r"^\|\s*(\d+)\s+\S.*\|\s*[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d\s+\S+\s*\|")
@@ -21,41 +25,43 @@ _TORCH_PROCESS = re.compile(r"process\s+(\d+) uses\s+(\d+(?:\.\d+)?) MB GPU memo
 _CSV_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(MiB|GiB|KiB|B)?\s*$")
 
 
+#: bytes read back from a memory or process row for its GPU's row (rows are under 200 bytes; twenty processes)
+_BACK = 4096
+
+Preceding = Callable[[int], list[tuple[int, bytes]]]
+
+
 class NvidiaSmiReader:
     """Reads the screen's GPU and process rows, headed CSV logs and list_gpu_processes() output."""
 
     def __init__(self) -> None:
-        self._gpu: int | None = None
         self._columns: list[str] | None = None
-        self._csv_rows = 0
 
     @property
     def busy(self) -> bool:
-        """A GPU's first row was read (its memory is on the next), or a CSV header names the columns."""
-        return self._gpu is not None or self._columns is not None
+        """A CSV header names the columns of the rows that follow."""
+        return self._columns is not None
 
-    def feed(self, number: int, text: str, rank: int | None) -> list[Reading]:
-        gpu = _GPU_ROW.match(text)
-        if gpu:
-            self._gpu = int(gpu.group(1))
+    def feed(self, number: int, text: str, rank: int | None, preceding: Preceding) -> list[Reading]:
+        """The readings of line `number`; `preceding(limit)` gives the raw lines before it."""
+        if _GPU_ROW.match(text):
             return []
         memory = _MEMORY.search(text)
-        if memory and self._gpu is not None and text.lstrip().startswith("|"):
-            device, self._gpu = self._gpu, None
-            return [Reading(line=number, source="nvidia_smi", rank=rank, device=device,
+        if memory and text.lstrip().startswith("|"):
+            before = preceding(_BACK)
+            gpu = _GPU_ROW.match(decode(before[-1][1])[0]) if before else None
+            if gpu is None:
+                return []
+            return [Reading(line=number, source="nvidia_smi", rank=rank, device=int(gpu.group(1)),
                             bytes={"used": int(memory.group(1)) << 20, "total": int(memory.group(2)) << 20})]
         process = _PROCESS.match(text)
         if process:
             return [Reading(line=number, source="nvidia_smi_process", rank=rank, device=int(process.group(1)),
                             label=f"pid {process.group(2)} {process.group(4)}",
                             bytes={"used": int(process.group(5)) << 20})]
-        torch_gpu = _TORCH_GPU.match(text.strip())
-        if torch_gpu:
-            self._gpu = int(torch_gpu.group(1))
-            return []
         torch_process = _TORCH_PROCESS.search(text)
         if torch_process:
-            return [Reading(line=number, source="nvidia_smi_process", rank=rank, device=self._gpu,
+            return [Reading(line=number, source="nvidia_smi_process", rank=rank, device=_torch_gpu(preceding(_BACK)),
                             label=f"pid {torch_process.group(1)}",
                             bytes={"used": round(float(torch_process.group(2)) * 2**20)})]
         return self._csv(number, text, rank)
@@ -84,3 +90,14 @@ class NvidiaSmiReader:
                         device=int(index) if index.isdigit() else None,
                         label=f"pid {pid} {row.get('process_name', '')}".strip() if pid else row.get("timestamp"),
                         bytes=sizes)]
+
+
+def _torch_gpu(before: list[tuple[int, bytes]]) -> int | None:
+    """The n of the `GPU:n` that heads the process lines just before (None if something else is above them)."""
+    for _, raw in reversed(before):
+        text = decode(raw)[0]
+        if (gpu := _TORCH_GPU.match(text.strip())):
+            return int(gpu.group(1))
+        if not _TORCH_PROCESS.search(text):
+            return None
+    return None

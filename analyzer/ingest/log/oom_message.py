@@ -69,9 +69,13 @@ _CONTINUES = re.compile(r"^(?:[a-z0-9(;]|GPU|Process|Including|Of the|If |See |P
 _NEW_RECORD = re.compile(r"^(?:Traceback|File |During handling|The above exception|\[|\d{4}-\d\d-\d\d)")
 
 
+#: words one of which every start holds (tested before the patterns: `in` is fifty times cheaper than a search)
+START_WORDS = ("out of memory", "Tried to allocate", "CUBLAS_STATUS_ALLOC_FAILED")
+
+
 def starts(text: str) -> bool:
     """The line holds the start of an OOM message (of any form)."""
-    return bool(_START.search(text) or _OUTSIDE.search(text))
+    return any(w in text for w in START_WORDS) and bool(_START.search(text) or _OUTSIDE.search(text))
 
 
 def continues(joined: str, line: str) -> bool:

@@ -1,7 +1,8 @@
 """The Python traceback printed before an OOM: what the run was doing (its phase) and the user's own line.
 
 Python prints the frames outermost first, then the exception; a chained exception prints a second traceback.
-The reader keeps the frames of the traceback being printed and hands them to the OOM that ends it.
+When an OOM is read, the lines before it are read back (`frames_before`) for the frames of the traceback it
+ends: a log is not searched for tracebacks, only for OOMs.
 
 The phase is read from the frames' functions, files and code, most telling first: a `backward` anywhere means
 the backward pass (autograd runs the forward's saved graph, never the reverse); then the optimizer step,
@@ -12,7 +13,7 @@ a checkpoint save, loading (a model moved to the device: `Module._apply`, `from_
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from analyzer.core.vocabulary import Phase
 
@@ -86,6 +87,28 @@ class TracebackWindow:
         self._flush("")
         frames, self.frames = tuple(self.frames), []
         return frames if number - self._last <= self.NEAR else ()
+
+
+#: words of the raw lines the window reads: a frame, a traceback's header (the line after a frame, its code, is
+#: read while the window is busy)
+_WORDS = (b'File "', b"raceback")
+
+
+def frames_before(lines: Sequence[tuple[int, bytes]], decode: Callable[[bytes], str], number: int, text: str,
+                  closes: Callable[[str], bool], closes_words: tuple[bytes, ...]) -> tuple[Frame, ...]:
+    """The frames of the traceback that ends at line `number` (`text`), read back from the raw `lines` before it:
+    what a window fed every line would give, where each earlier line that `closes` a traceback (an OOM's start,
+    which took that traceback's frames) starts it over. Only lines that can matter are decoded."""
+    window = TracebackWindow()
+    for n, raw in lines:
+        closing = any(w in raw for w in closes_words)
+        if closing or window.busy or any(w in raw for w in _WORDS):
+            decoded = decode(raw)
+            window.feed(n, decoded)
+            if closing and closes(decoded):
+                window.take(n)
+    window.feed(number, text)
+    return window.take(number)
 
 
 def phase_of(frames: Sequence[Frame]) -> str | None:
