@@ -254,6 +254,19 @@ def test_long_lines_are_read_in_bounded_pieces() -> None:
     assert [o.source for o in reading.ooms] == ["cuda_error", "thcudacheck"] and MAX_LINE < BLOCK
 
 
+@pytest.mark.parametrize("block", [64, 300, 4096])
+def test_what_is_read_back_does_not_depend_on_where_blocks_end(monkeypatch: pytest.MonkeyPatch, block: int) -> None:
+    # a traceback's frames (read back from the OOM), a GPU's row (read back from its memory row) and
+    # list_gpu_processes()' GPU:n (read back from its process lines) straddle block ends at these sizes
+    import analyzer.ingest.log.lines as lines
+    names = ["hip_forward_pytorch_175431.log", "cublas_ranks_thunder_1296.log", "nvidia_smi_screen_550_rlinf_255.log",
+             "list_gpu_processes_pytorch_44616.log", "ofwhich_capacity_chained_cads_4.log"]
+    whole = [read_log(io.BytesIO((LOGS / n).read_bytes()), n) for n in names]
+    monkeypatch.setattr(lines, "BLOCK", block)
+    assert [read_log(io.BytesIO((LOGS / n).read_bytes()), n) for n in names] == whole
+    assert whole[0].ooms[0].frames[-1][3] == "amax, _ = torch.max(torch.abs(block_x), dim=-1, keepdim=True)"
+
+
 def _analyze(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([sys.executable, "-m", "analyzer", *args], input=stdin, capture_output=True, cwd=ROOT,
                           timeout=120, check=False)
