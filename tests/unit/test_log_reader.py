@@ -333,6 +333,36 @@ def test_nvidia_smi_csv_log_peaks() -> None:
     assert peaks == [{"device": 0, "used_bytes": 79000 * MiB, "total_bytes": 81920 * MiB, "line": 3, "readings": 3}]
 
 
+_NOHEADER_ROWS = b"2024/01/01 00:00:00.000, 1, 1000, 81920\n2024/01/01 00:00:05.000, 1, 79000, 81920\n"
+
+
+def test_nvidia_smi_noheader_csv_is_read_after_the_command_that_names_its_columns() -> None:
+    # --format=csv,noheader,nounits prints the queried fields in the order asked, in MiB, without a header
+    command = b"$ nvidia-smi --query-gpu=timestamp,index,memory.used,memory.total --format=csv,noheader,nounits -l 5\n"
+    from analyzer.log_result import analyze_reading
+    peaks = analyze_reading(read_log(io.BytesIO(command + _NOHEADER_ROWS), "csv")).gpu_peaks
+    assert peaks == [{"device": 1, "used_bytes": 79000 * MiB, "total_bytes": 81920 * MiB, "line": 3, "readings": 2}]
+    # the query in another order: the same numbers are other columns
+    swapped = command.replace(b"memory.used,memory.total", b"memory.total,memory.used")
+    readings = read_log(io.BytesIO(swapped + _NOHEADER_ROWS), "csv").readings
+    assert [r.bytes for r in readings] == [{"total": 1000 * MiB, "used": 81920 * MiB},
+                                           {"total": 79000 * MiB, "used": 81920 * MiB}]
+    # --query-compute-apps with its alias used_memory, with units
+    apps = (b"nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader\n"
+            b"4242, python, 30000 MiB\n")
+    (proc,) = analyze_reading(read_log(io.BytesIO(apps), "apps")).gpu_processes
+    assert (proc["process"], proc["used_bytes"]) == ("pid 4242 python", 30000 * MiB)
+
+
+def test_nvidia_smi_noheader_csv_without_its_command_is_not_read() -> None:
+    # the same rows with no line naming their columns: any three numbers; a query whose columns do not match
+    assert read_log(io.BytesIO(_NOHEADER_ROWS), "rows").readings == []
+    other = b"nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits\n" + _NOHEADER_ROWS
+    assert read_log(io.BytesIO(other), "other").readings == []
+    headed = b"nvidia-smi --query-gpu=timestamp,index,memory.used,memory.total --format=csv\n" + _NOHEADER_ROWS
+    assert read_log(io.BytesIO(headed), "headed").readings == []   # with a header expected, no header came
+
+
 def test_megatron_lines_and_a_leak_across_them() -> None:
     # Megatron's report_memory format (megatron/training/utils.py), "MB" being MiB; 300 MiB more each report
     lines = "".join(f"[Rank 0] (after {i * 10} iterations) memory (MB) | allocated: {1000 + 300 * i}.0 | max allocated: "

@@ -4,8 +4,11 @@ The screen: a GPU's first row `|   0  NVIDIA A100 ... On | 00000000:07:00.0 Off 
 second row holds `used MiB / total MiB`; under `Processes:` each row is `| GPU [GI CI] PID Type Name Used MiB |`
 (GI and CI since driver 450; older drivers print `N/A` or nothing there). The GPU's row is read back from its
 memory row (a log is searched for "MiB", not for bus ids). CSV logs are read when their header
-says which column is which (`--format=csv`, with or without `nounits`); a `noheader` log has no names for its
-columns and is not read. `list_gpu_processes()` prints `GPU:n` then `process PID uses X MB GPU memory` per
+says which column is which (`--format=csv`, with or without `nounits`). A `noheader` log names its columns
+only where the log holds the command that wrote it (`nvidia-smi --query-gpu=index,memory.used,...
+--format=csv,noheader,nounits`): its rows are read after that line, in the order the query gives (nvidia-smi
+prints the fields in the order asked, its aliases such as `used_memory` for `used_gpu_memory` included). Rows
+without such a line are not read: `0, 1000, 81920` could be any three numbers. `list_gpu_processes()` prints `GPU:n` then `process PID uses X MB GPU memory` per
 process, so a process's device is read back from the lines before it.
 """
 from __future__ import annotations
@@ -22,6 +25,9 @@ _MEMORY = re.compile(r"\|\s*(\d+)\s*MiB\s*/\s*(\d+)\s*MiB\s*\|")
 _PROCESS = re.compile(r"^\|\s*(\d+)\s+(?:(?:N/A|\d+)\s+(?:N/A|\d+)\s+)?(\d+)\s+(C|G|C\+G|M|M\+C)\s+(\S.*?)\s+(\d+)\s*MiB\s*\|")
 _TORCH_GPU = re.compile(r"^GPU:(\d+)\s*$")
 _TORCH_PROCESS = re.compile(r"process\s+(\d+) uses\s+(\d+(?:\.\d+)?) MB GPU memory")
+_QUERY = re.compile(r"--query-(?:gpu|compute-apps)[= ]([\w.,]+)")
+#: nvidia-smi's other names for the fields read here (`nvidia-smi --help-query-compute-apps`)
+_ALIASES = {"used_memory": "used_gpu_memory"}
 _CSV_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(MiB|GiB|KiB|B)?\s*$")
 
 
@@ -67,6 +73,9 @@ class NvidiaSmiReader:
         return self._csv(number, text, rank)
 
     def _csv(self, number: int, text: str, rank: int | None) -> list[Reading]:
+        if (query := _QUERY.search(text)):  # the command: its columns when no header will name them
+            self._columns = [_ALIASES.get(c, c) for c in query.group(1).split(",") if c] if "noheader" in text else None
+            return []
         if "," not in text:
             self._columns = None
             return []
