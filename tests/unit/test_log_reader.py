@@ -267,6 +267,15 @@ def test_what_is_read_back_does_not_depend_on_where_blocks_end(monkeypatch: pyte
     assert whole[0].ooms[0].frames[-1][3] == "amax, _ = torch.max(torch.abs(block_x), dim=-1, keepdim=True)"
 
 
+def test_deepspeed_ma_lines_are_found_by_their_loggers_function_name() -> None:
+    # the log is searched for "emory" (not "Max_MA"): DeepSpeed's logger prints see_memory_usage on the MA line
+    ma = "MA 4.89 GB         Max_MA 4.89 GB         CA 6.68 GB         Max_CA 7 GB\n"
+    logged = f"[2022-02-21 23:37:48,850] [INFO] [utils.py:827:see_memory_usage] {ma}"
+    (r,) = read_log(io.BytesIO(logged.encode()), "ds").readings
+    assert (r.source, r.bytes["allocated"], r.bytes["reserved_peak"]) == ("deepspeed", g(4.89), g(7))
+    assert read_log(io.BytesIO(ma.encode()), "bare").readings == []   # a format without it: not looked for
+
+
 def _analyze(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([sys.executable, "-m", "analyzer", *args], input=stdin, capture_output=True, cwd=ROOT,
                           timeout=120, check=False)

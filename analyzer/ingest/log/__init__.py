@@ -30,14 +30,15 @@ MAX_READINGS = 50_000
 SAME_OOM_LINES = 200
 
 #: a piece of every line any reader starts from (a line without one is never decoded): "emory" (out of memory,
-#: memory summary, memory (MB), see_memory_usage, memory.used, gpu_memory_utilization, list_gpu_processes()'
-#: "GPU memory"...), "lloc"/"LLOC" (Tried to allocate, calloc, allocated_bytes, mem-allocated-gigabytes,
-#: ALLOC_CONF, ALLOC_FAILED), nvidia-smi's "MiB" rows, DeepSpeed's "Max_MA", vLLM's and SGLang's "weight",
-#: "fraction", "vllm", "sglang" (a memory_stats() dict opens with "active.all.allocated"). Each costs one pass of
-#: bytes.find over the file, about what grep's whole search costs: the lines readers need only around one (a
-#: traceback before an OOM, a GPU's row before its memory row, list_gpu_processes()' "GPU:n") are read back
-#: from there instead (Scan.preceding)
-ANCHORS = (b"emory", b"lloc", b"LLOC", b"MiB", b"Max_MA", b"weight", b"fraction", b"vllm", b"sglang")
+#: memory summary, memory (MB), see_memory_usage (DeepSpeed's logger names the function on its MA line too),
+#: memory.used, gpu_memory_utilization, list_gpu_processes()' "GPU memory", Not enough memory...), "lloc"/"LLOC"
+#: (Tried to allocate, calloc, allocated_bytes, mem-allocated-gigabytes, KV Cache is allocated, ALLOC_CONF,
+#: ALLOC_FAILED), nvidia-smi's "MiB" rows, SGLang's "Load weight end", and "vllm", "sglang" (a memory_stats()
+#: dict opens with "active.all.allocated"). Each costs one pass of bytes.find over the file, about 1.7 GB/s
+#: here: the lines readers need only around one (a traceback before an OOM, a GPU's row before its memory row,
+#: list_gpu_processes()' "GPU:n") are read back from there instead (Scan.preceding), and a DeepSpeed MA line
+#: without its logger's prefix or a bare mem_fraction_static is not looked for
+ANCHORS = (b"emory", b"lloc", b"LLOC", b"MiB", b"weight", b"vllm", b"sglang")
 _CLOSES = tuple(w.encode() for w in oom_message.START_WORDS)
 _SETTING = re.compile(r"PYTORCH_(?:CUDA_)?ALLOC_CONF\s*[=:]\s*['\"]?([\w:.,=\-]+)")
 _HINT = re.compile(r"try setting|If reserved|See documentation")
@@ -57,7 +58,7 @@ class _OomCollector:
         self.left_out = 0
         self._buffer: tuple[int, int | None, str, tuple[Frame, ...], int] | None = None
 
-    def feed(self, number: int, text: str, rank: int | None, frames_of: Callable[[], tuple[Frame, ...]]) -> bool:
+    def feed(self, number: int, text: str, rank: int | None, frames_of: Callable[[int, str], tuple[Frame, ...]]) -> bool:
         """Take `text` if it is (part of) an OOM message; True when it was."""
         if self._buffer is not None:
             start, r, joined, frames, extra = self._buffer
@@ -70,7 +71,7 @@ class _OomCollector:
             self.ooms[-1] = replace(self.ooms[-1], requested_bytes=calloc)
             return True
         if oom_message.starts(text):
-            self._buffer = (number, rank, text, frames_of(), 0)
+            self._buffer = (number, rank, text, frames_of(number, text), 0)
             return True
         return False
 
@@ -114,18 +115,17 @@ def read_log(stream: IO[bytes], path: str) -> LogReading:
     def text_of(raw: bytes) -> str:
         return decode(raw)[0]
 
+    def frames(number: int, text: str) -> tuple[Frame, ...]:
+        return frames_before(scan.preceding(), text_of, number, text, oom_message.starts, _CLOSES)
+
     for line in scan:
         text, rank = line.text, line.rank
-
-        def frames(number: int = line.number, text: str = text) -> tuple[Frame, ...]:
-            return frames_before(scan.preceding(), text_of, number, text, oom_message.starts, _CLOSES)
-
         if ooms.feed(line.number, text, rank, frames):
             continue
         if "ALLOC_CONF" in text and not _HINT.search(text) and (m := _SETTING.search(text)):
             settings.append(AllocatorSetting(line.number, m.group(1)))
         for name, (words, marker) in _MARKERS.items():
-            if name not in seen and any(w in text for w in words) and marker.search(text):
+            if name not in seen and any(map(text.__contains__, words)) and marker.search(text):
                 seen.add(name)
         found = summaries.feed(line.number, text, rank) + smi.feed(line.number, text, rank, scan.preceding) + \
             frameworks.feed(line.number, text, rank)

@@ -34,6 +34,8 @@ _PREFIXES = [
     re.compile(r"^(?P<rank>\d{1,5}):\s(?=\S)"),                      # srun -l / torchrun numbered output
     re.compile(r"^>\s?"),                                            # a quoted block from an issue
 ]
+#: the characters that every prefix above starts with
+_PREFIX_FIRST = frozenset("[(>0123456789")
 _SGLANG_TP = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? (?:DP\d+ )?TP(?P<rank>\d+)(?: EP\d+)?\]\s?")
 
 
@@ -48,11 +50,13 @@ class Line:
 
 def clean(raw: str) -> tuple[str, int | None]:
     """The text of one decoded line without colour, HTML escapes and launcher prefixes, and the rank they named."""
-    text = _ANSI.sub("", raw.rstrip("\r\n"))
+    text = raw.rstrip("\r\n")
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
     if "&" in text and ";" in text:
         text = html.unescape(text)
     rank: int | None = None
-    stripped, rounds = True, 0
+    stripped, rounds = text[:1] in _PREFIX_FIRST, 0   # a line no prefix can start is not matched against them
     while stripped and rounds < MAX_PREFIXES:  # bounded: a line of ten thousand "[rank0]: " is not read ten thousand times
         stripped, rounds = False, rounds + 1
         for prefix in (*_PREFIXES, _SGLANG_TP):

@@ -49,7 +49,7 @@ class MemorySummaryReader:
 
     def feed(self, number: int, text: str, rank: int | None) -> list[Reading]:
         out: list[Reading] = []
-        header = _HEADER.search(text)
+        header = _HEADER.search(text) if "memory summary" in text else None
         if header:
             out += self.finish()
             self._table = Reading(line=number, source="memory_summary", rank=rank, device=int(header.group(1)))
@@ -71,7 +71,7 @@ class MemorySummaryReader:
                     self._table.bytes[f"{self._metric}_{pool.group(1)}"] = to_bytes(pool.group(2), pool.group(3))
                     self._table.bytes[f"{self._metric}_{pool.group(1)}_peak"] = to_bytes(pool.group(4), pool.group(5))
                 return out
-        stats = _STAT.findall(text)
+        stats = _STAT.findall(text) if "_bytes." in text or "num_" in text else []
         if not stats:
             return out + self._finish_stats()
         if self._stats is None:

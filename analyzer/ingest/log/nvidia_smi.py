@@ -52,7 +52,7 @@ class NvidiaSmiReader:
         """The readings of line `number`; `preceding(limit)` gives the raw lines before it."""
         if _GPU_ROW.match(text):
             return []
-        memory = _MEMORY.search(text)
+        memory = _MEMORY.search(text) if "MiB" in text else None
         if memory and text.lstrip().startswith("|"):
             before = preceding(_BACK)
             gpu = _GPU_ROW.match(decode(before[-1][1])[0]) if before else None
@@ -60,7 +60,7 @@ class NvidiaSmiReader:
                 return []
             return [Reading(line=number, source="nvidia_smi", rank=rank, device=int(gpu.group(1)),
                             bytes={"used": int(memory.group(1)) << 20, "total": int(memory.group(2)) << 20})]
-        process = _PROCESS.match(text)
+        process = _PROCESS.match(text) if "MiB" in text else None
         if process:
             return [Reading(line=number, source="nvidia_smi_process", rank=rank, device=int(process.group(1)),
                             label=f"pid {process.group(2)} {process.group(4)}",

@@ -75,7 +75,7 @@ START_WORDS = ("out of memory", "Tried to allocate", "CUBLAS_STATUS_ALLOC_FAILED
 
 def starts(text: str) -> bool:
     """The line holds the start of an OOM message (of any form)."""
-    return any(w in text for w in START_WORDS) and bool(_START.search(text) or _OUTSIDE.search(text))
+    return any(map(text.__contains__, START_WORDS)) and bool(_START.search(text) or _OUTSIDE.search(text))
 
 
 def continues(joined: str, line: str) -> bool:

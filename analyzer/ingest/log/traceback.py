@@ -101,8 +101,8 @@ def frames_before(lines: Sequence[tuple[int, bytes]], decode: Callable[[bytes], 
     which took that traceback's frames) starts it over. Only lines that can matter are decoded."""
     window = TracebackWindow()
     for n, raw in lines:
-        closing = any(w in raw for w in closes_words)
-        if closing or window.busy or any(w in raw for w in _WORDS):
+        closing = any(map(raw.__contains__, closes_words))
+        if closing or window.busy or any(map(raw.__contains__, _WORDS)):
             decoded = decode(raw)
             window.feed(n, decoded)
             if closing and closes(decoded):
