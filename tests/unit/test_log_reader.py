@@ -13,7 +13,7 @@ import pytest
 from analyzer.core.log_records import Era, OomText, Reading
 from analyzer.diagnose import log_trends
 from analyzer.diagnose.log_cause import CONTEXT_ALLOWANCE, FREE_SLACK, judge
-from analyzer.ingest.log import read_log
+from analyzer.ingest.log import read_log, read_log_file
 from analyzer.ingest.log.lines import clean
 from analyzer.ingest.log.oom_message import parse
 from analyzer.log_result import analyze_log
@@ -370,6 +370,19 @@ def test_nvidia_smi_noheader_csv_without_its_command_is_not_read() -> None:
     assert read_log(io.BytesIO(other), "other").readings == []
     headed = b"nvidia-smi --query-gpu=timestamp,index,memory.used,memory.total --format=csv\n" + _NOHEADER_ROWS
     assert read_log(io.BytesIO(headed), "headed").readings == []   # with a header expected, no header came
+
+
+def test_megatron_memory_lines_of_both_eras_from_real_logs() -> None:
+    # "MB" is MiB (report_memory divides by 1024 * 1024): 10250.5693359375 * 2**20 = 10748500992 exactly
+    (old,) = read_log_file(LOGS / "megatron_legacy_megatron_60.log").readings
+    assert (old.source, old.rank, old.step, old.line) == ("megatron", None, 5, 2)
+    assert old.bytes == {"allocated": 10748500992, "allocated_peak": 13218414080,   # 12606.06201171875 MiB
+                         "reserved": 17482 * MiB, "reserved_peak": 17482 * MiB}
+    (new,) = read_log_file(LOGS / "megatron_rank_megatron_5662.log").readings
+    assert (new.rank, new.step) == (0, 20)
+    assert new.bytes == {"allocated": round(3270.16 * MiB), "allocated_peak": round(5670.39 * MiB),
+                         "reserved": 6406 * MiB, "reserved_peak": 6406 * MiB}
+    assert round(3270.16 * MiB) == 3429011292   # 3429011292.16 rounded
 
 
 def test_megatron_lines_and_a_leak_across_them() -> None:

@@ -1,7 +1,8 @@
 """Memory lines that training and serving frameworks print, each as a Reading.
 
 - Megatron-LM `report_memory` (megatron/training/utils.py): `[Rank r] (after N iterations) memory (MB) |
-  allocated: a | max allocated: b | reserved: c | max reserved: d`, the "MB" being MiB (bytes / 1024 / 1024);
+  allocated: a | max allocated: b | reserved: c | max reserved: d`, the "MB" being MiB (bytes / 1024 / 1024),
+  printed before 2021 (megatron/utils.py) without the rank and the brackets: `after N iterations memory (MB) | ...`;
   and its newer per-iteration `mem-allocated-gigabytes: x | mem-max-allocated-gigabytes: y | ...` (GiB).
 - DeepSpeed `see_memory_usage` (deepspeed/runtime/utils.py): the message line, then `MA a GB  Max_MA b GB
   CA c GB  Max_CA d GB` (GiB; Max_CA rounded to a whole GiB).
@@ -24,7 +25,7 @@ from analyzer.core.log_records import Reading
 from analyzer.ingest.log.sizes import SIZE, to_bytes
 
 _N = r"(\d+(?:\.\d+)?)"
-_MEGATRON_MB = re.compile(r"(?:\[Rank (\d+)\] )?\((?:after (\d+) iterations|[^)]*)\) memory \(MB\) \| allocated: " + _N
+_MEGATRON_MB = re.compile(r"(?:\[Rank (\d+)\] )?(?:\(?after (\d+) iterations\)?|\([^)]*\)) memory \(MB\) \| allocated: " + _N
                           + r" \| max allocated: " + _N + r" \| reserved: " + _N + r" \| max reserved: " + _N)
 _MEGATRON_GB = re.compile(r"mem-([a-z\-]+)-(giga|mega)bytes:\s*" + _N)
 _ITERATION = re.compile(r"\biteration\s+(\d+)\s*/")
