@@ -37,6 +37,7 @@ _PREFIXES = [
 #: the characters that every prefix above starts with
 _PREFIX_FIRST = frozenset("[(>0123456789")
 _SGLANG_TP = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? (?:DP\d+ )?TP(?P<rank>\d+)(?: EP\d+)?\]\s?")
+_ALL_PREFIXES = (*_PREFIXES, _SGLANG_TP)
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def clean(raw: str) -> tuple[str, int | None]:
     stripped, rounds = text[:1] in _PREFIX_FIRST, 0   # a line no prefix can start is not matched against them
     while stripped and rounds < MAX_PREFIXES:  # bounded: a line of ten thousand "[rank0]: " is not read ten thousand times
         stripped, rounds = False, rounds + 1
-        for prefix in (*_PREFIXES, _SGLANG_TP):
+        for prefix in _ALL_PREFIXES:
             m = prefix.match(text)
             if m and m.end() > 0:
                 named = m.groupdict().get("rank")
