@@ -118,20 +118,22 @@ def read_log(stream: IO[bytes], path: str) -> LogReading:
     def frames(number: int, text: str) -> tuple[Frame, ...]:
         return frames_before(scan.preceding(), text_of, number, text, oom_message.starts, _CLOSES)
 
-    for line in scan:
-        text, rank = line.text, line.rank
-        if ooms.feed(line.number, text, rank, frames):
+    unseen = list(_MARKERS.items())   # a framework once seen is not looked for again
+    for number, text, rank in scan:
+        if ooms.feed(number, text, rank, frames):
             continue
         if "ALLOC_CONF" in text and not _HINT.search(text) and (m := _SETTING.search(text)):
-            settings.append(AllocatorSetting(line.number, m.group(1)))
-        for name, (words, marker) in _MARKERS.items():
-            if name not in seen and any(map(text.__contains__, words)) and marker.search(text):
+            settings.append(AllocatorSetting(number, m.group(1)))
+        for name, (words, marker) in unseen:
+            if any(map(text.__contains__, words)) and marker.search(text):
                 seen.add(name)
-        found = summaries.feed(line.number, text, rank) + smi.feed(line.number, text, rank, scan.preceding) + \
-            frameworks.feed(line.number, text, rank)
-        room = MAX_READINGS - len(readings)
-        readings += found[:room]
-        dropped += max(len(found) - room, 0)
+                unseen = [u for u in unseen if u[0] != name]
+        found = summaries.feed(number, text, rank) + smi.feed(number, text, rank, scan.preceding) + \
+            frameworks.feed(number, text, rank)
+        if found:
+            room = MAX_READINGS - len(readings)
+            readings += found[:room]
+            dropped += max(len(found) - room, 0)
     ooms.finish()
     readings += summaries.finish()
     warnings = []
