@@ -276,6 +276,30 @@ def test_deepspeed_ma_lines_are_found_by_their_loggers_function_name() -> None:
     assert read_log(io.BytesIO(ma.encode()), "bare").readings == []   # a format without it: not looked for
 
 
+def test_each_traceback_line_is_read_back_once_however_many_ooms(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 300 OOMs, each after its own traceback: an OOM reads back only to the one before it (which took the
+    # frames before it), so a log of OOMs does not read the same 64 KiB over again for each
+    import analyzer.ingest.log.lines as lines
+    oom = b"RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 7.93 GiB total capacity; 1 GiB already allocated; 0 bytes free; 2 GiB reserved in total by PyTorch)\n"
+    unit = b"noise\n" * 20 + b'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n    step()\n' + oom
+    calls = 0
+    original = lines.decode
+
+    def counted(raw: bytes) -> tuple[str, int | None]:
+        nonlocal calls
+        calls += 1
+        return original(raw)
+
+    import analyzer.ingest.log as log
+    monkeypatch.setattr(lines, "decode", counted)   # the lines searched for
+    monkeypatch.setattr(log, "decode", counted)     # the lines read back
+    reading = read_log(io.BytesIO(unit * 300), "many")
+    assert sum(o.repeats for o in reading.ooms) == 300 and reading.ooms[0].frames[0][:3] == ("train.py", 3, "<module>")
+    # each unit once: its OOM line, the line after it (the message may wrap onto it) and its traceback's three
+    # lines; other noise never (reading the 64 KiB behind each OOM again decoded 112,424 lines here)
+    assert calls == 300 * 5 - 1
+
+
 def _analyze(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([sys.executable, "-m", "analyzer", *args], input=stdin, capture_output=True, cwd=ROOT,
                           timeout=120, check=False)

@@ -21,7 +21,7 @@ from analyzer.ingest.log.framework_lines import FrameworkLinesReader
 from analyzer.ingest.log.lines import Scan, decode
 from analyzer.ingest.log.memory_summary import MemorySummaryReader
 from analyzer.ingest.log.nvidia_smi import NvidiaSmiReader
-from analyzer.ingest.log.traceback import Frame, frames_before
+from analyzer.ingest.log.traceback import TRACEBACK_WORDS, Frame, frames_before
 
 #: OOMs and readings kept; past these a log is still read to its end and the warnings say what was left out
 MAX_OOMS = 1000
@@ -39,7 +39,6 @@ SAME_OOM_LINES = 200
 #: list_gpu_processes()' "GPU:n") are read back from there instead (Scan.preceding), and a DeepSpeed MA line
 #: without its logger's prefix or a bare mem_fraction_static is not looked for
 ANCHORS = (b"emory", b"lloc", b"_ALLOC_", b"MiB", b"Load weight end", b"vllm", b"sglang")
-_CLOSES = tuple(w.encode() for w in oom_message.START_WORDS)
 _SETTING = re.compile(r"PYTORCH_(?:CUDA_)?ALLOC_CONF\s*[=:]\s*['\"]?([\w:.,=\-]+)")
 _HINT = re.compile(r"try setting|If reserved|See documentation")
 #: a framework's name, the words one of its lines must hold (tested first: `in` is fifty times cheaper than the
@@ -115,8 +114,13 @@ def read_log(stream: IO[bytes], path: str) -> LogReading:
     def text_of(raw: bytes) -> str:
         return decode(raw)[0]
 
+    last_oom = 0   # where the last OOM's first line ended: the lines before it are no later OOM's traceback
+
     def frames(number: int, text: str) -> tuple[Frame, ...]:
-        return frames_before(scan.preceding(), text_of, number, text, oom_message.starts, _CLOSES)
+        nonlocal last_oom
+        lines = scan.preceding(since=last_oom, holding=TRACEBACK_WORDS)
+        last_oom = scan.after_current
+        return frames_before(lines, text_of, number, text)
 
     unseen = list(_MARKERS.items())   # a framework once seen is not looked for again
     for number, text, rank in scan:

@@ -108,16 +108,28 @@ class Scan:
         self._region = b""        # whole lines being read
         self._behind = b""        # up to LOOKBACK bytes of whole lines before the region
         self._at = 0              # offset in the region of the line being handed over
+        self._base = 0            # offset of the region in the regions read (`preceding`'s offsets)
 
-    def preceding(self, limit: int = LOOKBACK) -> list[tuple[int, bytes]]:
-        """(number, raw text) of the whole lines within `limit` bytes before the current line, oldest first."""
-        at = self._at
-        if at >= limit:
-            lo = at - limit
-            head, whole = self._region[lo:at], lo == 0 or self._region[lo - 1] == 0x0A
+    @property
+    def after_current(self) -> int:
+        """Where the line being handed over ends (its newline included), as an offset for `preceding`."""
+        return self._base + self._region.index(b"\n", self._at) + 1
+
+    def preceding(self, limit: int = LOOKBACK, since: int = 0,
+                  holding: tuple[bytes, ...] = ()) -> list[tuple[int, bytes]]:
+        """(number, raw text) of the whole lines within `limit` bytes before the current line and from offset
+        `since` (an `after_current` of before) on, oldest first; none when `holding` is given and the bytes
+        hold none of its words (searched in C before any line is split)."""
+        at, base, behind = self._at, self._base, self._behind
+        lo = max(base + at - limit, since, base - len(behind)) - base   # from the region's start; < 0: behind
+        if lo >= 0:
+            head, whole = self._region[lo:at], lo == 0 or self._region[lo - 1] == 0x0A or base + lo == since
         else:
-            lo = max(len(self._behind) - (limit - at), 0)
-            head, whole = self._behind[lo:] + self._region[:at], lo == 0 or self._behind[lo - 1] == 0x0A
+            lo += len(behind)
+            head = behind[lo:] + self._region[:at]
+            whole = lo == 0 or behind[lo - 1] == 0x0A or base - len(behind) + lo == since
+        if holding and not any(map(head.__contains__, holding)):
+            return []
         found = head.split(b"\n")[:-1]
         if not whole:
             found = found[1:]
@@ -148,6 +160,7 @@ class Scan:
                     carry = block if len(block) < BLOCK else block[-MAX_LINE:]
                     continue
                 region, carry = block[: cut + 1], block[cut + 1:]
+            self._base += len(self._region)
             self._region = region
             pos = 0  # offset of the first line of `region` not yet taken or counted past
             for start in _starts(region, self._anchors):

@@ -91,22 +91,18 @@ class TracebackWindow:
 
 #: words of the raw lines the window reads: a frame, a traceback's header (the line after a frame, its code, is
 #: read while the window is busy)
-_WORDS = (b'File "', b"raceback")
+TRACEBACK_WORDS = (b'File "', b"raceback")
 
 
-def frames_before(lines: Sequence[tuple[int, bytes]], decode: Callable[[bytes], str], number: int, text: str,
-                  closes: Callable[[str], bool], closes_words: tuple[bytes, ...]) -> tuple[Frame, ...]:
-    """The frames of the traceback that ends at line `number` (`text`), read back from the raw `lines` before it:
-    what a window fed every line would give, where each earlier line that `closes` a traceback (an OOM's start,
-    which took that traceback's frames) starts it over. Only lines that can matter are decoded."""
+def frames_before(lines: Sequence[tuple[int, bytes]], decode: Callable[[bytes], str], number: int,
+                  text: str) -> tuple[Frame, ...]:
+    """The frames of the traceback that ends at line `number` (`text`), read back from the raw `lines` before it
+    (those after the previous OOM, which took the frames before it): what a window fed every line would give.
+    Only the lines that can matter are decoded."""
     window = TracebackWindow()
     for n, raw in lines:
-        closing = any(map(raw.__contains__, closes_words))
-        if closing or window.busy or any(map(raw.__contains__, _WORDS)):
-            decoded = decode(raw)
-            window.feed(n, decoded)
-            if closing and closes(decoded):
-                window.take(n)
+        if window.busy or any(map(raw.__contains__, TRACEBACK_WORDS)):
+            window.feed(n, decode(raw))
     window.feed(number, text)
     return window.take(number)
 
