@@ -280,8 +280,10 @@ def test_each_traceback_line_is_read_back_once_however_many_ooms(monkeypatch: py
     # 300 OOMs, each after its own traceback: an OOM reads back only to the one before it (which took the
     # frames before it), so a log of OOMs does not read the same 64 KiB over again for each
     import analyzer.ingest.log.lines as lines
-    oom = b"RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 7.93 GiB total capacity; 1 GiB already allocated; 0 bytes free; 2 GiB reserved in total by PyTorch)\n"
-    unit = b"noise\n" * 20 + b'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n    step()\n' + oom
+    oom = (b"RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 7.93 GiB total capacity; "
+           b"1 GiB already allocated; 0 bytes free; 2 GiB reserved in total by PyTorch)\n")
+    traceback = b'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n    step()\n'
+    unit = b"noise\n" * 20 + traceback + oom
     calls = 0
     original = lines.decode
 

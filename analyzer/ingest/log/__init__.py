@@ -1,9 +1,10 @@
 """Read a text log (a training run's output, a pasted error, an issue's text) into a LogReading, streamed.
 
 One pass over cleaned lines (analyzer.ingest.log.lines) feeds every reader: the OOM messages with the
-traceback read back from the lines before each (oom_message, traceback), memory_summary() tables and memory_stats() dicts
-(memory_summary), nvidia-smi output (nvidia_smi) and framework memory lines (framework_lines). Only what was
-read is kept, bounded: a log of any size is read in constant memory but for its OOMs and readings.
+traceback read back from the lines before each (oom_message, traceback), memory_summary() tables and
+memory_stats() dicts (memory_summary), nvidia-smi output (nvidia_smi) and framework memory lines
+(framework_lines). Only what was read is kept, bounded: a log of any size is read in constant memory but for its
+OOMs and readings.
 """
 from __future__ import annotations
 
@@ -35,9 +36,10 @@ SAME_OOM_LINES = 200
 #: (Tried to allocate, calloc, allocated_bytes, mem-allocated-gigabytes, KV Cache is allocated), "_ALLOC_"
 #: (PYTORCH_CUDA_ALLOC_CONF, CUBLAS_STATUS_ALLOC_FAILED), nvidia-smi's "MiB" rows, SGLang's "Load weight end",
 #: and "vllm", "sglang" (a memory_stats() dict opens with "active.all.allocated"). Each costs one pass of
-#: bytes.find over the file, 1.5-4 GB/s here (a longer anchor is skipped over faster): the lines readers need only around one (a traceback before an OOM, a GPU's row before its memory row,
-#: list_gpu_processes()' "GPU:n") are read back from there instead (Scan.preceding), and a DeepSpeed MA line
-#: without its logger's prefix or a bare mem_fraction_static is not looked for
+#: bytes.find over the file, 1.5-4 GB/s here (a longer anchor is skipped over faster): the lines readers need
+#: only around one (a traceback before an OOM, a GPU's row before its memory row, list_gpu_processes()'
+#: "GPU:n") are read back from there instead (Scan.preceding), and a DeepSpeed MA line without its logger's
+#: prefix or a bare mem_fraction_static is not looked for
 ANCHORS = (b"emory", b"lloc", b"_ALLOC_", b"MiB", b"Load weight end", b"vllm", b"sglang")
 _SETTING = re.compile(r"PYTORCH_(?:CUDA_)?ALLOC_CONF\s*[=:]\s*['\"]?([\w:.,=\-]+)")
 _HINT = re.compile(r"try setting|If reserved|See documentation")
@@ -57,7 +59,8 @@ class _OomCollector:
         self.left_out = 0
         self._buffer: tuple[int, int | None, str, tuple[Frame, ...], int] | None = None
 
-    def feed(self, number: int, text: str, rank: int | None, frames_of: Callable[[int, str], tuple[Frame, ...]]) -> bool:
+    def feed(self, number: int, text: str, rank: int | None,
+             frames_of: Callable[[int, str], tuple[Frame, ...]]) -> bool:
         """Take `text` if it is (part of) an OOM message; True when it was."""
         if self._buffer is not None:
             start, r, joined, frames, extra = self._buffer

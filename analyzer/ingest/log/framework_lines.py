@@ -25,7 +25,8 @@ from analyzer.core.log_records import Reading
 from analyzer.ingest.log.sizes import SIZE, to_bytes
 
 _N = r"(\d+(?:\.\d+)?)"
-_MEGATRON_MB = re.compile(r"(?:\[Rank (\d+)\] )?(?:\(?after (\d+) iterations\)?|\([^)]*\)) memory \(MB\) \| allocated: " + _N
+_MEGATRON_MB = re.compile(r"(?:\[Rank (\d+)\] )?(?:\(?after (\d+) iterations\)?|\([^)]*\)) memory \(MB\) \| "
+                          r"allocated: " + _N
                           + r" \| max allocated: " + _N + r" \| reserved: " + _N + r" \| max reserved: " + _N)
 _MEGATRON_GB = re.compile(r"mem-([a-z\-]+)-(giga|mega)bytes:\s*" + _N)
 _ITERATION = re.compile(r"\biteration\s+(\d+)\s*/")

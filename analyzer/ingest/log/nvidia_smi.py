@@ -8,8 +8,9 @@ says which column is which (`--format=csv`, with or without `nounits`). A `nohea
 only where the log holds the command that wrote it (`nvidia-smi --query-gpu=index,memory.used,...
 --format=csv,noheader,nounits`): its rows are read after that line, in the order the query gives (nvidia-smi
 prints the fields in the order asked, its aliases such as `used_memory` for `used_gpu_memory` included). Rows
-without such a line are not read: `0, 1000, 81920` could be any three numbers. `list_gpu_processes()` prints `GPU:n` then `process PID uses X MB GPU memory` per
-process, so a process's device is read back from the lines before it.
+without such a line are not read: `0, 1000, 81920` could be any three numbers. `list_gpu_processes()` prints
+`GPU:n` then `process PID uses X MB GPU memory` per process, so a process's device is read back from the lines
+before it.
 """
 from __future__ import annotations
 
