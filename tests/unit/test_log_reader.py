@@ -47,6 +47,7 @@ CASES = {
     "ofwhich_process_listed_langchain_3992.log": (Era.OF_WHICH, "capacity", g(128), g(23.65), g(7.95), g(8.13), g(8.13) + m(8.94), m(8.94)),
     "ofwhich_no_nvml_neurolens_2.log": (Era.OF_WHICH, "capacity", g(55.57), g(12), g(9.02), m(984.52), m(984.52) + m(463.48), m(463.48)),
     "ofwhich_other_process_fbgemm_5605.log": (Era.OF_WHICH, "other_process", g(122.07), g(255.98), g(50.64), g(123.74), g(123.74) + m(8.94), m(8.94)),
+    "ofwhich_vllm_worker_club3090_32.log": (Era.OF_WHICH, "unknown", g(1.19), g(24), g(14.71), g(7.89), g(7.89) + m(12.54), m(12.54)),
     "hip_forward_pytorch_175431.log": (Era.OF_WHICH, "unknown", m(2), g(287.98), g(203.49), g(68.63), g(68.63) + g(14.93), g(14.93)),
     "xpu_ofwhich_torch_xpu_ops_3011.log": (Era.OF_WHICH, "unknown", g(4.66), g(5.65), g(5.65), round(195.5 * KiB), round(195.5 * KiB) + m(1.81), m(1.81)),
     "cached_optimizer_step_pytorch_29198.log": (Era.CACHED, "other_process", m(352), g(7.92), m(156), g(1.67), g(1.67) + m(124.28), m(124.28)),
