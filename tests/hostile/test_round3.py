@@ -424,6 +424,35 @@ def test_stacks_of_shared_frames_convert_each_frame_once(monkeypatch: pytest.Mon
         assert _frame_conversions(stacks, monkeypatch) == 2 * (300 + stacks + 1)   # a frame); was 2 * 300 * stacks
 
 
+def _frames_looked_at(stacks: int, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
+    """(frames attribution looked at, frames its stacks hold) for `stacks` stacks of 300 shared frames."""
+    import gzip
+
+    from analyzer.attribute import attribute, frames
+    from analyzer.ingest.snapshot import snapshot_to_trace
+
+    calls = [0]
+    real = frames._frame_facts
+
+    def counting(frame: tuple[str, int, str]) -> tuple[int, object]:
+        calls[0] += 1
+        return real(frame)
+
+    monkeypatch.setattr(frames, "_frame_facts", counting)
+    trace = snapshot_to_trace(pickle.loads(gzip.decompress(round3.shared_frame_stacks(stacks, 300))), "shared")
+    attribute(trace)
+    return calls[0], sum(len(f) for f in trace.stacks["frames"])
+
+
+def test_stacks_of_shared_frames_are_attributed_once_per_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attribution looked at every frame of every stack (3,000 stacks of 1,500 shared frames: 15 s of CPU after
+    the reader's fix): now each distinct frame once (the 300 shared ones and the segments' own), however many
+    stacks hold them."""
+    for stacks in (200, 400):
+        looked_at, held = _frames_looked_at(stacks, monkeypatch)
+        assert looked_at == 300 + 1 and held > 300 * stacks   # was `held`: over 60,000 and 120,000 frames
+
+
 def test_the_cpu_budget_scales_with_what_the_input_expands_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import gzip
 
