@@ -453,6 +453,28 @@ def test_stacks_of_shared_frames_are_attributed_once_per_frame(monkeypatch: pyte
         assert looked_at == 300 + 1 and held > 300 * stacks   # was `held`: over 60,000 and 120,000 frames
 
 
+@pytest.mark.parametrize("depth", [64, 65, 1_500])
+def test_a_call_path_keeps_the_innermost_64_levels(depth: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stack of 1,500 modules' `forward` frames made a 1,500-level call path per stack, and labelling calls is
+    quadratic in the depth (200 such stacks: 24 s of CPU). No model nests 64 modules deep: 64 levels are kept,
+    the innermost, and looked for in the innermost frames only."""
+    from analyzer.attribute import module_paths
+
+    looked = [0]
+    real = module_paths._level
+
+    def counting(*args: object) -> object:
+        looked[0] += 1
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module_paths, "_level", counting)
+    frames = tuple((f"/src/m{i}.py", i + 1, "forward") for i in range(depth))
+    path = module_paths.call_path(frames)
+    assert module_paths.MAX_LEVELS == 64 and len(path) == min(depth, 64)
+    assert path[-1].line == 1 and path[0].line == min(depth, 64)   # outermost first: frames 64..1
+    assert looked[0] == min(depth, 64)
+
+
 def test_the_cpu_budget_scales_with_what_the_input_expands_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import gzip
 
