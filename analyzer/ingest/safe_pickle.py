@@ -28,10 +28,11 @@ class _RefusingUnpickler(pickle.Unpickler):
 
 #: resident memory the unpickled objects of a gzipped pickle may take per compressed byte read, past
 #: MEMORY_FLOOR. The C unpickler cannot count the objects it makes, but what they take is read at each of its reads
-#: (every 64-128 KiB): real snapshots take 2.5-12 bytes per pickle byte (4.1 the 1M-entry benchmark made from a
-#: real recording) and gzip 13-34 times, 55-82 bytes per compressed byte on those over 1 MB; a list of references
-#: (`N`, one pickle byte: 8 bytes of memory) compressed 200 times, the most the ratio check lets through, takes
-#: 1,600. See docs/design/hostile-inputs.md (ANALYZER_MAX_PICKLE_MEMORY_RATIO sets it)
+#: (every 64-128 KiB). The 7 real snapshots over 1 MB take 2.5-6.1 bytes per pickle byte and gzip 14-30 times:
+#: 49-87 bytes per compressed byte (the real-derived benchmark, 100,000 or 1M entries: 61); the worst of both, 6.1
+#: bytes and 34 times, would be 209. Smaller files take up to 12 bytes per pickle byte, far under the floor. A list
+#: of references (`N`, one pickle byte: 8 bytes of memory) compressed 190 times, under the ratio limit, takes some
+#: 3,000. See docs/design/hostile-inputs.md (ANALYZER_MAX_PICKLE_MEMORY_RATIO sets it)
 MEMORY_PER_COMPRESSED_BYTE = 400
 MEMORY_FLOOR = 256 << 20
 
