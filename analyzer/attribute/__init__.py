@@ -33,7 +33,7 @@ import pandas as pd
 
 from analyzer.attribute.annotations import annotation_labels, metadata_labels, tensor_marks
 from analyzer.attribute.category import categorise, recomputed_activations
-from analyzer.attribute.frames import StackFacts, stack_facts
+from analyzer.attribute.frames import FrameMemo, StackFacts, stack_facts
 from analyzer.attribute.model_states import REPLACES_PARAMETER, REPLACES_STATE, infer_model_states
 from analyzer.attribute.module_paths import SourceIndex
 from analyzer.attribute.modules import assign_modules
@@ -106,8 +106,9 @@ def attribute(trace: MemoryTrace, source_roots: Sequence[str | Path] = ()) -> Me
     source files are looked up (longest suffix of their paths) to read module class names."""
     a = trace.allocations.copy(deep=False)
     sources = SourceIndex(source_roots)
-    sources.check(frame for frames in trace.stacks["frames"] for frame in frames)
-    facts = [stack_facts(f, sources) for f in trace.stacks["frames"]]
+    sources.check(set().union(*trace.stacks["frames"]))   # each distinct frame once, however many stacks share it
+    memo: FrameMemo = {}
+    facts = [stack_facts(f, sources, memo) for f in trace.stacks["frames"]]
     parts = [_attribute_device(trace, d, facts) for d in sorted(a["device"].unique())]
     if not parts:
         return replace(trace, allocations=a)

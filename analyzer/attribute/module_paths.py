@@ -38,6 +38,9 @@ MAX_SOURCE_BYTES = 4 << 20
 #: components of a recorded path's longest suffix looked for under a root (no checkout nests deeper; trying
 #: every suffix of a 1,300-level path was quadratic in its depth)
 MAX_SUFFIX_PARTS = 64
+#: module levels kept of one call path, the innermost: no model nests deeper, and a stack of 1,500 `forward`
+#: frames made a 1,500-level path per stack (labelling its calls is quadratic in the depth: 24 s for 200 stacks)
+MAX_LEVELS = 64
 
 _FORWARD, _INIT = "forward", "__init__"
 _TORCH = re.compile(r"(^|[\\/])torch[\\/]")
@@ -318,5 +321,7 @@ def call_path(frames: Sequence[Frame], sources: SourceIndex | None = None) -> Ca
         if caller is not None and caller[2] == frames[i][2] and _same_object_call(caller, sources):
             continue      # the caller is this module too: it shows as the caller's level
         levels.append(level)
+        if len(levels) == MAX_LEVELS:
+            break
     return tuple(reversed(levels))
 

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.attribute.annotations import classify
+from analyzer.attribute.module_paths import MAX_LEVELS
 from analyzer.attribute.ranges import innermost
 from analyzer.core.intervals import innermost_open
 from analyzer.core.trace import MemoryTrace
@@ -37,7 +38,6 @@ from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, OPTIMIZER_ZERO_GRAD_
 #: the autograd engine's ops: evaluate_function wrappers, and in 2021 traces the nodes themselves
 _BACKWARD_OP = r"^autograd::engine::evaluate_function: |^\w*Backward\d*$|^torch::autograd::AccumulateGrad$"
 _MODULE = "nn.Module: "
-_MAX_LEVELS = 64  # module levels kept of one path (innermost): deeper nesting is a hostile input
 
 
 @dataclass
@@ -173,7 +173,7 @@ def _module_paths(spans: pd.DataFrame, modules: np.ndarray) -> np.ndarray:
         pid, up = python[row], parent[row]
         above = enclosing.get(up, ()) if not math.isnan(up) and up < pid else ()
         if modules[row]:
-            above = (*above, names[row][len(_MODULE):])[-_MAX_LEVELS:]
+            above = (*above, names[row][len(_MODULE):])[-MAX_LEVELS:]
             paths[row] = MODULE_PATH_SEPARATOR.join(above)
         enclosing[pid] = above
     return paths

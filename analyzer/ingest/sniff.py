@@ -99,6 +99,10 @@ class _LimitedReader(io.RawIOBase):
                                 "(a gzip bomb?)", "Raise ANALYZER_MAX_COMPRESSION_RATIO if the file is genuine.")
         return n
 
+    def compressed_bytes(self) -> int:
+        """Compressed bytes read so far (what the snapshot reader weighs the unpickled objects against)."""
+        return self._compressed.tell()
+
     def close(self) -> None:
         self._inner.close()
         super().close()

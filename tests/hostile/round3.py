@@ -130,3 +130,16 @@ def nones_behind_a_prefix(nones: int, prefix: int) -> bytes:
     out = [packer.compress(head + b"]("), *(packer.compress(b"N" * (1 << 20)) for _ in range(nones >> 20)),
            packer.compress(b"N" * (nones & ((1 << 20) - 1)) + b"e" + tail), packer.flush()]
     return b"".join(out)
+
+
+def references(count: int, every: int = 1024) -> bytes:
+    """A gzipped snapshot whose user metadata is a list of about `count` references: `None`s with a random small
+    integer (a cached object too) after every `every`, so that the file expands 190 times, under the ratio limit
+    of 200, while each pickle byte makes a reference (8 bytes of memory). One 1 MiB piece, compressed once, is
+    repeated as gzip members (a gzip stream may hold several; they read as one)."""
+    data = small_snapshot()
+    data["device_traces"][0][0]["user_metadata"] = "__LIST__"
+    head, tail = pickle.dumps(data, protocol=3).split(b"X\x08\x00\x00\x00__LIST__")
+    piece = b"".join(b"N" * every + b"K" + bytes([b]) for b in os.urandom((1 << 20) // (every + 2)))
+    member = gzip.compress(piece, 9)
+    return b"".join([gzip.compress(head + b"]("), *[member] * -(-count // len(piece)), gzip.compress(b"e" + tail)])

@@ -19,6 +19,7 @@ from analyzer.report.markdown import md_text
 from analyzer.report.run_log import MAX_LINE_BYTES, read_log
 from tests.hostile import round2, round3
 from tests.hostile.test_round2 import FIXTURE, _cli, _one_error_line
+from tests.support.paths import REAL, ROOT as REPO
 
 
 # ---- the run log: planted links, special files, huge lines, numbers ----------------------------------------
@@ -424,6 +425,57 @@ def test_stacks_of_shared_frames_convert_each_frame_once(monkeypatch: pytest.Mon
         assert _frame_conversions(stacks, monkeypatch) == 2 * (300 + stacks + 1)   # a frame); was 2 * 300 * stacks
 
 
+def _frames_looked_at(stacks: int, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
+    """(frames attribution looked at, frames its stacks hold) for `stacks` stacks of 300 shared frames."""
+    import gzip
+
+    from analyzer.attribute import attribute, frames
+    from analyzer.ingest.snapshot import snapshot_to_trace
+
+    calls = [0]
+    real = frames._frame_facts
+
+    def counting(frame: tuple[str, int, str]) -> tuple[int, object]:
+        calls[0] += 1
+        return real(frame)
+
+    monkeypatch.setattr(frames, "_frame_facts", counting)
+    trace = snapshot_to_trace(pickle.loads(gzip.decompress(round3.shared_frame_stacks(stacks, 300))), "shared")
+    attribute(trace)
+    return calls[0], sum(len(f) for f in trace.stacks["frames"])
+
+
+def test_stacks_of_shared_frames_are_attributed_once_per_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attribution looked at every frame of every stack (3,000 stacks of 1,500 shared frames: 15 s of CPU after
+    the reader's fix): now each distinct frame once (the 300 shared ones and the segments' own), however many
+    stacks hold them."""
+    for stacks in (200, 400):
+        looked_at, held = _frames_looked_at(stacks, monkeypatch)
+        assert looked_at == 300 + 1 and held > 300 * stacks   # was `held`: over 60,000 and 120,000 frames
+
+
+@pytest.mark.parametrize("depth", [64, 65, 1_500])
+def test_a_call_path_keeps_the_innermost_64_levels(depth: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stack of 1,500 modules' `forward` frames made a 1,500-level call path per stack, and labelling calls is
+    quadratic in the depth (200 such stacks: 24 s of CPU). No model nests 64 modules deep: 64 levels are kept,
+    the innermost, and looked for in the innermost frames only."""
+    from analyzer.attribute import module_paths
+
+    looked = [0]
+    real = module_paths._level
+
+    def counting(*args: object) -> object:
+        looked[0] += 1
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module_paths, "_level", counting)
+    frames = tuple((f"/src/m{i}.py", i + 1, "forward") for i in range(depth))
+    path = module_paths.call_path(frames)
+    assert module_paths.MAX_LEVELS == 64 and len(path) == min(depth, 64)
+    assert path[-1].line == 1 and path[0].line == min(depth, 64)   # outermost first: frames 64..1
+    assert looked[0] == min(depth, 64)
+
+
 def test_the_cpu_budget_scales_with_what_the_input_expands_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import gzip
 
@@ -446,8 +498,60 @@ def test_nones_behind_a_random_prefix_are_stopped_by_the_windowed_ratio(tmp_path
     path = tmp_path / "nones.pickle.gz"
     path.write_bytes(round3.nones_behind_a_prefix(100 << 20, 1 << 20))
     assert path.stat().st_size * 200 > (101 << 20)
-    _one_error_line(_cli(path, "-q", "-o", tmp_path / "r.json"), "nones.pickle.gz",
-                    "200 times its compressed size over 64 MiB", "ANALYZER_MAX_COMPRESSION_RATIO")
+    _one_error_line(_cli(path, "-q", "-o", tmp_path / "r.json"), "nones.pickle.gz",   # its objects' memory first
+                    "more than 400 bytes of memory per compressed byte", "ANALYZER_MAX_PICKLE_MEMORY_RATIO")
+    _one_error_line(_cli(path, "-q", "-o", tmp_path / "r.json", env={"ANALYZER_MAX_PICKLE_MEMORY_RATIO": "10000000"}),
+                    "nones.pickle.gz", "200 times its compressed size over 64 MiB", "ANALYZER_MAX_COMPRESSION_RATIO")
+
+
+#: runs `analyze` in a child with the floor of the unpickled objects' memory at 8 MiB (so that the bound per
+#: compressed byte decides on a file of a few MB), and prints the peak resident memory of the children
+_WATCHED_CLI = ("import resource, subprocess, sys; run = subprocess.run([sys.executable, '-c', 'import sys; "
+                "import analyzer.ingest.safe_pickle as p; p.MEMORY_FLOOR = 8 << 20; from analyzer.commands import main; "
+                "sys.exit(main(sys.argv[1:]))', *sys.argv[1:]], check=False); "
+                "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss << 10); sys.exit(run.returncode)")
+
+
+def _watched(path: Path, out: Path, ratio: int | None = None) -> tuple[subprocess.CompletedProcess, int]:
+    """(the run, with its printed peak taken off stdout; that peak in bytes)."""
+    env = {**os.environ, **({"ANALYZER_MAX_PICKLE_MEMORY_RATIO": str(ratio)} if ratio else {})}
+    run = subprocess.run([sys.executable, "-c", _WATCHED_CLI, str(path), "-q", "-o", str(out)], check=False,
+                         capture_output=True, text=True, timeout=300, env=env, preexec_fn=_limit_memory)
+    return run, int(run.stdout.split()[-1])
+
+
+def test_references_compressed_under_the_ratio_limit_are_stopped_early(tmp_path: Path) -> None:
+    """256M references (Nones and small integers) in a 1.4 MB gzip that expands 190 times, under the ratio limit:
+    the list needed 2 GB (8 bytes a reference; 600M of them, past 3 GB), bounded only by the 3 GiB memory limit.
+    Its objects take some 3,000 bytes per compressed byte read, a real snapshot's 61: past 400 it is refused,
+    holding a few hundred MB."""
+    path = tmp_path / "references.pickle.gz"
+    path.write_bytes(round3.references(256 << 20))
+    assert path.stat().st_size < (3 << 19)
+    run, peak = _watched(path, tmp_path / "r.json")
+    _one_error_line(run, "references.pickle.gz", "more than 400 bytes of memory per compressed byte",
+                    "ANALYZER_MAX_PICKLE_MEMORY_RATIO")
+    assert peak < 1 << 30
+
+
+@pytest.mark.skipif(not REAL.is_dir(), reason="../shared/real (the real recordings) is absent")
+def test_a_real_shaped_snapshot_is_under_the_memory_per_compressed_byte(tmp_path: Path) -> None:
+    """The CS336 recording (C++ and Python frames) repeated to 100,000 entries, gzipped (1.3 MB, 13 times): its
+    objects take 61 bytes per compressed byte, read whole under the bound of 400 and refused under one of 30."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_real_snapshot", REPO / "benchmarks" / "make_real_snapshot.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    path = tmp_path / "real.pickle.gz"
+    path.write_bytes(gzip.compress(pickle.dumps(module.make("cpp-frames", 100_000), protocol=4), 6))
+    run, _ = _watched(path, tmp_path / "r.json")
+    assert run.returncode == 0 and json.loads((tmp_path / "r.json").read_text())["devices"], run.stderr
+    run, _ = _watched(path, tmp_path / "r.json", ratio=30)
+    _one_error_line(run, "real.pickle.gz", "more than 30 bytes of memory per compressed byte")
 
 
 def _gunzipped(body: bytes) -> int:
