@@ -1,0 +1,166 @@
+"""What a recording shows of attention: the eager attention's s x s tensors, which fused attention never makes,
+whether the model has attention at all, and a KV cache kept by a forward-only run.
+
+- Eager attention: in a repeated block (`layers.N`, `forward[N]`, `DecoderLayer_N`: block_of), a softmax (torch's op,
+  `aten::_softmax`, or a Python function named `softmax`, as hand-written ones are) of at least SCORES_MIN_BYTES
+  whose element count a matrix product of the same block and step made too (`aten::bmm`/`matmul`/`baddbmm`, or
+  `einsum`/`matmul` in the frames: the scores q·kᵀ) is a b·h·s² softmax over a matmul. Every forward or
+  backward activation and temporary of that block and step of that element count (at 2 or 4 bytes an element:
+  scores, their scaling and mask, the probabilities, dropout, and their gradients) is such a tensor, unless a
+  torch.nn Linear made it. Fused attention (SDPA / FlashAttention) keeps a b·h·s log-sum-exp instead.
+- Attention seen: such tensors, a fused attention op, or a frame or module that names attention (`attn`,
+  `attention`, `scaled_dot_product`); none where the recording holds stacks or module names and none says it
+  (a CNN); None where it holds neither.
+- KV cache: a forward-only run, autograd off or grad mode not recorded, that keeps tensors made in a repeated
+  block's attention past that block's call (after its last forward allocation): a decoder's cache of
+  K and V per layer. A Python frame of a cache's update (`cache_utils`, `Cache.update`, `past_key_value`) says
+  it too (a quantizer in those frames: the cache is quantized already). Autograd on keeps the same tensors for a backward (the graph, which `no_grad` addresses), so they are
+  not called a cache then.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, Category, Phase
+from analyzer.diagnose.transforms import Stream, block_key
+
+SCORES_MIN_BYTES = 1 << 20     # a softmax under 1 MiB is no attention matrix worth fusing
+_SOFTMAX_OP = re.compile(r"aten::_?softmax(?!\w*log)")      # _softmax, softmax, _softmax_backward_data; not log_softmax
+_SAFE_SOFTMAX_OP = re.compile(r"aten::_safe_softmax")
+_MATMUL_OP = re.compile(r"aten::(bmm|matmul|baddbmm|einsum)(?![a-z])")
+_MATMUL_FUNCTIONS = {"einsum", "matmul", "bmm", "baddbmm"}
+_LINEAR = re.compile(r"aten::(addmm|linear)(?![a-z])")
+_LINEAR_FILE = "torch/nn/modules/linear.py"
+_FUSED_OP = re.compile(r"aten::(_scaled_dot_product\w*|scaled_dot_product_attention|_flash_attention\w*|"
+                       r"_efficient_attention\w*)")
+_ATTENTION_NAME = re.compile(r"attention|attn|scaled_dot_product", re.IGNORECASE)
+_CLASS_BLOCK = re.compile(r"^\w*(Layer|Block)\w*_\d+$")
+_CACHE_FRAME = re.compile(r"cache_utils|kv_cache|past_key_value|Cache\.update", re.IGNORECASE)
+CACHE_KINDS = ("cache", "quantized_cache")
+_WORK = (Category.ACTIVATION.value, Category.TEMPORARY.value)
+_PASSES = (Phase.FORWARD.value, Phase.BACKWARD.value)
+
+
+def block_of(module: str) -> str | None:
+    """The repeated block a module path is in: transforms.block_key (`layers.3`, `forward[3]`), or a profiler's
+    module path level named as an instance of a layer or block class (`Qwen2DecoderLayer_3`, `BertLayer_0`)."""
+    key = block_key(module)
+    if key is not None:
+        return key
+    levels = module.split(MODULE_PATH_SEPARATOR)
+    at = next((i for i, level in enumerate(levels) if _CLASS_BLOCK.match(level)), None)
+    return None if at is None else MODULE_PATH_SEPARATOR.join(levels[:at + 1])
+
+
+def _stack_kinds(stacks: pd.DataFrame) -> dict[int, str]:
+    """Per stack id: 'softmax', 'matmul', 'linear', 'fused', 'attention' (a frame names it), 'cache' or ''."""
+    kinds: dict[int, str] = {}
+    for sid, frames, op in zip(stacks["stack_id"], stacks["frames"], stacks["op"], strict=True):
+        op = op if isinstance(op, str) else ""
+        python = [f for f in frames if str(f[0]).endswith(".py")]
+        functions = {str(f[2]) for f in python}
+        files = " ".join(str(f[0]).replace("\\", "/") for f in python)
+        if _FUSED_OP.match(op):
+            kinds[int(sid)] = "fused"
+        elif _SOFTMAX_OP.match(op) or _SAFE_SOFTMAX_OP.match(op) or "softmax" in functions:
+            kinds[int(sid)] = "softmax"
+        elif _LINEAR.match(op) or _LINEAR_FILE in files:
+            kinds[int(sid)] = "linear"
+        elif _MATMUL_OP.match(op) or (python and str(python[0][2]) in _MATMUL_FUNCTIONS):
+            kinds[int(sid)] = "matmul"
+        elif any(_CACHE_FRAME.search(f"{f[0]} {f[2]}") for f in python):
+            kinds[int(sid)] = "quantized_cache" if any("quant" in f"{f[0]} {f[2]}".lower() for f in python) else "cache"
+        elif any(_ATTENTION_NAME.search(f"{f[0]} {f[2]}") for f in python):
+            kinds[int(sid)] = "attention"
+        else:
+            kinds[int(sid)] = ""
+    return kinds
+
+
+def _kinds_of(rows: pd.DataFrame, stacks: pd.DataFrame) -> pd.Series:
+    kinds = _stack_kinds(stacks)
+    ids = pd.to_numeric(rows["stack_id"], errors="coerce")
+    return ids.map(lambda s: "" if pd.isna(s) else kinds.get(int(s), "")).astype(str)
+
+
+def score_tensors(rows: pd.DataFrame, stacks: pd.DataFrame, size: str) -> pd.Series:
+    """The rows (allocations, or a replay stream's rows; `size` names their bytes column) that are eager
+    attention's b·h·s² tensors, forward and backward (see the module's docstring)."""
+    out = pd.Series(False, index=rows.index)
+    if rows.empty or stacks.empty:
+        return out
+    kinds = _kinds_of(rows, stacks)
+    blocks = rows["module"].astype(str).map(block_of)
+    phase, category = rows["phase"].astype(str), rows["category"].astype(str)
+    step = pd.to_numeric(rows["step"], errors="coerce").fillna(-1)
+    forward = (phase == Phase.FORWARD.value) & blocks.notna()
+    softmax = rows[forward & (kinds == "softmax") & (rows[size] >= SCORES_MIN_BYTES)]
+    matmul = rows[forward & (kinds == "matmul")]
+    work = blocks.notna() & phase.isin(_PASSES) & category.isin(_WORK) & (kinds != "linear")
+    for (block, at_step), part in softmax.groupby([blocks[softmax.index], step[softmax.index]]):
+        products = matmul[(blocks[matmul.index] == block) & (step[matmul.index] == at_step)]
+        elements = {int(b) // width for b in part[size] for width in (2, 4) if int(b) % width == 0}
+        product_elements = {int(b) // width for b in products[size] for width in (2, 4) if int(b) % width == 0}
+        over_a_matmul = elements & product_elements
+        if not over_a_matmul:
+            continue
+        sizes = [e * width for e in over_a_matmul for width in (2, 4)]
+        out |= work & (blocks == block) & (step == at_step) & rows[size].isin(sizes)
+    return out
+
+
+def attention_seen(allocations: pd.DataFrame, stacks: pd.DataFrame, scores: pd.Series) -> bool | None:
+    """Whether the model has attention: its s² tensors, a fused attention op, or a frame or module naming it;
+    None where the recording holds neither stacks nor module names to say."""
+    if scores.any():
+        return True
+    kinds = _kinds_of(allocations, stacks) if not stacks.empty else pd.Series("", index=allocations.index)
+    if kinds.isin(("fused", "attention", *CACHE_KINDS)).any():
+        return True
+    modules = allocations["module"].astype(str)
+    if modules.map(lambda m: bool(_ATTENTION_NAME.search(m))).any():
+        return True
+    named = modules.map(block_of).notna().any() or (kinds != "").any() or not stacks.empty
+    return False if named else None
+
+
+def cache_tensors(allocations: pd.DataFrame, stacks: pd.DataFrame, structural: bool = True) -> pd.Series:
+    """The allocations a forward-only run keeps in a KV cache: made by a cache's update (its frames say so), or,
+    `structural` (autograd known off), made in a repeated block's attention (a module or frame naming
+    attention) and alive past that block's call (after its last forward allocation)."""
+    out = pd.Series(False, index=allocations.index)
+    if allocations.empty:
+        return out
+    kinds = _kinds_of(allocations, stacks) if not stacks.empty else pd.Series("", index=allocations.index)
+    modules = allocations["module"].astype(str)
+    blocks = modules.map(block_of)
+    forward = allocations["phase"].astype(str) == Phase.FORWARD.value
+    in_attention = modules.map(lambda m: bool(_ATTENTION_NAME.search(m))) | kinds.isin(("attention", "fused"))
+    made = allocations["seq_alloc"].astype("float64")
+    freed = allocations["seq_free"].astype("float64").fillna(np.inf)
+    calls = pd.MultiIndex.from_arrays([allocations["step"], blocks])
+    last = made[forward & blocks.notna()].groupby([allocations["step"], blocks]).max()
+    end = pd.Series(last.reindex(calls).to_numpy(dtype="float64"), index=allocations.index)
+    kept = forward & blocks.notna() & in_attention & (freed > end) if structural else forward & False
+    out |= kept
+    out |= kinds.isin(CACHE_KINDS) & allocations["category"].astype(str).isin(_WORK)
+    return out
+
+
+def quantized_cache(allocations: pd.DataFrame, stacks: pd.DataFrame) -> bool:
+    """Whether the frames show the cache quantized already (a quantizer called from the cache's update)."""
+    return not stacks.empty and bool((_kinds_of(allocations, stacks) == "quantized_cache").any())
+
+
+def fused(stream: Stream) -> Stream:
+    """Fused attention's run: eager attention's s² tensors, forward and backward, are never made (0 bytes)."""
+    rows = stream.rows
+    scores = score_tensors(rows, stream.stacks, "bytes")
+    if not scores.any():
+        return stream
+    out = rows.copy()
+    out.loc[scores, "bytes"] = 0
+    return stream.with_rows(out)
