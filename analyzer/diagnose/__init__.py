@@ -293,8 +293,9 @@ def _record_earlier(ctx: DeviceContext) -> str:
     """The line that shows what `_unseen` cannot name."""
     if not _unseen(ctx):
         return ""
-    return (f" To see what the {gib(_unseen_bytes(ctx))} is, call {RECORD_HISTORY} before the model is loaded "
-            "and dump the snapshot again.")
+    how = (f"call {RECORD_HISTORY} before the model is loaded and dump the snapshot again" if ctx.trace.has_segments
+           else "start the profiler (profile_memory=True, with_stack=True) before the model is loaded")
+    return f" To see what the {gib(_unseen_bytes(ctx))} is, {how}."
 
 
 def _composition(d: DeviceMeasures, findings: list[Finding], demand: Demand | None = None) -> str:

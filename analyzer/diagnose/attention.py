@@ -4,7 +4,8 @@ whether the model has attention at all, and a KV cache kept by a forward-only ru
 - Eager attention: in a repeated block (`layers.N`, `forward[N]`, `DecoderLayer_N`: block_of), a softmax (torch's op,
   `aten::_softmax`, or a Python function named `softmax`, as hand-written ones are) of at least SCORES_MIN_BYTES
   whose element count a matrix product of the same block and step made too (`aten::bmm`/`matmul`/`baddbmm`, or
-  `einsum`/`matmul` in the frames: the scores q·kᵀ) is a b·h·s² softmax over a matmul. Every forward or
+  `einsum`/`matmul` in the frames: the scores q·kᵀ), or called from a function that names attention (compiled
+  code hides the matmul in a generated kernel), is a b·h·s² softmax over a matmul. Every forward or
   backward activation and temporary of that block and step of that element count (at 2 or 4 bytes an element:
   scores, their scaling and mask, the probabilities, dropout, and their gradients) is such a tensor, unless a
   torch.nn Linear made it. Fused attention (SDPA / FlashAttention) keeps a b·h·s log-sum-exp instead.
@@ -66,7 +67,8 @@ def _stack_kinds(stacks: pd.DataFrame) -> dict[int, str]:
         if _FUSED_OP.match(op):
             kinds[int(sid)] = "fused"
         elif _SOFTMAX_OP.match(op) or _SAFE_SOFTMAX_OP.match(op) or "softmax" in functions:
-            kinds[int(sid)] = "softmax"
+            named = any(_ATTENTION_NAME.search(f"{f[0]} {f[2]}") for f in python)
+            kinds[int(sid)] = "attention_softmax" if named else "softmax"
         elif _LINEAR.match(op) or _LINEAR_FILE in files:
             kinds[int(sid)] = "linear"
         elif _MATMUL_OP.match(op) or (python and str(python[0][2]) in _MATMUL_FUNCTIONS):
@@ -97,14 +99,16 @@ def score_tensors(rows: pd.DataFrame, stacks: pd.DataFrame, size: str) -> pd.Ser
     phase, category = rows["phase"].astype(str), rows["category"].astype(str)
     step = pd.to_numeric(rows["step"], errors="coerce").fillna(-1)
     forward = (phase == Phase.FORWARD.value) & blocks.notna()
-    softmax = rows[forward & (kinds == "softmax") & (rows[size] >= SCORES_MIN_BYTES)]
+    softmax = rows[forward & kinds.isin(("softmax", "attention_softmax")) & (rows[size] >= SCORES_MIN_BYTES)]
     matmul = rows[forward & (kinds == "matmul")]
     work = blocks.notna() & phase.isin(_PASSES) & category.isin(_WORK) & (kinds != "linear")
     for (block, at_step), part in softmax.groupby([blocks[softmax.index], step[softmax.index]]):
         products = matmul[(blocks[matmul.index] == block) & (step[matmul.index] == at_step)]
         elements = {int(b) // width for b in part[size] for width in (2, 4) if int(b) % width == 0}
         product_elements = {int(b) // width for b in products[size] for width in (2, 4) if int(b) % width == 0}
-        over_a_matmul = elements & product_elements
+        named = {int(b) // width for b in part.loc[kinds[part.index] == "attention_softmax", size]
+                 for width in (2, 4) if int(b) % width == 0}
+        over_a_matmul = (elements & product_elements) | named
         if not over_a_matmul:
             continue
         sizes = [e * width for e in over_a_matmul for width in (2, 4)]

@@ -52,6 +52,8 @@ def kv_cache_at_peak(ctx: DeviceContext) -> KVCache:
 
 
 def detect(ctx: DeviceContext, share: float = KV_CACHE_SHARE) -> list[Finding]:
+    if ctx.device < 0:
+        return []           # host memory holds no KV cache a GPU remedy acts on
     found = kv_cache_at_peak(ctx)
     cache, peak = found.bytes, ctx.d.peak.allocated_bytes
     if not cache or cache < share * peak:
