@@ -10,8 +10,8 @@ whether the model has attention at all, and a KV cache kept by a forward-only ru
   scores, their scaling and mask, the probabilities, dropout, and their gradients) is such a tensor, unless a
   torch.nn Linear made it. Fused attention (SDPA / FlashAttention) keeps a b·h·s log-sum-exp instead.
 - Attention seen: such tensors, a fused attention op, or a frame or module that names attention (`attn`,
-  `attention`, `scaled_dot_product`); none where the recording holds stacks or module names and none says it
-  (a CNN); None where it holds neither.
+  `attention`, `scaled_dot_product`); none where nothing names attention and convolutions are seen (their ops,
+  torch's conv.py, `Conv2d` modules: a CNN); None otherwise (the recording cannot say).
 - KV cache: a forward-only run, autograd off or grad mode not recorded, that keeps tensors made in a repeated
   block's attention past that block's call (after its last forward allocation): a decoder's cache of
   K and V per layer. A Python frame of a cache's update (`cache_utils`, `Cache.update`, `past_key_value`) says
@@ -35,6 +35,9 @@ _MATMUL_OP = re.compile(r"aten::(bmm|matmul|baddbmm|einsum)(?![a-z])")
 _MATMUL_FUNCTIONS = {"einsum", "matmul", "bmm", "baddbmm"}
 _LINEAR = re.compile(r"aten::(addmm|linear)(?![a-z])")
 _LINEAR_FILE = "torch/nn/modules/linear.py"
+_CONV_OP = re.compile(r"aten::(conv\w*|_convolution\w*|convolution\w*|cudnn_convolution\w*|miopen_convolution\w*)")
+_CONV_FILE = "torch/nn/modules/conv.py"
+_CONV_MODULE = re.compile(r"(^|[ ._])Conv[123]d(_\d+)?($|[ .])")
 _FUSED_OP = re.compile(r"aten::(_scaled_dot_product\w*|scaled_dot_product_attention|_flash_attention\w*|"
                        r"_efficient_attention\w*)")
 _ATTENTION_NAME = re.compile(r"attention|attn|scaled_dot_product", re.IGNORECASE)
@@ -69,6 +72,8 @@ def _stack_kinds(stacks: pd.DataFrame) -> dict[int, str]:
         elif _SOFTMAX_OP.match(op) or _SAFE_SOFTMAX_OP.match(op) or "softmax" in functions:
             named = any(_ATTENTION_NAME.search(f"{f[0]} {f[2]}") for f in python)
             kinds[int(sid)] = "attention_softmax" if named else "softmax"
+        elif _CONV_OP.match(op) or _CONV_FILE in files:
+            kinds[int(sid)] = "conv"
         elif _LINEAR.match(op) or _LINEAR_FILE in files:
             kinds[int(sid)] = "linear"
         elif _MATMUL_OP.match(op) or (python and str(python[0][2]) in _MATMUL_FUNCTIONS):
@@ -118,7 +123,7 @@ def score_tensors(rows: pd.DataFrame, stacks: pd.DataFrame, size: str) -> pd.Ser
 
 def attention_seen(allocations: pd.DataFrame, stacks: pd.DataFrame, scores: pd.Series) -> bool | None:
     """Whether the model has attention: its s² tensors, a fused attention op, or a frame or module naming it;
-    None where the recording holds neither stacks nor module names to say."""
+    False for convolutions without any of these (a CNN); None where the recording cannot say."""
     if scores.any():
         return True
     kinds = _kinds_of(allocations, stacks) if not stacks.empty else pd.Series("", index=allocations.index)
@@ -127,8 +132,8 @@ def attention_seen(allocations: pd.DataFrame, stacks: pd.DataFrame, scores: pd.S
     modules = allocations["module"].astype(str)
     if modules.map(lambda m: bool(_ATTENTION_NAME.search(m))).any():
         return True
-    named = modules.map(block_of).notna().any() or (kinds != "").any() or not stacks.empty
-    return False if named else None
+    convolutions = (kinds == "conv").any() or modules.map(lambda m: bool(_CONV_MODULE.search(m))).any()
+    return False if convolutions else None
 
 
 def cache_tensors(allocations: pd.DataFrame, stacks: pd.DataFrame, structural: bool = True) -> pd.Series:
