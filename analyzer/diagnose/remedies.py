@@ -627,7 +627,7 @@ REMEDIES: list[Remedy] = [
            docs="forward only with activations kept: all of them but the latest (the output); conditional"),
     # eager attention's b·h·s² scores and probabilities, and their gradients, which fused attention never makes
     Remedy(id=RemedyId.FUSED_ATTENTION,
-           title="Fused attention (torch.nn.functional.scaled_dot_product_attention): no s x s scores kept",
+           title="Fused attention (torch.nn.functional.scaled_dot_product_attention, no s x s scores kept)",
            cost="a code change; faster, and the same result up to rounding",
            how="out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)"
                "   # instead of softmax(q @ k.transpose(-2, -1) / sqrt(d)) @ v",
