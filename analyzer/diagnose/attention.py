@@ -89,8 +89,8 @@ def _stack_kinds(stacks: pd.DataFrame) -> dict[int, str]:
 
 def _kinds_of(rows: pd.DataFrame, stacks: pd.DataFrame) -> pd.Series:
     kinds = _stack_kinds(stacks)
-    ids = pd.to_numeric(rows["stack_id"], errors="coerce")
-    return ids.map(lambda s: "" if pd.isna(s) else kinds.get(int(s), "")).astype(str)
+    ids = pd.to_numeric(rows["stack_id"], errors="coerce").astype("float64")
+    return ids.map({float(k): v for k, v in kinds.items()}).fillna("").astype(str)
 
 
 def score_tensors(rows: pd.DataFrame, stacks: pd.DataFrame, size: str) -> pd.Series:
