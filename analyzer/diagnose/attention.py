@@ -93,6 +93,19 @@ def _kinds_of(rows: pd.DataFrame, stacks: pd.DataFrame) -> pd.Series:
     return ids.map({float(k): v for k, v in kinds.items()}).fillna("").astype(str)
 
 
+def _blocks(modules: pd.Series) -> pd.Series:
+    """block_of for each row, computed once per distinct module."""
+    text = modules.astype(str)
+    return text.map({m: block_of(m) for m in text.unique()})
+
+
+def _elements(rows: pd.DataFrame, size: str) -> pd.DataFrame:
+    """(block, step, elements) of each row, at 2 and at 4 bytes an element (where the size divides)."""
+    out = [pd.DataFrame({"block": rows["block"], "step": rows["step"], "elements": rows[size] // width})[
+        rows[size] % width == 0] for width in (2, 4)]
+    return pd.concat(out).drop_duplicates()
+
+
 def score_tensors(rows: pd.DataFrame, stacks: pd.DataFrame, size: str) -> pd.Series:
     """The rows (allocations, or a replay stream's rows; `size` names their bytes column) that are eager
     attention's b·h·s² tensors, forward and backward (see the module's docstring)."""
@@ -100,24 +113,26 @@ def score_tensors(rows: pd.DataFrame, stacks: pd.DataFrame, size: str) -> pd.Ser
     if rows.empty or stacks.empty:
         return out
     kinds = _kinds_of(rows, stacks)
-    blocks = rows["module"].astype(str).map(block_of)
+    if not kinds.isin(("softmax", "attention_softmax")).any():
+        return out
+    table = pd.DataFrame({"block": _blocks(rows["module"]), "step": pd.to_numeric(rows["step"], errors="coerce")
+                          .fillna(-1).astype("float64"), size: rows[size].astype("int64")}, index=rows.index)
     phase, category = rows["phase"].astype(str), rows["category"].astype(str)
-    step = pd.to_numeric(rows["step"], errors="coerce").fillna(-1)
-    forward = (phase == Phase.FORWARD.value) & blocks.notna()
-    softmax = rows[forward & kinds.isin(("softmax", "attention_softmax")) & (rows[size] >= SCORES_MIN_BYTES)]
-    matmul = rows[forward & (kinds == "matmul")]
-    work = blocks.notna() & phase.isin(_PASSES) & category.isin(_WORK) & (kinds != "linear")
-    for (block, at_step), part in softmax.groupby([blocks[softmax.index], step[softmax.index]]):
-        products = matmul[(blocks[matmul.index] == block) & (step[matmul.index] == at_step)]
-        elements = {int(b) // width for b in part[size] for width in (2, 4) if int(b) % width == 0}
-        product_elements = {int(b) // width for b in products[size] for width in (2, 4) if int(b) % width == 0}
-        named = {int(b) // width for b in part.loc[kinds[part.index] == "attention_softmax", size]
-                 for width in (2, 4) if int(b) % width == 0}
-        over_a_matmul = (elements & product_elements) | named
-        if not over_a_matmul:
-            continue
-        sizes = [e * width for e in over_a_matmul for width in (2, 4)]
-        out |= work & (blocks == block) & (step == at_step) & rows[size].isin(sizes)
+    forward = (phase == Phase.FORWARD.value) & table["block"].notna()
+    softmax = forward & kinds.isin(("softmax", "attention_softmax")) & (table[size] >= SCORES_MIN_BYTES)
+    if not softmax.any():
+        return out
+    products = _elements(table[forward & (kinds == "matmul")], size)
+    over_a_matmul = _elements(table[softmax], size).merge(products, on=["block", "step", "elements"])
+    named = _elements(table[softmax & (kinds == "attention_softmax")], size)
+    found = pd.concat([over_a_matmul, named]).drop_duplicates()
+    if found.empty:
+        return out
+    sizes = pd.concat([found.assign(**{size: found["elements"] * width}) for width in (2, 4)])[["block", "step", size]]
+    work = table["block"].notna() & phase.isin(_PASSES) & category.isin(_WORK) & (kinds != "linear")
+    candidates = table[work].reset_index()
+    hit = candidates.merge(sizes.drop_duplicates(), on=["block", "step", size], how="inner")
+    out.loc[hit.iloc[:, 0].to_numpy()] = True
     return out
 
 
@@ -130,9 +145,9 @@ def attention_seen(allocations: pd.DataFrame, stacks: pd.DataFrame, scores: pd.S
     if kinds.isin(("fused", "attention", *CACHE_KINDS)).any():
         return True
     modules = allocations["module"].astype(str)
-    if modules.map(lambda m: bool(_ATTENTION_NAME.search(m))).any():
+    if any(_ATTENTION_NAME.search(m) for m in modules.unique()):
         return True
-    convolutions = (kinds == "conv").any() or modules.map(lambda m: bool(_CONV_MODULE.search(m))).any()
+    convolutions = (kinds == "conv").any() or any(_CONV_MODULE.search(m) for m in modules.unique())
     return False if convolutions else None
 
 
@@ -145,9 +160,10 @@ def cache_tensors(allocations: pd.DataFrame, stacks: pd.DataFrame, structural: b
         return out
     kinds = _kinds_of(allocations, stacks) if not stacks.empty else pd.Series("", index=allocations.index)
     modules = allocations["module"].astype(str)
-    blocks = modules.map(block_of)
+    blocks = _blocks(modules)
     forward = allocations["phase"].astype(str) == Phase.FORWARD.value
-    in_attention = modules.map(lambda m: bool(_ATTENTION_NAME.search(m))) | kinds.isin(("attention", "fused"))
+    in_attention = modules.map({m: bool(_ATTENTION_NAME.search(m)) for m in modules.unique()}) \
+        | kinds.isin(("attention", "fused"))
     made = allocations["seq_alloc"].astype("float64")
     freed = allocations["seq_free"].astype("float64").fillna(np.inf)
     calls = pd.MultiIndex.from_arrays([allocations["step"], blocks])
