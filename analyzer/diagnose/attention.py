@@ -12,11 +12,13 @@ whether the model has attention at all, and a KV cache kept by a forward-only ru
 - Attention seen: such tensors, a fused attention op, or a frame or module that names attention (`attn`,
   `attention`, `scaled_dot_product`); none where nothing names attention and convolutions are seen (their ops,
   torch's conv.py, `Conv2d` modules: a CNN); None otherwise (the recording cannot say).
-- KV cache: a forward-only run, autograd off or grad mode not recorded, that keeps tensors made in a repeated
-  block's attention past that block's call (after its last forward allocation): a decoder's cache of
-  K and V per layer. A Python frame of a cache's update (`cache_utils`, `Cache.update`, `past_key_value`) says
-  it too (a quantizer in those frames: the cache is quantized already). Autograd on keeps the same tensors for a backward (the graph, which `no_grad` addresses), so they are
-  not called a cache then.
+- KV cache: with autograd off (a profiler trace's grad mode), tensors made in a repeated block's attention that
+  outlive that block's call (a run of its forward allocations): a decoder's cache of K and V per layer. A block
+  that keeps them from several calls (decode steps) must keep more in its last call than in its first (a cache
+  concatenates past and new K and V), else they are outputs (attention weights, hidden states). A Python frame
+  of a cache's update (`cache_utils`, `Cache.update`, `past_key_value`) says it whatever the grad mode (with a
+  quantizer in those frames: the cache is quantized already). With autograd on or not recorded, tensors kept
+  past their block may be the autograd graph (which `no_grad` addresses): only those frames name a cache then.
 """
 from __future__ import annotations
 
@@ -166,13 +168,35 @@ def cache_tensors(allocations: pd.DataFrame, stacks: pd.DataFrame, structural: b
         | kinds.isin(("attention", "fused"))
     made = allocations["seq_alloc"].astype("float64")
     freed = allocations["seq_free"].astype("float64").fillna(np.inf)
-    calls = pd.MultiIndex.from_arrays([allocations["step"], blocks])
-    last = made[forward & blocks.notna()].groupby([allocations["step"], blocks]).max()
-    end = pd.Series(last.reindex(calls).to_numpy(dtype="float64"), index=allocations.index)
-    kept = forward & blocks.notna() & in_attention & (freed > end) if structural else forward & False
+    if structural:
+        # a block's call: a run of forward allocations of that block, unbroken by another block's
+        work = pd.DataFrame({"block": blocks, "made": made})[forward & blocks.notna() & made.notna()].sort_values("made")
+        call = (work["block"] != work["block"].shift()).cumsum()
+        end = work.groupby(call)["made"].transform("max")
+        kept_rows = work.index[(in_attention[work.index] & (freed[work.index] > end)).to_numpy()]
+        kept = pd.Series(False, index=allocations.index)
+        kept.loc[_growing(kept_rows, work["block"], call, allocations["allocated_bytes"])] = True
+    else:
+        kept = pd.Series(False, index=allocations.index)
     out |= kept
     out |= kinds.isin(CACHE_KINDS) & allocations["category"].astype(str).isin(_WORK)
     return out
+
+
+def _growing(kept: pd.Index, blocks: pd.Series, call: pd.Series, size: pd.Series) -> pd.Index:
+    """Of the tensors kept past their block's call, those of blocks whose cache grows: a block that keeps tensors
+    from one call (a prefill, a static cache) is taken as it is; one that keeps them from several calls (decode
+    steps) must keep more in its last call than in its first (torch.cat of the past and the new K and V), else
+    what it keeps is outputs (attention weights, hidden states), not a cache."""
+    if kept.empty:
+        return kept
+    table = pd.DataFrame({"block": blocks[kept], "call": call[kept], "size": size[kept]})
+    per_call = table.groupby(["block", "call"])["size"].sum().reset_index().sort_values("call")
+    first = per_call.groupby("block")["size"].first()
+    last = per_call.groupby("block")["size"].last()
+    calls = per_call.groupby("block").size()
+    cached = calls.index[(calls == 1) | (last > first)]
+    return kept[table["block"].isin(cached).to_numpy()]
 
 
 def quantized_cache(allocations: pd.DataFrame, stacks: pd.DataFrame) -> bool:

@@ -185,7 +185,7 @@ def _allocations(kept: bool) -> pd.DataFrame:
         rows.append((MODULE_PATH_SEPARATOR.join(["Model_0", f"DecoderLayer_{i}", f"MLP_{i}"]), start + 4, start + 5))
     return pd.DataFrame({"module": [r[0] for r in rows], "seq_alloc": [r[1] for r in rows],
                          "seq_free": [r[2] for r in rows], "phase": "forward", "category": "activation",
-                         "step": 1, "stack_id": None, "alloc_id": range(len(rows))})
+                         "step": 1, "stack_id": None, "alloc_id": range(len(rows)), "allocated_bytes": 64})
 
 
 def test_attention_tensors_kept_past_their_layer_are_a_cache_only_with_autograd_off():
@@ -212,3 +212,35 @@ def test_memory_made_before_the_recording_leads_from_half_the_peak(monkeypatch: 
     assert UNSEEN_SHARE == UNSEEN
     monkeypatch.setattr("analyzer.diagnose.UNSEEN_SHARE", share)
     assert bool(_unseen(_context(SKETCHKV))) is said
+
+
+def _decode(sizes: list[list[int]]) -> pd.DataFrame:
+    """Two layers run once per call (a prefill, then decode steps); in call c each layer's attention makes K of
+    sizes[c][layer] bytes, kept until that layer's next call makes its own (torch.cat of past and new)."""
+    rows, seq = [], 0
+    calls = len(sizes)
+    for c in range(calls):
+        for layer in range(2):
+            rows.append((_block(layer), seq, sizes[c][layer], c, layer))
+            rows.append((_block(layer), seq + 1, 8, -1, layer))            # a temporary freed in the call
+            seq += 3
+    table = pd.DataFrame(rows, columns=["module", "seq_alloc", "allocated_bytes", "call", "layer"])
+    free = []
+    for row in table.itertuples():
+        if row.call < 0:
+            free.append(row.seq_alloc + 1)
+            continue
+        later = table[(table["layer"] == row.layer) & (table["call"] == row.call + 1)]
+        free.append(float(later["seq_alloc"].iloc[0]) + 0.5 if len(later) else 1000.0)
+    return table.assign(seq_free=free, phase="forward", category="activation", step=1, stack_id=None,
+                        alloc_id=range(len(table)))[["module", "seq_alloc", "seq_free", "allocated_bytes", "phase",
+                                                     "category", "step", "stack_id", "alloc_id"]]
+
+
+@pytest.mark.parametrize("sizes,cache", [
+    ([[100, 100], [110, 110], [120, 120]], True),      # decode steps: each layer's K grows by a token a step
+    ([[100, 100], [100, 100], [100, 100]], False),     # repeated forwards keeping the same: outputs, not a cache
+    ([[100, 100]], True),                               # one call (a prefill): growth cannot be seen
+])
+def test_a_cache_kept_across_decode_steps_must_grow(sizes: list[list[int]], cache: bool):
+    assert bool(cache_tensors(_decode(sizes), _stacks()).any()) is cache
