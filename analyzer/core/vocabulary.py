@@ -81,6 +81,9 @@ class GradMode(Word):
 
     ENABLED = "enabled"
     NO_GRAD = "no_grad"
+    FUSED_ATTENTION = "fused_attention"
+    KV_CACHE_OFF = "kv_cache_off"
+    KV_CACHE_QUANTIZED = "kv_cache_quantized"
     INFERENCE_MODE = "inference_mode"
     OFF = "off"                    # no op carries a sequence number: no_grad or inference_mode, the trace cannot say which
 
@@ -116,6 +119,7 @@ class FindingKind(Word):
     FRAGMENTATION = "fragmentation"
     IMBALANCE = "imbalance"
     CONV_WORKSPACE = "conv_workspace"
+    KV_CACHE = "kv_cache"
 
 
 class RemedyId(Word):
@@ -127,6 +131,9 @@ class RemedyId(Word):
     SHARDED_SAVE = "sharded_save"
     INIT_OPTIMIZER_STATE = "init_optimizer_state"
     NO_GRAD = "no_grad"
+    FUSED_ATTENTION = "fused_attention"
+    KV_CACHE_OFF = "kv_cache_off"
+    KV_CACHE_QUANTIZED = "kv_cache_quantized"
     MICRO_BATCH = "micro_batch"
     BF16 = "bf16"
     WEIGHT_QUANTIZATION = "weight_quantization"

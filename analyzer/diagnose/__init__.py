@@ -14,13 +14,14 @@ from types import ModuleType
 from typing import Any
 
 from analyzer.core.units import gib, human_bytes, rate_bytes
-from analyzer.core.vocabulary import RECORD_HISTORY, Category, FindingKind, Phase
+from analyzer.core.vocabulary import RECORD_HISTORY, UNATTRIBUTED, Category, FindingKind, Phase
 from analyzer.diagnose import (
     activation_peak,
     checkpoint_gather,
     conv_workspace,
     counterfactual,
     fragmentation,
+    kv_cache,
     leak,
     oom,
     optimizer_spike,
@@ -28,10 +29,13 @@ from analyzer.diagnose import (
     plan,
     reserved_growth,
 )
+from analyzer.diagnose.attention import attention_seen, score_tensors
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import oom_where
+from analyzer.diagnose.kv_cache import kv_cache_at_peak
 from analyzer.diagnose.remedies import (
     LAYOUT_ONLY,
+    RELEVANT_SHARE,
     SMALLEST_GPU,
     Demand,
     checkpointable_bytes,
@@ -48,8 +52,10 @@ from analyzer.diagnose.triage import triage
 from analyzer.diagnose.workload import Workload, recognise
 from analyzer.result import DeviceMeasures, Diagnosis, Finding, Fits, ListedRemedy, Plan, Triage
 
-DETECTORS = [outside, oom, leak, reserved_growth, activation_peak, optimizer_spike, checkpoint_gather, fragmentation,
-             conv_workspace]
+#: memory alive before the recording began, unattributed, at this share of the peak or more leads the verdict
+UNSEEN_SHARE = 0.5
+DETECTORS = [outside, oom, leak, reserved_growth, activation_peak, kv_cache, optimizer_spike, checkpoint_gather,
+             fragmentation, conv_workspace]
 
 
 def _tuned(t: Thresholds) -> dict[ModuleType, dict[str, Any]]:
@@ -164,12 +170,16 @@ def _demand(ctx: DeviceContext, findings: list[Finding], theory: dict[str, Any],
         total = d.peak.allocated_bytes
     picture = fragmentation or {}
     regime = theory.get("regime")
+    allocations = ctx.allocations
+    scores = score_tensors(allocations, ctx.trace.stacks, "allocated_bytes")
+    at_worst = live[live["alloc_id"].isin(allocations.loc[scores, "alloc_id"])]
+    cache = kv_cache_at_peak(ctx) if FindingKind.KV_CACHE in {f["kind"] for f in findings} else None
     return Demand(
         total=total, by_category={k: int(v) for k, v in by_category.items()}, capacity=ctx.capacity_bytes,
         world_size=workload.gpus, oomed=d.oom is not None, reserved_peak=d.reserved_peak_bytes,
         oom_phase=oom_finding.get("phase") if oom_finding else None,
         workload=workload.kind, frozen_share=workload.frozen_share, graph_kept=workload.graph_kept,
-        graph_bytes=_graph_bytes(live) if workload.graph_kept else 0, autocast=workload.mixed_precision_on,
+        graph_bytes=max(0, _graph_bytes(live) - (cache.bytes if cache else 0)) if workload.graph_kept else 0, autocast=workload.mixed_precision_on,
         layers=count_layers([r["name"] for r in d.by_module] +
                                                        [str(m) for m in ctx.allocations["module"].unique()]),
         findings={f["kind"] for f in findings}, oom_verdict=oom_finding["verdict"] if oom_finding else None,
@@ -183,6 +193,10 @@ def _demand(ctx: DeviceContext, findings: list[Finding], theory: dict[str, Any],
         triage=triaged, leak_bytes=leak.leaked_bytes_at(ctx, worst, **tuned[leak]),
         leak_stacks=[] if leak_finding is None else
         [f"{leak.place(s)}: +{rate_bytes(s['bytes_per_step'])} per step" for s in leak_finding["stacks"]],
+        attention_scores={str(c): int(b) for c, b in
+                          at_worst.groupby("category", observed=True)["allocated_bytes"].sum().items() if b},
+        attention=attention_seen(allocations, ctx.trace.stacks, scores),
+        kv_cache_bytes=cache.bytes if cache else 0, kv_cache_quantized=bool(cache and cache.quantized),
     )
 
 
@@ -246,26 +260,64 @@ def _sentence(ctx: DeviceContext, findings: list[Finding], remedies: list[Listed
         return f"{opening}: a leak, not the size of the work: {_leak_clause(leak_finding)}.{advice}"
     if oom_finding is not None:
         reason = _oom_reason(oom_finding)
-        composition = _composition(d, findings)
+        composition = _composition(d, findings, demand)
         return (f"Out of memory on {ctx.trace.device_label(d.device)}{' ' + where if where else ''}: {reason}"
                 f"{'; ' + composition if composition else ''}.{advice}")
     picture = fragmentation_picture(ctx)
     if not ctx.trace.has_history and picture and picture["segments_recorded"]:
         return _end_state_sentence(ctx, picture) + advice
     place = oom_where(d.peak_phase, d.peak_module, d.peak_step)
-    composition = _composition(d, findings)
+    composition = "; ".join(w for w in (_unseen(ctx), _composition(d, findings, demand)) if w)
     return (f"Peak {gib(d.peak.allocated_bytes)} allocated on {ctx.trace.device_label(d.device)}{' ' + place if place else ''}"
-            f"{': ' + composition if composition else ''}.{advice}")
+            f"{': ' + composition if composition else ''}.{advice}{_record_earlier(ctx)}")
 
 
-def _composition(d: DeviceMeasures, findings: list[Finding]) -> str:
+def _unseen_bytes(ctx: DeviceContext) -> int:
+    """Bytes alive at the peak that were allocated before the recording began and that nothing attributes."""
+    live = ctx.d.peak.live
+    unseen = live[(live["origin"].astype(str) != "trace") & (live["category"].astype(str) == UNATTRIBUTED)]
+    return int(unseen["allocated_bytes"].sum())
+
+
+def _unseen(ctx: DeviceContext) -> str:
+    """'12.55 GiB (82%) was allocated before the recording began ...': said where that is UNSEEN_SHARE of the peak
+    or more, the largest thing the verdict can name."""
+    unseen, peak = _unseen_bytes(ctx), ctx.d.peak.allocated_bytes
+    if not peak or unseen < UNSEEN_SHARE * peak:
+        return ""
+    return (f"{gib(unseen)} of it ({unseen / peak:.0%}) was allocated before the recording began, and no history "
+            "says what it is (the weights, most likely, when the recording started after the model was loaded)")
+
+
+def _record_earlier(ctx: DeviceContext) -> str:
+    """The line that shows what `_unseen` cannot name."""
+    if not _unseen(ctx):
+        return ""
+    how = (f"call {RECORD_HISTORY} before the model is loaded and dump the snapshot again" if ctx.trace.has_segments
+           else "start the profiler (profile_memory=True, with_stack=True) before the model is loaded")
+    return f" To see what the {gib(_unseen_bytes(ctx))} is, {how}."
+
+
+def _composition(d: DeviceMeasures, findings: list[Finding], demand: Demand | None = None) -> str:
     """What the peak is made of, in words: the largest known category, or the transient no tensor holds that
-    the conv_workspace finding names."""
+    the conv_workspace finding names; then what the kv_cache finding names, and eager attention's s x s tensors
+    where they hold RELEVANT_SHARE of the peak or more."""
     workspace = next((f for f in findings if f["kind"] == FindingKind.CONV_WORKSPACE), None)
-    if workspace is None:
-        return d.composition()
-    return (f"{workspace['evidence']['details']['share']:.0%} of it is a transient no tensor holds, most likely "
-            "cuDNN's convolution workspace")
+    if workspace is not None:
+        return (f"{workspace['evidence']['details']['share']:.0%} of it is a transient no tensor holds, most likely "
+                "cuDNN's convolution workspace")
+    words = [d.composition()]
+    cache = next((f for f in findings if f["kind"] == FindingKind.KV_CACHE), None)
+    top = next((r for r in d.by_category if r["name"] != UNATTRIBUTED), None)
+    if cache is not None and top is not None and top["name"] == Category.ACTIVATION and cache["bytes"] >= 0.9 * top["bytes"]:
+        words = []          # the activations are the cache: said once
+    if cache is not None:
+        words.append(f"a KV cache holds {gib(cache['bytes'])} of it ({cache['evidence']['details']['share']:.0%})")
+    scores = sum(demand.attention_scores.values()) if demand is not None else 0
+    if demand is not None and scores and scores >= RELEVANT_SHARE * demand.total:
+        words.append(f"eager attention's s x s scores and probabilities hold {gib(scores)} of it "
+                     f"({scores / demand.total:.0%}), which fused attention never keeps")
+    return "; ".join(w for w in words if w)
 
 
 def _end_state_sentence(ctx: DeviceContext, picture: dict[str, Any]) -> str:

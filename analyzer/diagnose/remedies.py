@@ -46,6 +46,7 @@ from analyzer.core.vocabulary import (
     Word,
     category_plural,
 )
+from analyzer.diagnose.attention import fused
 from analyzer.diagnose.transforms import (
     Stream,
     accumulation,
@@ -121,6 +122,11 @@ class Demand:
     # counterfactual replay (analyzer.diagnose.counterfactual): remedy id -> the replayed run's peak allocated and
     # reserved bytes and whether it would still run out of memory; a remedy with one takes its saving from it
     replayed: dict[str, Replayed] = field(default_factory=dict)
+    # eager attention's b·h·s² tensors alive at the worst moment, by category (analyzer.diagnose.attention)
+    attention_scores: dict[str, int] = field(default_factory=dict)
+    attention: bool | None = None            # the model has attention (None: the recording cannot say)
+    kv_cache_bytes: int = 0                  # a KV cache alive at the peak (analyzer.diagnose.kv_cache)
+    kv_cache_quantized: bool = False         # ... which the frames show quantized already
 
     def bytes(self, *categories: str) -> int:
         return sum(self.by_category.get(c, 0) for c in categories)
@@ -132,6 +138,7 @@ class LeverName(Word):
 
     CHECKPOINT_SAVE = "checkpoint_save"
     FIRST_STEP = "first_step"
+    ATTENTION = "attention"
     BATCH = "batch"
     PRECISION = "precision"
     CHECKPOINTING = "checkpointing"
@@ -445,6 +452,41 @@ def _fix_leak_how(d: Demand) -> str:
               "# and clear lists and caches that outlive the step (self.cache.clear())")
 
 
+def _scores_relevant(d: Demand) -> bool:
+    """Eager attention's s² tensors hold at least RELEVANT_SHARE of the peak."""
+    return 0 < sum(d.attention_scores.values()) >= RELEVANT_SHARE * d.total
+
+
+def _fused_formula(d: Demand, b: Breakdown, k: int) -> None:
+    """Each category less its s² tensors, in the share they hold of it at the recorded peak."""
+    for category, scores in d.attention_scores.items():
+        recorded = d.by_category.get(category, 0)
+        if recorded:
+            b.shrink(category, max(0.0, 1 - scores / recorded))
+
+
+def _kv_relevant(d: Demand) -> bool:
+    return d.workload == FORWARD_ONLY and 0 < d.kv_cache_bytes >= RELEVANT_SHARE * d.total
+
+
+def _model_changes_title(d: Demand) -> str:
+    """Attention's changes only for a model the recording shows has attention; a CNN's are its layers."""
+    if d.attention is False:
+        return "Model changes: fewer or narrower layers (or a smaller input)"
+    gqa = ("GQA/MQA (4 query heads a KV head: 3/4 of the KV cache)" if d.kv_cache_bytes else "GQA/MQA")
+    if d.attention:
+        return f"Model changes: {gqa}, fewer or narrower layers"
+    return "Model changes: fewer or narrower layers; with attention, GQA/MQA or fused attention (SDPA/FlashAttention)"
+
+
+def _model_changes_how(d: Demand) -> str:
+    if d.attention is False:
+        return "# a smaller configuration of the same architecture: fewer blocks, fewer channels"
+    if d.attention:
+        return "# GQA: num_key_value_heads = num_attention_heads // 4 (needs retraining or uptraining)"
+    return "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)"
+
+
 # ---- formulas: each acts on a breakdown at a level, as its remedy's estimate does on the recorded one ----
 
 def _divide(*categories: str) -> Formula:
@@ -583,6 +625,37 @@ REMEDIES: list[Remedy] = [
            estimate=lambda d: (d.graph_bytes, "low"), applies=lambda d: d.graph_kept, acts_on=(Category.ACTIVATION,),
            price=None, plan=None, replay=None, estimate_term=None, variables=(), conditional=True,
            docs="forward only with activations kept: all of them but the latest (the output); conditional"),
+    # eager attention's b·h·s² scores and probabilities, and their gradients, which fused attention never makes
+    Remedy(id=RemedyId.FUSED_ATTENTION,
+           title="Fused attention (torch.nn.functional.scaled_dot_product_attention, no s x s scores kept)",
+           cost="a code change; faster, and the same result up to rounding",
+           how="out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)"
+               "   # instead of softmax(q @ k.transpose(-2, -1) / sqrt(d)) @ v",
+           estimate=lambda d: (sum(d.attention_scores.values()), "medium"), applies=_scores_relevant,
+           acts_on=(Category.ACTIVATION, Category.TEMPORARY),
+           price=Price("faster (fewer reads and writes of the s x s matrix)", "none",
+                       "F.scaled_dot_product_attention in place of the hand-written attention"),
+           plan=PlanLever(LeverName.ATTENTION, 0.9, _fused_formula), replay=Replay(lambda s, k: fused(s)),
+           estimate_term=None, variables=(),
+           docs="eager attention's b·h·s² tensors (a softmax over a matmul in each repeated block: scores, "
+                "probabilities, their gradients) alive at the peak; replayed without them, forward and backward"),
+    # a forward-only run's KV cache: its size is batch x context x layers x 2 x KV heads x head size
+    Remedy(id=RemedyId.KV_CACHE_OFF, title="If no text is generated: run the forward with use_cache=False",
+           cost="none when the outputs are scored, not generated; generation then recomputes every step",
+           how="out = model(input_ids, use_cache=False)   # no past_key_values kept",
+           estimate=lambda d: (d.kv_cache_bytes, "medium"), applies=_kv_relevant, acts_on=(Category.ACTIVATION,),
+           price=None, plan=None, replay=None, estimate_term=None, variables=(), conditional=True,
+           docs="the KV cache alive at the peak (forward only, when the kv_cache finding names one); conditional: "
+                "generation needs the cache"),
+    Remedy(id=RemedyId.KV_CACHE_QUANTIZED, title="A quantized KV cache (int8: half of a 16-bit cache), or a paged one",
+           cost="small accuracy loss; a paged cache (vLLM) allocates blocks as sequences grow instead",
+           how="out = model.generate(**inputs, cache_implementation='quantized',\n"
+               "                     cache_config={'backend': 'quanto', 'nbits': 8})",
+           estimate=lambda d: (d.kv_cache_bytes // 2, "low"),
+           applies=lambda d: _kv_relevant(d) and not d.kv_cache_quantized, acts_on=(Category.ACTIVATION,),
+           price=None, plan=None, replay=None, estimate_term=None, variables=(),
+           docs="half the KV cache alive at the peak (int8 from 16 bits; not where the frames show it quantized "
+                "already)"),
     Remedy(id=RemedyId.MICRO_BATCH, title=_micro_batch_title,
            cost="instant; lower throughput; very small batches can hurt convergence",
            how=lambda d: ("batch_size = batch_size // 2   # fewer sequences at once: the KV cache and activations scale "
@@ -746,13 +819,15 @@ REMEDIES: list[Remedy] = [
            docs="(1 − 1/S) of model states, activations and temporaries (1F1B, the batch as S micro-batches: the first "
                 "stage holds S of them in flight over L/S layers), S = the GPUs given (at most L), else the fewest "
                 "that fit, else 8; a run that trains, L ≥ 2 repeated blocks, not one GPU; low confidence (a formula)"),
-    Remedy(id=RemedyId.MODEL_CHANGES,
-           title="Model changes: GQA/MQA, efficient attention (SDPA/FlashAttention), fewer or narrower layers",
+    Remedy(id=RemedyId.MODEL_CHANGES, title=_model_changes_title,
            cost="changes the model; may need retraining",
-           how="torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)",
-           estimate=lambda d: (None, "low"), applies=_relevant(Category.ACTIVATION), acts_on=(Category.ACTIVATION,),
-           price=None, plan=None, replay=None, estimate_term=None, variables=(),
-           docs="GQA/MQA, fused attention, smaller model: listed, not quantified"),
+           how=_model_changes_how,
+           estimate=lambda d: (d.kv_cache_bytes * 3 // 4 if _kv_relevant(d) else None, "low"),
+           applies=_relevant(Category.ACTIVATION), acts_on=(Category.ACTIVATION,),
+           price=None, plan=None, replay=None, estimate_term=None, variables=(), conditional=True,
+           docs="GQA/MQA, fused attention, smaller model: listed, not quantified, but for GQA's 3/4 of a KV cache "
+                "the kv_cache finding names; attention's changes only where the recording shows attention (none "
+                "for a CNN)"),
     # a transient no tensor holds, where convolutions run: cuDNN's workspace, its autotuner's trials the largest
     Remedy(id=RemedyId.CUDNN_BENCHMARK_OFF, title="Turn cuDNN's autotuner off (torch.backends.cudnn.benchmark = False)",
            cost="convolutions may pick slower algorithms; or cap the workspace instead (CUDNN_CONV_WSCAP_DBG=<MiB>)",
