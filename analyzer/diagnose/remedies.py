@@ -202,7 +202,8 @@ class Replay:
 @dataclass(frozen=True)
 class EstimateTerm:
     """The remedy as a level of `analyze estimate`'s lattice: its words, its cost in the method's order (the batch
-    first, offload last), and the optimizer it switches to (analyzer.diagnose.theory.OPTIMIZERS)."""
+    first, offload last; roughly the throughput it takes, so that ZeRO-1 on data-parallel GPUs, the same traffic as
+    data parallel, is nearly free), and the optimizer it switches to (analyzer.diagnose.theory.OPTIMIZERS)."""
 
     title: str
     cost: float
@@ -590,7 +591,7 @@ REMEDIES: list[Remedy] = [
                           "batch_size = batch_size // 2   # keep the global batch with gradient accumulation"),
            estimate=lambda d: (_batch_scaled(d) // 2, "high"), applies=_batch_advice, acts_on=_BATCH,
            price=_BATCH_PRICE, plan=PlanLever(LeverName.BATCH, 1.0, _divide(*_BATCH), lambda d: 2, divides_batch=True),
-           replay=Replay(micro_batch), estimate_term=EstimateTerm("micro-batch {b} with gradient accumulation x{k}", 1.0),
+           replay=Replay(micro_batch), estimate_term=EstimateTerm("micro-batch {b} with gradient accumulation x{k}", 0.5),
            variables=(), docs="half of activations + inputs + temporaries (forward only: \"halve the batch (or the "
                               "sequence length)\")"),
     Remedy(id=RemedyId.BF16, title="Train in bf16 mixed precision",
@@ -688,7 +689,7 @@ REMEDIES: list[Remedy] = [
            acts_on=ZERO_SHARDED[RemedyId.ZERO1], price=Price("throughput about that of data parallel", _ZERO_TRAFFIC,
                                                             "ZeroRedundancyOptimizer / DeepSpeed stage 1"),
            plan=PlanLever(LeverName.ZERO, 4.75, _divide(*ZERO_SHARDED[RemedyId.ZERO1]), _zero_shards_of(RemedyId.ZERO1)),
-           replay=Replay(_zero_transform(1), sharded=True), estimate_term=EstimateTerm("ZeRO-1", 4.0),
+           replay=Replay(_zero_transform(1), sharded=True), estimate_term=EstimateTerm("ZeRO-1", 0.25),
            variables=("gpus",), beyond_one_gpu=True,
            docs="(1 − 1/N) of optimizer state; N named in the title; not with one GPU"),
     Remedy(id=RemedyId.ZERO2, title=_zero2_title, cost="more communication",
