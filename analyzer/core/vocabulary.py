@@ -127,6 +127,7 @@ class RemedyId(Word):
     SHARDED_SAVE = "sharded_save"
     INIT_OPTIMIZER_STATE = "init_optimizer_state"
     NO_GRAD = "no_grad"
+    BALANCE_SCATTER = "balance_scatter"
     MICRO_BATCH = "micro_batch"
     BF16 = "bf16"
     WEIGHT_QUANTIZATION = "weight_quantization"
