@@ -31,6 +31,14 @@ know), and says so in its label source (`structure:…`, confidence below the st
    the update's temporary (`category_from_seq`), so the state is never counted twice.
 5. What `nn.DataParallel` copies to each GPU for every forward (`replicate`) is the module's parameters
    there, not activations, though it lives only for the step (a frames signal, not a structural one).
+6. A profiler trace's memory alive through it (one `end_state` amount its running total implies, no tensors),
+   in a trace that trains: the parameters made before it, where what the trainable part adds is under
+   FROZEN_LUMP_SHARE of it: the gradients one step makes (the trainable parameters' size) and Adam's two
+   moments of them. That is a frozen base (LoRA: no gradients, no optimizer state); a full fine-tune's amount
+   holds its optimizer state too, and stays open, as does one where the backward made no gradient (they were
+   alive before, accumulated in place: the amount holds them). Adam's moments of the trainable part are inside
+   it and counted as parameters (a LoRA's are a few percent of its base). (A trace without a backward names it parameters from its ops:
+   `ops:alive-through-inference`.)
 """
 from __future__ import annotations
 
@@ -47,6 +55,9 @@ REPLACE_EVENTS = 8  # allocator events from a state's new value to the old one's
 #: the signals of a state's new value, which holds its category only from the old value's free on
 REPLACES_PARAMETER, REPLACES_STATE = "structure:replaces-parameter-in-step", "structure:replaces-optimizer-state"
 PAIRED_STATE_SHARE = 0.75  # tensors / optimizer-state tensors of the state's sizes: 1 for params + grads, 0.5 params
+FROZEN_LUMP_SHARE = 0.5  # rule 6: the trainable part's gradients and moments under this share of the amount: frozen
+ADAM_MOMENTS = 2         # rule 6: what the trainable part keeps beside its gradients, in gradients' sizes
+FROZEN_BASE = "structure:frozen-base-before-trace"
 
 
 def infer_model_states(a: pd.DataFrame, phase: np.ndarray, category: np.ndarray, source: np.ndarray,
@@ -67,6 +78,24 @@ def infer_model_states(a: pd.DataFrame, phase: np.ndarray, category: np.ndarray,
     _replaced_states(a, sizes, category, source, category_from)
     if blocks_before_recording:
         _persistent_before_recording(a, sizes, phase, category, source)
+
+
+def frozen_base_before_trace(a: pd.DataFrame, phase: np.ndarray, step: np.ndarray, category: np.ndarray,
+                             source: np.ndarray) -> None:
+    """Rule 6: a training profiler trace's memory alive through it is the parameters of a frozen base when the
+    gradients one step makes, with Adam's moments of them, are under FROZEN_LUMP_SHARE of it."""
+    origin = a["origin"].astype(str).to_numpy()
+    lump = (origin == "end_state") & pd.isna(category)
+    made = origin == "trace"
+    if not lump.any() or not ((phase == Phase.BACKWARD) & made).any():
+        return
+    sizes = a["allocated_bytes"].to_numpy(dtype=np.int64)
+    gradients = (category == GRADIENT) & made
+    per_step = pd.Series(sizes[gradients]).groupby(step[gradients]).sum()
+    trainable = int(per_step.max()) if len(per_step) else 0   # none made: they were there before (in place)
+    if 0 < (1 + ADAM_MOMENTS) * trainable < FROZEN_LUMP_SHARE * int(sizes[lump].sum()):
+        _label(np.flatnonzero(lump), PARAMETER, FROZEN_BASE, category, source)
+        phase[lump] = Phase.LOAD.value
 
 
 def _persistent_before_recording(a: pd.DataFrame, sizes: np.ndarray, phase: np.ndarray, category: np.ndarray,
