@@ -23,7 +23,7 @@ from analyzer.core.units import human_bytes
 from analyzer.core.vocabulary import RECORD_HISTORY
 from analyzer.diagnose import diagnose
 from analyzer.diagnose.context import make_context
-from analyzer.diagnose.imbalance import find_imbalance, summarise
+from analyzer.diagnose.imbalance import find_imbalance, scatter_excess, summarise
 from analyzer.diagnose.thresholds import Thresholds
 from analyzer.ingest import load
 from analyzer.ingest.sniff import MEMORY_TIMELINE, MEMORY_TIMELINE_RAW, SNAPSHOT
@@ -72,13 +72,18 @@ def analyze_trace(trace: MemoryTrace, gpu_memory: int | None = None, world_size:
     """One recording: attributed (a new trace; the given one is left as it was), measured and diagnosed."""
     trace = attribute(trace, source_roots=source_roots)
     warnings = list(trace.warnings)
+    measured = [measure(trace, device) for device in active_devices(trace)]
+    # the GPUs compared first: a device nn.DataParallel's uneven scatter made heavy is told so in its own remedies
+    peaks = [summarise(trace.device_label(m.device), m) for m in measured if m.device >= 0]
+    imbalance = find_imbalance(peaks, **thresholds.imbalance())
+    excess = scatter_excess(imbalance, peaks)
     devices = []
-    for device in active_devices(trace):
-        measures = measure(trace, device)
+    for measures in measured:
+        device = measures.device
         warnings.extend(_device_warnings(measures, trace.timeline[trace.timeline["device"] == device],
                                          trace.source_kind))
         ctx = make_context(trace, measures, gpu_memory or _recorded_capacity(device_usage, device), world_size,
-                           device_usage)
+                           device_usage, excess.get(trace.device_label(device), 0))
         devices.append(DeviceAnalysis(**vars(measures), diagnosis=diagnose(ctx, thresholds),
                                       top_allocations=top_allocations(trace, measures)))
     if not devices:
@@ -87,8 +92,6 @@ def analyze_trace(trace: MemoryTrace, gpu_memory: int | None = None, world_size:
         warnings.append("no allocation history was recorded, so only the end state is known; record it with "
                         f"{RECORD_HISTORY} before the step, "
                         "then call torch.cuda.memory._dump_snapshot(path)")
-    imbalance = find_imbalance([summarise(trace.device_label(d.device), d) for d in devices if d.device >= 0],
-                               **thresholds.imbalance())
     return Analysis(trace=trace, devices=devices, warnings=warnings, imbalance=imbalance)
 
 

@@ -12,7 +12,10 @@ Scenarios:
 - grad_accum: two micro-batches per optimizer step (gradients live across forwards);
 - checkpoint: as train, plus torch.save of model and optimizer state inside a record_function range;
 - leak:       as train, plus a validation loss computed without torch.no_grad() and kept as a tensor in a
-              list: its graph holds every activation the forward saved, so memory grows every step.
+              list: its graph holds every activation the forward saved, so memory grows every step;
+- lora:       LoRA fine-tuning (rank 4 adapters beside every nn.Linear of a frozen base made before the trace,
+              as PEFT's LoraLayer does): the base has no gradients and no optimizer state, Adam keeps the
+              adapters' only.
 
 An out-of-memory event cannot be forced on the CPU (the CPU allocator does not report [OutOfMemory]), so no
 fixture has one; the real GPU recordings in ../shared/real have none either.
@@ -60,6 +63,29 @@ def make_model() -> nn.Module:
     return nn.Sequential(nn.Linear(WIDTH, WIDTH), TinyBlock(WIDTH), TinyBlock(WIDTH), nn.Linear(WIDTH, 10))
 
 
+class LoRALinear(nn.Module):
+    """A frozen nn.Linear plus a trainable rank-r update B·A (B starts at zero), as PEFT's LoraLayer."""
+
+    def __init__(self, base: nn.Linear, rank: int = 4) -> None:
+        super().__init__()
+        self.base = base.requires_grad_(False)
+        self.lora_a = nn.Parameter(torch.randn(rank, base.in_features) / rank)
+        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (x @ self.lora_a.t()) @ self.lora_b.t()
+
+
+def make_lora_model() -> nn.Module:
+    """make_model's network, frozen, every nn.Linear but attention's projections wrapped in a LoRALinear."""
+    model = make_model().requires_grad_(False)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear) and not isinstance(parent, nn.MultiheadAttention):
+                setattr(parent, name, LoRALinear(child))
+    return model
+
+
 def batch() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH, SEQ, WIDTH), torch.randint(0, 10, (BATCH, SEQ))
 
@@ -91,7 +117,9 @@ SCENARIOS: dict[str, Callable[[nn.Module, torch.optim.Optimizer], None]] = {
     "grad_accum": lambda model, optimizer: train_step(model, optimizer, micro_batches=2),
     "checkpoint": checkpoint_step,
     "leak": partial(leaky_step, validation_losses=[]),
+    "lora": train_step,
 }
+MODELS: dict[str, Callable[[], nn.Module]] = {"lora": make_lora_model}   # make_model for the others
 
 
 def gzip_to(source: Path, target: Path) -> None:
@@ -103,8 +131,8 @@ def record(name: str, step: Callable[[nn.Module, torch.optim.Optimizer], None], 
     """Profile the steps of one scenario and write its trace (and memory timelines) under `out`."""
     active = LONG_ACTIVE.get(name, ACTIVE)
     torch.manual_seed(0)
-    model = make_model()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model = MODELS.get(name, make_model)()
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     with tempfile.TemporaryDirectory() as tmp:
         raw_trace = Path(tmp) / "trace.json"
         prof = profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=WAIT, warmup=WARMUP, active=active),

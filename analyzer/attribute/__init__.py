@@ -34,7 +34,12 @@ import pandas as pd
 from analyzer.attribute.annotations import annotation_labels, metadata_labels, tensor_marks
 from analyzer.attribute.category import categorise, recomputed_activations
 from analyzer.attribute.frames import FrameMemo, StackFacts, stack_facts
-from analyzer.attribute.model_states import REPLACES_PARAMETER, REPLACES_STATE, infer_model_states
+from analyzer.attribute.model_states import (
+    REPLACES_PARAMETER,
+    REPLACES_STATE,
+    frozen_base_before_trace,
+    infer_model_states,
+)
 from analyzer.attribute.module_paths import SourceIndex
 from analyzer.attribute.modules import assign_modules
 from analyzer.attribute.profiler_ops import forward_categories, op_labels
@@ -168,6 +173,8 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
                        replicates=np.asarray([f.replicates for f in facts] + [False], dtype=bool)[stacks],
                        init_site=np.asarray([f.init_site for f in facts] + [None], dtype=object)[stacks],
                        blocks_before_recording=tensors_before)
+    if not tensors_before and not trace.records_categories:   # torch's memory timeline names them itself
+        frozen_base_before_trace(a, phase, step, category, category_source)
     unknown_pass = label_workspaces(a, stacks, np.asarray([f.workspace for f in facts] + [False], dtype=bool)[stacks],
                                     phase, category, category_source,
                                     {d: i.workspace_before_bytes for d, i in trace.devices.items()})

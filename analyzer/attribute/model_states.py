@@ -28,9 +28,20 @@ know), and says so in its label source (`structure:…`, confidence below the st
    within REPLACE_EVENTS allocator events before an optimizer state of its size is freed, and outlives it, is
    that state's new value (`state = f(state)` out of place: DeComFL's estimator updates its K this way between
    two model loads), optimizer state from the old one's free on; until then both are live and the new one is
-   the update's temporary (`category_from_seq`), so the state is never counted twice.
+   the update's temporary (`category_from_seq`), so the state is never counted twice. Likewise a state an
+   optimizer step makes and keeps, of a freed state's size, made after it and before its free: its new value
+   (`m = beta1 * m + ...` out of place; a compiled step makes every new value before freeing the old ones),
+   optimizer state from the old one's free on, the update's temporary until then.
 5. What `nn.DataParallel` copies to each GPU for every forward (`replicate`) is the module's parameters
    there, not activations, though it lives only for the step (a frames signal, not a structural one).
+6. A profiler trace's memory alive through it (one `end_state` amount its running total implies, no tensors),
+   in a trace that trains: the parameters made before it, where what the trainable part adds is under
+   FROZEN_LUMP_SHARE of it: the gradients one step makes (the trainable parameters' size) and Adam's two
+   moments of them. That is a frozen base (LoRA: no gradients, no optimizer state); a full fine-tune's amount
+   holds its optimizer state too, and stays open, as does one where the backward made no gradient (they were
+   alive before, accumulated in place: the amount holds them). Adam's moments of the trainable part are inside
+   it and counted as parameters (a LoRA's are a few percent of its base). (A trace without a backward names it parameters from its ops:
+   `ops:alive-through-inference`.)
 """
 from __future__ import annotations
 
@@ -47,6 +58,9 @@ REPLACE_EVENTS = 8  # allocator events from a state's new value to the old one's
 #: the signals of a state's new value, which holds its category only from the old value's free on
 REPLACES_PARAMETER, REPLACES_STATE = "structure:replaces-parameter-in-step", "structure:replaces-optimizer-state"
 PAIRED_STATE_SHARE = 0.75  # tensors / optimizer-state tensors of the state's sizes: 1 for params + grads, 0.5 params
+FROZEN_LUMP_SHARE = 0.5  # rule 6: the trainable part's gradients and moments under this share of the amount: frozen
+ADAM_MOMENTS = 2         # rule 6: what the trainable part keeps beside its gradients, in gradients' sizes
+FROZEN_BASE = "structure:frozen-base-before-trace"
 
 
 def infer_model_states(a: pd.DataFrame, phase: np.ndarray, category: np.ndarray, source: np.ndarray,
@@ -65,8 +79,27 @@ def infer_model_states(a: pd.DataFrame, phase: np.ndarray, category: np.ndarray,
     _construction_state(sizes, t_alloc, phase, category, source, init_site)
     _replaced_parameters(a, sizes, t_alloc, t_free, phase, category, source, category_from)
     _replaced_states(a, sizes, category, source, category_from)
+    _states_replacing_states(a, sizes, phase, category, source, category_from)
     if blocks_before_recording:
         _persistent_before_recording(a, sizes, phase, category, source)
+
+
+def frozen_base_before_trace(a: pd.DataFrame, phase: np.ndarray, step: np.ndarray, category: np.ndarray,
+                             source: np.ndarray) -> None:
+    """Rule 6: a training profiler trace's memory alive through it is the parameters of a frozen base when the
+    gradients one step makes, with Adam's moments of them, are under FROZEN_LUMP_SHARE of it."""
+    origin = a["origin"].astype(str).to_numpy()
+    lump = (origin == "end_state") & pd.isna(category)
+    made = origin == "trace"
+    if not lump.any() or not ((phase == Phase.BACKWARD) & made).any():
+        return
+    sizes = a["allocated_bytes"].to_numpy(dtype=np.int64)
+    gradients = (category == GRADIENT) & made
+    per_step = pd.Series(sizes[gradients]).groupby(step[gradients]).sum()
+    trainable = int(per_step.max()) if len(per_step) else 0   # none made: they were there before (in place)
+    if 0 < (1 + ADAM_MOMENTS) * trainable < FROZEN_LUMP_SHARE * int(sizes[lump].sum()):
+        _label(np.flatnonzero(lump), PARAMETER, FROZEN_BASE, category, source)
+        phase[lump] = Phase.LOAD.value
 
 
 def _persistent_before_recording(a: pd.DataFrame, sizes: np.ndarray, phase: np.ndarray, category: np.ndarray,
@@ -188,6 +221,33 @@ def _replaced_states(a: pd.DataFrame, sizes: np.ndarray, category: np.ndarray, s
                 and category[n] == PARAMETER):
             _label(np.asarray([n]), OPTIMIZER_STATE, REPLACES_STATE, category, source)
             category_from[n] = seq_free[r]
+
+
+def _states_replacing_states(a: pd.DataFrame, sizes: np.ndarray, phase: np.ndarray, category: np.ndarray,
+                             source: np.ndarray, category_from: np.ndarray) -> None:
+    """Rule 4, state for state: each optimizer state freed in the recording is replaced by the earliest unpaired
+    state of its size made in the same optimizer step (no allocation of another phase between them) before its
+    free, and kept past it (values made in order, freed in order): optimizer state from that free on."""
+    seq_alloc = a["seq_alloc"].to_numpy(dtype=np.float64, na_value=np.nan)
+    seq_free = a["seq_free"].to_numpy(dtype=np.float64, na_value=np.inf)
+    state = (category == OPTIMIZER_STATE) & pd.isna(category_from)
+    new = np.flatnonzero(state & np.isfinite(seq_alloc) & (phase == Phase.OPTIMIZER))
+    old = np.flatnonzero(state & np.isfinite(seq_free))
+    if not len(new) or not len(old):
+        return
+    others = np.sort(seq_alloc[np.isfinite(seq_alloc) & (phase != Phase.OPTIMIZER)])
+
+    def same_step(n: int, r: int) -> bool:
+        return bool(np.searchsorted(others, seq_alloc[n]) == np.searchsorted(others, seq_free[r]))
+
+    unpaired = {int(size): list(rows[np.argsort(seq_alloc[rows], kind="stable")])
+                for size, rows in pd.Series(new).groupby(sizes[new]).agg(np.asarray).items()}
+    for r in old[np.argsort(seq_free[old], kind="stable")]:
+        rows = unpaired.get(int(sizes[r]), [])
+        n = next((n for n in rows if seq_alloc[r] < seq_alloc[n] < seq_free[r] < seq_free[n] and same_step(n, r)), None)
+        if n is not None:
+            rows.remove(n)
+            source[n], category_from[n] = REPLACES_STATE, seq_free[r]
 
 
 def _step_gap(times: np.ndarray) -> float:

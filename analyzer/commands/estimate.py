@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,12 @@ from analyzer.estimate.search import plan as layout_plan
 
 OVERHEAD = 0.10   # CUDA context, workspaces and fragmentation: keep this share of the device free
 NODE_GPUS = 8     # tensor parallelism stays inside a node
+# A micro-batch of at least BUSY_TOKENS tokens keeps a GPU's matmuls large: accumulating more, smaller micro-batches
+# then costs little (the micro-batch term's cost a halving), so the plan halves it before checkpointing (20-30% more
+# compute), as the method's fix order does. Below, each halving costs SMALL_HALVING: one is still cheaper than full
+# checkpointing, two are dearer.
+BUSY_TOKENS = 2048
+SMALL_HALVING = 2.0
 # the optimizer lever's levels as theory.OPTIMIZERS names them (the bytes each keeps per parameter are there)
 OPTIMIZER_KINDS = {"adam": "adam", **{r.id.value: r.estimate_term.optimizer for r in REMEDIES
                                       if r.estimate_term is not None and r.estimate_term.optimizer is not None}}
@@ -169,13 +175,25 @@ def per_gpu_bytes(params: float, gpus: int, shape: Shape | None, job: Layout) ->
 _ZERO = (RemedyId.ZERO1, RemedyId.ZERO2, RemedyId.ZERO3)
 
 
-def _level(remedy: str, value: int | None = None, extra_cost: float = 0.0, times: float = 1.0,
-           **words: int) -> Level:
+def _level(remedy: str, value: int | None = None, extra_cost: float = 0.0, **words: int) -> Level:
     """The remedy as a level of this lattice: its estimate term's words and cost (analyzer.diagnose.remedies),
-    at a value (k micro-batches, N GPUs, ZeRO stage), a deeper level costing `times` its cost, `extra_cost` more."""
+    at a value (k micro-batches, N GPUs, ZeRO stage), `extra_cost` more."""
     term = BY_ID[remedy].estimate_term
     assert term is not None   # only remedies with an estimate term are levels here
-    return Level(str(remedy), term.title.format(k=value, **words), term.cost * times + extra_cost, value)
+    return Level(str(remedy), term.title.format(k=value, **words), term.cost + extra_cost, value)
+
+
+def _micro_batch_level(shape: Shape, k: int) -> Level:
+    """Accumulation over k micro-batches of 1/k the size (the global batch kept): each halving costs the term's
+    cost while the micro-batch keeps BUSY_TOKENS tokens, SMALL_HALVING below, said in words with its tokens."""
+    level = _level(RemedyId.MICRO_BATCH, k, b=shape.micro_batch // k)
+    free = max(1.0, shape.micro_batch * shape.seq / BUSY_TOKENS)     # the division that still keeps BUSY_TOKENS
+    cost = level.cost * math.log2(min(k, free)) + SMALL_HALVING * math.log2(max(k / free, 1.0))
+    tokens = shape.micro_batch // k * shape.seq
+    busy = ("keep the matmuls large" if tokens >= BUSY_TOKENS
+            else f"make smaller matmuls (under {BUSY_TOKENS:,}: lower throughput)")
+    return replace(level, cost=cost,
+                   throughput=f"micro-batches of {tokens:,} tokens {busy}, k accumulation steps per optimizer step (the same global batch)")
 
 
 def _degrees(n: int, limit: int) -> list[int]:
@@ -189,8 +207,7 @@ def plan(params: float, gpus: int, zero: int, usable: float, shape: Shape | None
     levers = []
     if shape is not None:
         levers.append(lattice.lever("micro_batch", [
-            _level(RemedyId.MICRO_BATCH, k, times=math.log2(k), b=shape.micro_batch // k)
-            for k in range(2, shape.micro_batch + 1) if shape.micro_batch % k == 0], as_is))
+            _micro_batch_level(shape, k) for k in range(2, shape.micro_batch + 1) if shape.micro_batch % k == 0], as_is))
         levels = [] if checkpointing else [_level(RemedyId.ACTIVATION_CHECKPOINTING)]
         if not shape.flash_attention and not checkpointing:   # fused attention keeps no scores to drop
             levels.insert(0, _level(RemedyId.SELECTIVE_CHECKPOINTING))
@@ -323,15 +340,23 @@ def render_plan(found: dict[str, Any]) -> list[str]:
     lines = ["Plan, cheapest first (one change a step; stop at the first that fits):"]
     for i, step in enumerate(found["steps"], 1):
         lines.append(f"  {i}. {step['title']}: {gib(step['predicted_peak_allocated_bytes'])} per GPU, "
-                     + ("fits" if step["fits"] else "does not fit yet"))
+                     + ("fits" if step["fits"] else "does not fit yet") + f" ({_costs(step['cost'])})")
     if found["alternatives"]:
-        lines.append("A little dearer, also fitting:")
+        lines.append("Also fitting, at least as dear:")
+    planned = {step["title"] for step in found["steps"]}
     for alt in found["alternatives"]:
-        costs = "; ".join(c["throughput"] + ("" if c["communication"] == "none" else f", {c['communication']}")
-                          for c in alt["cost"].values())
-        lines.append(f"  - {' + '.join(alt['titles'])}: {gib(alt['predicted_peak_allocated_bytes'])} per GPU "
-                     f"(+{alt['extra_cost']:g} in cost order; {costs})")
+        other = [(title, alt["cost"][remedy]) for remedy, title in zip(alt["remedies"], alt["titles"], strict=True)
+                 if title not in planned]
+        why = "; ".join(f"{title}: {_costs(price)}" for title, price in other)
+        verdict = "as cheap as the plan, with a higher peak" if alt["extra_cost"] <= 0 else "dearer than the plan"
+        lines.append(f"  - {' + '.join(alt['titles'])}: {gib(alt['predicted_peak_allocated_bytes'])} per GPU; "
+                     f"{verdict}, for {why}")
     return lines
+
+
+def _costs(price: dict[str, str]) -> str:
+    """What a change takes beside memory, in words: throughput and communication (when any)."""
+    return price["throughput"] + ("" if price["communication"] == "none" else f", {price['communication']}")
 
 
 RECOMPUTE = ("none", "selective", "full")

@@ -134,6 +134,7 @@ class RemedyId(Word):
     FUSED_ATTENTION = "fused_attention"
     KV_CACHE_OFF = "kv_cache_off"
     KV_CACHE_QUANTIZED = "kv_cache_quantized"
+    BALANCE_SCATTER = "balance_scatter"
     MICRO_BATCH = "micro_batch"
     BF16 = "bf16"
     WEIGHT_QUANTIZATION = "weight_quantization"

@@ -26,6 +26,7 @@ class DeviceContext:
     capacity_source: str              # where that number came from
     world_size: int | None = None     # GPUs the job could shard over (for ZeRO / TP / PP estimates)
     device_usage: MemoryTrace | None = None  # a second recording of the run that sees the device (Nsight)
+    scatter_excess: int = 0           # batch memory above an even split of nn.DataParallel's scatter (imbalance)
     _live: dict[int, pd.DataFrame] = field(default_factory=dict, repr=False)
     _measured: dict[Hashable, Any] = field(default_factory=dict, repr=False)
 
@@ -72,11 +73,12 @@ class DeviceContext:
 
 
 def make_context(trace: MemoryTrace, d: DeviceMeasures, gpu_memory: int | None, world_size: int | None,
-                 device_usage: MemoryTrace | None = None) -> DeviceContext:
+                 device_usage: MemoryTrace | None = None, scatter_excess: int = 0) -> DeviceContext:
     timeline = trace.timeline[trace.timeline["device"] == d.device]
     capacity, source = _capacity(trace, d, gpu_memory)
     return DeviceContext(trace=trace, d=d, timeline=timeline, labels=d.labels, capacity_bytes=capacity,
-                         capacity_source=source, world_size=world_size, device_usage=device_usage)
+                         capacity_source=source, world_size=world_size, device_usage=device_usage,
+                         scatter_excess=scatter_excess)
 
 
 def _capacity(trace: MemoryTrace, d: DeviceMeasures, gpu_memory: int | None) -> tuple[int | None, str]:

@@ -23,7 +23,7 @@ from analyzer.core.module_tree import module_in_sentence
 from analyzer.core.units import gib
 from analyzer.core.vocabulary import UNATTRIBUTED, Category, FindingKind, category_plural
 from analyzer.diagnose.remedies import PIPELINE_MIN_LAYERS, count_layers
-from analyzer.result import DeviceAnalysis, Finding
+from analyzer.result import DeviceMeasures, Finding
 
 #: the worst peak over the median peak from which the spread is a finding, and the least gap in bytes (two small
 #: devices that differ by 2x are no story)
@@ -34,6 +34,8 @@ MIN_GAP_BYTES = 256 * 2**20
 IDLE_SHARE = 0.02
 
 _MODEL_STATES = {Category.PARAMETER.value, Category.GRADIENT.value, Category.OPTIMIZER_STATE.value}
+_BATCH = (Category.ACTIVATION.value, Category.INPUT.value, Category.TEMPORARY.value)   # what a batch's split moves
+SCATTER = "uneven_scatter"   # the `cause` of an imbalance made by nn.DataParallel's split of a batch by count
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,8 @@ class PeakSummary:
     step_peaks: dict[int, int] = field(default_factory=dict)   # step -> its peak allocated bytes
 
 
-def summarise(label: str, d: DeviceAnalysis) -> PeakSummary:
-    """The PeakSummary of one analysed device."""
+def summarise(label: str, d: DeviceMeasures) -> PeakSummary:
+    """The PeakSummary of one measured device (before its diagnosis, which the imbalance informs)."""
     live = d.peak.live
     replicas = bool(len(live)) and "label_source" in live and bool(
         live["label_source"].astype(str).str.contains("frames:data-parallel-replica", regex=False).any())
@@ -87,6 +89,8 @@ def find_imbalance(peaks: Sequence[PeakSummary], *, ratio: float = IMBALANCE_RAT
         return None
     median = min((p for p in peaks if p.peak_bytes == median_bytes), key=lambda p: p.label)
     category, category_gap = _largest_gap(worst.by_category, median.by_category)
+    data_parallel = any(p.data_parallel_replicas for p in peaks)
+    scattered = data_parallel and worst.data_parallel_replicas and category in _BATCH
     module, module_gap = _largest_gap(worst.by_module, median.by_module)
     ratio = round(worst.peak_bytes / median_bytes, 3)   # the one value every sentence formats (never 2.1x, then 2.2x)
     why = f"{category_plural(category)} make {gib(category_gap)} of the difference" if category else ""
@@ -106,10 +110,22 @@ def find_imbalance(peaks: Sequence[PeakSummary], *, ratio: float = IMBALANCE_RAT
             "category": category, "category_gap_bytes": category_gap,
             "module": module, "module_gap_bytes": module_gap,
             "step": worst.peak_step, "median_at_that_step_bytes": same_step,
+            "cause": SCATTER if scattered else None,
             "peaks": [{"label": p.label, "peak_bytes": p.peak_bytes, "oom": p.oom, "peak_step": p.peak_step,
                        "peak_phase": p.peak_phase} for p in worst_first(peaks)]}},
-        "remedies": _remedies(category, category_gap, worst, median, module, any(p.data_parallel_replicas for p in peaks)),
+        "remedies": _remedies(category, category_gap, worst, median, module, data_parallel),
     }
+
+
+def scatter_excess(finding: Finding | None, peaks: Sequence[PeakSummary]) -> dict[str, int]:
+    """Each device's batch memory (activations, inputs, temporaries at its peak) above the mean of the devices in
+    the job, where the imbalance is nn.DataParallel's scatter by count: what an even split would take off it."""
+    if finding is None or finding["evidence"]["details"].get("cause") != SCATTER:
+        return {}
+    labels = {p["label"] for p in finding["evidence"]["details"]["peaks"]}
+    batch = {p.label: sum(p.by_category.get(c, 0) for c in _BATCH) for p in peaks if p.label in labels}
+    mean = sum(batch.values()) / len(batch)
+    return {label: int(b - mean) for label, b in batch.items() if b > mean}
 
 
 def _largest_gap(worst: dict[str, int], median: dict[str, int]) -> tuple[str | None, int]:
@@ -125,8 +141,7 @@ def _remedies(category: str | None, gap: int, worst: PeakSummary, median: PeakSu
               data_parallel: bool) -> list[str]:
     """What evens the load, for the category that makes the difference and the device that is heavy."""
     first = []
-    scattered = data_parallel and worst.data_parallel_replicas and category in (Category.ACTIVATION.value,
-                                                                               Category.TEMPORARY.value)
+    scattered = data_parallel and worst.data_parallel_replicas and category in _BATCH
     if data_parallel and not worst.data_parallel_replicas or (
             not data_parallel and category == Category.ACTIVATION and worst.label.startswith("cuda:0")):
         first = [f"Use DistributedDataParallel instead of nn.DataParallel: DataParallel gathers outputs and keeps "

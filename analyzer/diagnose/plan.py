@@ -44,17 +44,19 @@ COST = {r.id.value: r.estimate_term.cost for r in REMEDIES if r.estimate_term is
 
 @dataclass(frozen=True)
 class Level:
-    """One level of a lever: the remedy it is (its id), in words, its cost, and its value (k, stage, degree)."""
+    """One level of a lever: the remedy it is (its id), in words, its cost, its value (k, stage, degree), and what
+    it takes from throughput when this level says it better than the remedy's price (a micro-batch's tokens)."""
 
     id: str
     title: str
     cost: float
     value: Any = None
+    throughput: str | None = None
 
     def price(self) -> dict[str, str]:
         remedy = BY_ID.get(self.id)
         price = remedy.price if remedy is not None and remedy.price is not None else Price("", "", "")
-        throughput, communication, code = price.throughput, price.communication, price.code
+        throughput, communication, code = self.throughput or price.throughput, price.communication, price.code
         if self.value is not None:
             throughput = throughput.replace("k ", f"{self.value} ").replace(
                 "(p-1)/(m+p-1)", f"{self.value - 1}/(m+{self.value - 1})")

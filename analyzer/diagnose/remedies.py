@@ -38,6 +38,7 @@ import pandas as pd
 from analyzer.core.units import gib, human_bytes
 from analyzer.core.vocabulary import (
     MODULE_PATH_SEPARATOR,
+    NO_MODULE,
     UNATTRIBUTED,
     Category,
     FindingKind,
@@ -100,6 +101,7 @@ class Demand:
     capacity: int | None
     world_size: int | None                   # GPUs the job can shard over: --gpus, else the trace's world size
     layers: int | None                       # repeated blocks seen in module names
+    split_blocks: int | None = None          # repeated blocks alive at the worst moment (None: no module named)
     findings: set[str] = field(default_factory=set)
     oom_verdict: str | None = None
     oomed: bool = False                      # the recording ends with an out-of-memory
@@ -119,6 +121,7 @@ class Demand:
     triage: str | None = None                # analyzer.diagnose.triage verdict
     leak_bytes: int = 0                      # leaked memory alive at the worst moment
     leak_stacks: list[str] = field(default_factory=list)   # where the leaked memory was allocated, with its rate
+    scatter_excess: int = 0                  # batch memory above an even split of nn.DataParallel's scatter
     # counterfactual replay (analyzer.diagnose.counterfactual): remedy id -> the replayed run's peak allocated and
     # reserved bytes and whether it would still run out of memory; a remedy with one takes its saving from it
     replayed: dict[str, Replayed] = field(default_factory=dict)
@@ -139,6 +142,7 @@ class LeverName(Word):
     CHECKPOINT_SAVE = "checkpoint_save"
     FIRST_STEP = "first_step"
     ATTENTION = "attention"
+    SCATTER = "scatter"
     BATCH = "batch"
     PRECISION = "precision"
     CHECKPOINTING = "checkpointing"
@@ -209,7 +213,8 @@ class Replay:
 @dataclass(frozen=True)
 class EstimateTerm:
     """The remedy as a level of `analyze estimate`'s lattice: its words, its cost in the method's order (the batch
-    first, offload last), and the optimizer it switches to (analyzer.diagnose.theory.OPTIMIZERS)."""
+    first, offload last; roughly the throughput it takes, so that ZeRO-1 on data-parallel GPUs, the same traffic as
+    data parallel, is nearly free), and the optimizer it switches to (analyzer.diagnose.theory.OPTIMIZERS)."""
 
     title: str
     cost: float
@@ -261,6 +266,14 @@ def needs_beyond_one_gpu(d: Demand) -> bool:
         return True
     device = d.capacity if d.capacity is not None else SMALLEST_GPU
     return d.bytes(*_STATES) >= SHARD_TO_GROW_SHARE * device
+
+
+def _splittable(d: Demand) -> bool:
+    """Tensor and pipeline parallelism split repeated blocks: where the recording names the modules alive at the
+    worst moment, at least PIPELINE_MIN_LAYERS blocks must be among them (`split_blocks`); a graph network's loop
+    over one torch.nn layer, or a frozen encoder's blocks run before the peak, are none. Where it names none
+    (None), the model's structure is unknown and is not held against them."""
+    return d.split_blocks is None or d.split_blocks >= PIPELINE_MIN_LAYERS
 
 
 def _batch_scaled(d: Demand) -> int:
@@ -497,6 +510,13 @@ def _divide(*categories: str) -> Formula:
     return formula
 
 
+def _even_split_formula(d: Demand, b: Breakdown, k: int) -> None:
+    """The batch-scaled memory less this GPU's share above an even split, each category in proportion."""
+    batch = sum(b.get(c) for c in _BATCH)
+    for category in _BATCH:
+        b.shrink(category, 1 - d.scatter_excess / batch if batch else 1.0)
+
+
 def _accumulation_formula(d: Demand, b: Breakdown, k: int) -> None:
     """The batch-scaled memory 1/k, and the gradients of the trainable part kept alive through the micro-batches."""
     _divide(*_BATCH)(d, b, k)
@@ -656,6 +676,19 @@ REMEDIES: list[Remedy] = [
            price=None, plan=None, replay=None, estimate_term=None, variables=(),
            docs="half the KV cache alive at the peak (int8 from 16 bits; not where the frames show it quantized "
                 "already)"),
+    # nn.DataParallel scattered the batch by count and this GPU got the larger inputs (analyzer.diagnose.imbalance):
+    # an even split keeps the batch, so it comes before any cut of it
+    Remedy(id=RemedyId.BALANCE_SCATTER,
+           title="Split each batch by size, not by count: nn.DataParallel gave this GPU the larger inputs",
+           cost="a balancing split of each batch; the same batch",
+           how="loads, shares = [0] * n_gpus, [[] for _ in range(n_gpus)]\n"
+               "for i in sorted(range(len(batch)), key=lambda i: -size(batch[i])):   # nodes, edges or tokens\n"
+               "    g = loads.index(min(loads)); shares[g].append(batch[i]); loads[g] += size(batch[i])",
+           estimate=lambda d: (d.scatter_excess, "low"), applies=lambda d: d.scatter_excess > 0, acts_on=_BATCH,
+           price=Price("none measurable", "none", "split each batch by size"),
+           plan=PlanLever(LeverName.SCATTER, 0.5, _even_split_formula), replay=None, estimate_term=None, variables=(),
+           docs="what this GPU holds of the batch above the devices' mean, when nn.DataParallel's split by count "
+                "made it the heavy one (the imbalance finding's scatter cause); low confidence: whole samples"),
     Remedy(id=RemedyId.MICRO_BATCH, title=_micro_batch_title,
            cost="instant; lower throughput; very small batches can hurt convergence",
            how=lambda d: ("batch_size = batch_size // 2   # fewer sequences at once: the KV cache and activations scale "
@@ -663,7 +696,7 @@ REMEDIES: list[Remedy] = [
                           "batch_size = batch_size // 2   # keep the global batch with gradient accumulation"),
            estimate=lambda d: (_batch_scaled(d) // 2, "high"), applies=_batch_advice, acts_on=_BATCH,
            price=_BATCH_PRICE, plan=PlanLever(LeverName.BATCH, 1.0, _divide(*_BATCH), lambda d: 2, divides_batch=True),
-           replay=Replay(micro_batch), estimate_term=EstimateTerm("micro-batch {b} with gradient accumulation x{k}", 1.0),
+           replay=Replay(micro_batch), estimate_term=EstimateTerm("micro-batch {b} with gradient accumulation x{k}", 0.5),
            variables=(), docs="half of activations + inputs + temporaries (forward only: \"halve the batch (or the "
                               "sequence length)\")"),
     Remedy(id=RemedyId.BF16, title="Train in bf16 mixed precision",
@@ -761,7 +794,7 @@ REMEDIES: list[Remedy] = [
            acts_on=ZERO_SHARDED[RemedyId.ZERO1], price=Price("throughput about that of data parallel", _ZERO_TRAFFIC,
                                                             "ZeroRedundancyOptimizer / DeepSpeed stage 1"),
            plan=PlanLever(LeverName.ZERO, 4.75, _divide(*ZERO_SHARDED[RemedyId.ZERO1]), _zero_shards_of(RemedyId.ZERO1)),
-           replay=Replay(_zero_transform(1), sharded=True), estimate_term=EstimateTerm("ZeRO-1", 4.0),
+           replay=Replay(_zero_transform(1), sharded=True), estimate_term=EstimateTerm("ZeRO-1", 0.25),
            variables=("gpus",), beyond_one_gpu=True,
            docs="(1 − 1/N) of optimizer state; N named in the title; not with one GPU"),
     Remedy(id=RemedyId.ZERO2, title=_zero2_title, cost="more communication",
@@ -792,7 +825,7 @@ REMEDIES: list[Remedy] = [
            cost="needs model code changes; fast links",
            how="from torch.distributed.tensor.parallel import parallelize_module  # ColwiseParallel / RowwiseParallel",
            estimate=lambda d: (int(d.bytes(*_STATES, Category.ACTIVATION) * (1 - 1 / tp_gpus(d))), "low"),
-           applies=lambda d: _shards_possible(d) and _relevant(*_STATES, Category.ACTIVATION)(d),
+           applies=lambda d: _splittable(d) and _shards_possible(d) and _relevant(*_STATES, Category.ACTIVATION)(d),
            acts_on=(*_STATES, Category.ACTIVATION),
            price=Price("smaller matmuls per GPU", "2 all-reduces of activations per layer, forward and backward "
                        "(inside a node)", "model code changes (parallelize_module)"),
@@ -806,7 +839,7 @@ REMEDIES: list[Remedy] = [
            how="from torch.distributed.pipelining import pipeline, SplitPoint, ScheduleGPipe  # or Schedule1F1B\n"
                "pipe = pipeline(model, mb_args=(micro_batch,), split_spec={'layers.16': SplitPoint.BEGINNING})",
            estimate=lambda d: (int(_pipelined(d) * (1 - 1 / pipeline_stages(d))), "low"),
-           applies=lambda d: _trains(d) and (d.layers or 0) >= PIPELINE_MIN_LAYERS and _shards_possible(d)
+           applies=lambda d: _trains(d) and (d.layers or 0) >= PIPELINE_MIN_LAYERS and _splittable(d) and _shards_possible(d)
            and _relevant(*_STATES, Category.ACTIVATION)(d), acts_on=(*_STATES, Category.ACTIVATION, Category.TEMPORARY),
            price=Price("pipeline bubble: (p-1)/(m+p-1) of the step idle with m micro-batches",
                        "activations point to point between stages",
@@ -891,6 +924,32 @@ def count_layers(modules: list[str]) -> int | None:
             calls.setdefault(m.group(1), set()).add(m.group(2))
     most = max((len(n) for n in calls.values()), default=0)
     return most if most >= 2 else None
+
+
+_INSTANCE = re.compile(r"^(\w+)_(\d+)$")   # a Kineto module: its class and instance number (`TinyBlock_1`)
+
+
+def blocks_alive(modules: list[str]) -> int | None:
+    """Repeated blocks among the modules alive at a moment: count_layers', else Kineto's naming (a class with
+    children, below the root, seen as two instances or more: `Model_0 › TinyBlock_1 › Linear_3`). 0 where the
+    names show the structure and no block repeats: Kineto's instances, or a line calling one torch.nn layer again
+    and again (a graph network's message passing over nn.Linear). None where they do not show it: nothing named,
+    or call paths without a loop (a snapshot's frames name the lines, not the blocks, of a transformer too)."""
+    named = [m for m in modules if m not in (UNATTRIBUTED, NO_MODULE)]
+    found = count_layers(named)
+    if found:
+        return found
+    instances: dict[str, set[str]] = {}
+    for path in named:
+        for part in path.split(MODULE_PATH_SEPARATOR)[1:-1]:
+            if (m := _INSTANCE.match(part)) is not None:
+                instances.setdefault(m.group(1), set()).add(m.group(2))
+    most = max((len(n) for n in instances.values()), default=0)
+    if most >= PIPELINE_MIN_LAYERS:
+        return most
+    kineto = any(_INSTANCE.match(path.split(MODULE_PATH_SEPARATOR)[0]) for path in named)
+    layer_loop = any((m := _CALL.match(path)) is not None and _TORCH_LAYER in m.group(1) for path in named)
+    return 0 if kineto or layer_loop else None
 
 
 def checkpointable_bytes(live: pd.DataFrame) -> int | None:

@@ -400,7 +400,8 @@ def test_markdown_of_three_devices_says_each_remedy_once() -> None:
     assert len(view.in_full()) == 3 and titles
     assert all(md.count(f"**{md_text(t)}**") == 1 for t in titles)
     assert md.count("| device | peak |") == 1 and md.count("```mermaid") == 3
-    assert md.count("\n   cuda\\:1: saves 41.50 GiB; peak 83.23 GiB → 41.74 GiB; fits; confidence high; **try first**") == 1
+    assert md.count("\n   cuda\\:1: saves 43.62 GiB; peak 83.23 GiB → 39.62 GiB; fits; confidence low; **try first**") == 1
+    assert md.count("\n   cuda\\:1: saves 41.50 GiB; peak 83.23 GiB → 41.74 GiB; fits; confidence high\\\n") == 1
     assert md.count("\n   cuda\\:0: saves 2.70 GiB; peak 7.88 GiB → 5.17 GiB; confidence high; **try first**") == 1
     assert md.count(md_text(view.devices[0].verdict)) == 1   # the lead verdict, said once at the top
 

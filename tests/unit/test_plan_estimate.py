@@ -8,7 +8,16 @@ import json
 import pytest
 
 from analyzer.commands import main
-from analyzer.commands.estimate import OVERHEAD, Layout, Shape, estimate, per_gpu_bytes
+from analyzer.commands.estimate import (
+    BUSY_TOKENS,
+    OVERHEAD,
+    SMALL_HALVING,
+    Layout,
+    Shape,
+    _micro_batch_level,
+    estimate,
+    per_gpu_bytes,
+)
 from analyzer.diagnose.plan import COST
 
 GiB = 2**30
@@ -27,27 +36,29 @@ def _layer(b: int = B) -> float:
 
 
 def test_the_worked_example_gets_a_plan_that_fits_with_the_formulas_numbers():
-    """7B, FP16 + Adam, 8 x 80 GiB, micro-batch 32, sequence 2048: 16Ψ alone is over the device. Full
-    checkpointing keeps 2·sbh per layer plus one layer (34·sbh); ZeRO-1 leaves 4Ψ + 12Ψ/8 per GPU."""
+    """7B, FP16 + Adam, 8 x 80 GiB, micro-batch 32, sequence 2048: 16Ψ alone is over the device. The seed's fix
+    order: ZeRO-1 first (4Ψ + 12Ψ/8 per GPU: the same traffic as data parallel, nearly free), then micro-batch 4
+    with x8 accumulation (8,192 tokens a micro-batch keep the matmuls large), before full checkpointing (one more
+    forward: 2·sbh per layer plus one layer, 34·sbh), which fits too, dearer, with a lower peak."""
     result = estimate(PSI, GPUS, 0, 80 * GiB, SHAPE, False)
     assert result["fits"] is False
     plan = result["plan"]
-    assert plan["fits"] and [s["remedy"] for s in plan["steps"]] == ["activation_checkpointing", "zero1"]
-    checkpointed = L * 2 * _sbh() + _layer()
+    assert plan["fits"] and [s["remedy"] for s in plan["steps"]] == ["zero1", "micro_batch"]
+    zero1 = 4 * PSI + 12 * PSI / GPUS
     first, second = plan["steps"]
-    assert first["predicted_peak_allocated_bytes"] == int(16 * PSI + checkpointed) and first["fits"] is False
-    assert second["predicted_peak_allocated_bytes"] == int(4 * PSI + 12 * PSI / GPUS + checkpointed)
+    assert first["predicted_peak_allocated_bytes"] == int(zero1 + L * _layer()) and first["fits"] is False
+    assert second["predicted_peak_allocated_bytes"] == int(zero1 + L * _layer(4)) and second["value"] == 8
     assert second["fits"] and second["source"] == "formula"
     assert second["predicted_peak_allocated_bytes"] <= USABLE < first["predicted_peak_allocated_bytes"]
+    assert first["cost"]["communication"].startswith("the same traffic")
+    assert second["cost"]["throughput"].startswith("micro-batches of 8,192 tokens keep the matmuls large, 8 accumulation")
     # the alternatives fit, cost at least as much, and none is the plan with more changes added
     for alt in plan["alternatives"]:
         assert alt["predicted_peak_allocated_bytes"] <= USABLE and alt["extra_cost"] >= 0
-        assert not {"activation_checkpointing", "zero1"} <= set(alt["remedies"])
-    smaller = plan["alternatives"][0]   # as cheap, a higher peak: micro-batch 4 with x8 accumulation instead
-    assert smaller["remedies"] == ["micro_batch", "zero1"] and smaller["extra_cost"] == 0
-    assert smaller["predicted_peak_allocated_bytes"] == int(4 * PSI + 12 * PSI / GPUS + L * _layer(4))
-    assert smaller["cost"]["zero1"]["communication"].startswith("the same traffic")
-    assert "8 accumulation steps" in smaller["cost"]["micro_batch"]["throughput"]
+        assert not {first["title"], second["title"]} <= set(alt["titles"])
+    checkpointed = plan["alternatives"][0]   # dearer by checkpointing's cost less three halvings': 3 - 3 x 0.5
+    assert checkpointed["remedies"] == ["zero1", "activation_checkpointing"] and checkpointed["extra_cost"] == 1.5
+    assert checkpointed["predicted_peak_allocated_bytes"] == int(zero1 + L * 2 * _sbh() + _layer())
 
 
 def test_zero2_alone_is_not_enough_and_zero3_with_checkpointing_and_a_smaller_micro_batch_fits():
@@ -69,12 +80,16 @@ def test_one_side_of_fits_gets_a_plan_the_other_none():
 
 
 def test_the_last_step_is_the_only_one_that_fits_and_costs_rise():
-    """70B on 8 x 80 GiB: even ZeRO-3 leaves 2 TB/8 of states; the plan ends in optimizer offload (story 3)."""
+    """70B on 8 x 80 GiB: even ZeRO-3 leaves 2 TB/8 of states; the plan shrinks the optimizer's memory as the
+    seed's fix order does (Adafactor before optimizer-state offload, story 3), offload half a point dearer next."""
     plan = estimate(70e9, GPUS, 0, 80 * GiB, Shape(4, 4096, 80, 8192, 64), False)["plan"]
     fits = [s["fits"] for s in plan["steps"]]
     assert fits[-1] and not any(fits[:-1])
     assert [COST[s["remedy"]] for s in plan["steps"]] == sorted(COST[s["remedy"]] for s in plan["steps"])
-    assert "optimizer_offload" in [s["remedy"] for s in plan["steps"]]
+    assert [s["remedy"] for s in plan["steps"]] == ["micro_batch", "activation_checkpointing", "adafactor", "zero3"]
+    offload = plan["alternatives"][0]
+    assert offload["remedies"] == ["activation_checkpointing", "zero3", "optimizer_offload"]
+    assert offload["extra_cost"] == 0.5
 
 
 def test_pipeline_stages_hold_their_layers_and_the_in_flight_micro_batches():
@@ -101,8 +116,48 @@ def test_the_command_prints_the_plan(capsys):
                  "--hidden", "4096", "--gpu-memory", "80GiB"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "1. full activation checkpointing: 128.82 GiB per GPU, does not fit yet" in out
-    assert "2. ZeRO-1: 60.36 GiB per GPU, fits" in out and "A little dearer" in out
+    assert "1. ZeRO-1: 308.11 GiB per GPU, does not fit yet (throughput about that of data parallel, the same " \
+           "traffic (a reduce-scatter and an all-gather))" in out
+    assert "2. micro-batch 4 with gradient accumulation x8: 69.89 GiB per GPU, fits (micro-batches of 8,192 tokens " \
+           "keep the matmuls large, 8 accumulation steps per optimizer step (the same global batch))" in out
+    assert "  - ZeRO-1 + full activation checkpointing: 60.36 GiB per GPU; dearer than the plan, for full activation " \
+           "checkpointing: about 20-30% more compute (one more forward)" in out
+    assert "cost order" not in out
+
+
+def test_zero1_on_data_parallel_gpus_costs_less_than_a_halving_and_a_halving_less_than_checkpointing():
+    """The seed's order as costs: ZeRO-1 (the traffic of data parallel) 0.25, a halving that keeps BUSY_TOKENS
+    0.5, full checkpointing 3; on one GPU there is nothing to shard and ZeRO is no step."""
+    assert COST["zero1"] == 0.25 < COST["micro_batch"] == 0.5 < COST["activation_checkpointing"] == 3.0
+    one = estimate(1.3e9, 1, 0, 24 * GiB, Shape(32, S, 24, 2048, 16), False)["plan"]
+    assert one["fits"] and [s["remedy"] for s in one["steps"]] == ["micro_batch", "activation_checkpointing"]
+    eight = estimate(1.3e9, GPUS, 0, 24 * GiB, Shape(32, S, 24, 2048, 16), False)["plan"]
+    assert [s["remedy"] for s in eight["steps"]] == ["zero1", "micro_batch"]
+
+
+def test_a_halving_costs_little_while_the_micro_batch_keeps_busy_tokens():
+    """At sequence 512 and micro-batch 32: down to 4 (2,048 tokens, BUSY_TOKENS) a halving costs 0.5; to 2 (1,024
+    tokens) SMALL_HALVING, 2."""
+    shape = Shape(32, 512, L, H, 32)
+    assert BUSY_TOKENS == 2048 and SMALL_HALVING == 2.0
+    at_busy, below = _micro_batch_level(shape, 8), _micro_batch_level(shape, 16)
+    assert at_busy.cost == pytest.approx(3 * 0.5) and below.cost == pytest.approx(3 * 0.5 + SMALL_HALVING)
+    assert "2,048 tokens keep the matmuls large" in at_busy.price()["throughput"]
+    assert "1,024 tokens make smaller matmuls" in below.price()["throughput"]
+
+
+@pytest.mark.parametrize(("memory", "second"), [(48, "activation_checkpointing"), (50, "micro_batch")])
+def test_checkpointing_leads_only_where_the_micro_batch_would_go_below_busy_tokens(memory, second):
+    """7B on 8 GPUs, micro-batch 32 of 512 tokens, ZeRO-1 (35.85 GiB of states): on 50 GiB (45 usable) micro-batch
+    4 (2,048 tokens, 8.51 GiB of activations) fits, cost 1.5 < checkpointing's 3; on 48 GiB (43.2 usable) it does
+    not, micro-batch 2 (1,024 tokens) would cost 3.5, and checkpointing at micro-batch 32 (42.1 GiB) is the plan."""
+    plan = estimate(PSI, GPUS, 0, memory * GiB, Shape(32, 512, L, H, 32), False)["plan"]
+    assert [s["remedy"] for s in plan["steps"]] == ["zero1", second]
+    usable = memory * GiB * (1 - OVERHEAD)
+    states = 4 * PSI + 12 * PSI / GPUS
+    sbh = 512 * 32 * H
+    assert (states + L * (34 * 512 * 4 * H + 4 * 32 * 512 * 4) <= usable) is (memory == 50)
+    assert states + L * 2 * sbh + 34 * sbh + 4 * 32 * 512 * 32 <= usable
 
 
 def test_precision_dropout_and_the_vocabulary_reach_the_per_gpu_bytes():

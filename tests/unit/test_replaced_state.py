@@ -1,0 +1,69 @@
+"""An optimizer written by hand that updates its state out of place (`m = beta1 * m + ...`, a compiled step
+making every new value before freeing the old ones) holds two values of a state for a while: the new one is the
+update's temporary until the old one is freed, so the state is never counted twice at a peak inside the update
+(issue 32, "Model states that still slip"; model_states rule 4, state replacing state)."""
+from __future__ import annotations
+
+import pytest
+
+import analyzer
+from support.snapshots import MiB, Recording
+
+PARAMS = [8 * MiB, 4 * MiB, 4 * MiB]
+
+
+def _run(compiled: bool) -> analyzer.Analysis:
+    """Load three parameters, then two steps of forward, backward and a hand-written Adam (inside the range torch
+    records for an optimizer's step): step 1 makes m and v, step 2 replaces them out of place, one at a time
+    (eager) or all new values first (compiled), with a 1 MiB temporary alive while both values are (the peak
+    inside the update)."""
+    rec = Recording()
+    with rec.phase("load"):
+        for size in PARAMS:
+            rec.alloc(size, "model.py:10", name="__init__")
+    state: list[int] = []
+    for n in (1, 2):
+        with rec.step(n):
+            with rec.phase("forward"):
+                acts = [rec.alloc(2 * MiB, "model.py:30", name="forward") for _ in range(3)]
+            with rec.phase("backward"):
+                grads = [rec.alloc(size, "train.py:40", name="train_step") for size in PARAMS]
+                for a in acts:
+                    rec.free(a)
+            with rec.phase("optimizer"), rec.range("Optimizer.step#AdamW.step"):
+                if not state:
+                    state = [rec.alloc(size, "optim.py:50", name="step") for size in PARAMS for _ in (0, 1)]
+                else:
+                    sizes = [size for size in PARAMS for _ in (0, 1)]
+                    if compiled:
+                        scratch = rec.alloc(1 * MiB, "optim.py:61", name="step")
+                        new = [rec.alloc(size, "optim.py:60", name="step") for size in sizes]
+                        rec.free(scratch)
+                        for old in state:
+                            rec.free(old)
+                        state = new
+                    else:
+                        for i, size in enumerate(sizes):
+                            new = rec.alloc(size, "optim.py:60", name="step")
+                            scratch = rec.alloc(1 * MiB, "optim.py:61", name="step")
+                            rec.free(scratch)
+                            rec.free(state[i])
+                            state[i] = new
+                for g in grads:
+                    rec.free(g)
+    return analyzer.analyze(rec.trace())
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_state_replaced_out_of_place_is_counted_once_at_a_peak_inside_the_update(compiled):
+    device = _run(compiled).devices[0]
+    at_peak = {r["name"]: r["bytes"] for r in device.by_category}
+    assert device.peak_phase == "optimizer"
+    assert at_peak["optimizer_state"] == 2 * sum(PARAMS)
+    assert at_peak["parameter"] == sum(PARAMS)
+    # step 1's m and v (the same sizes, made in one step) are not each other's new value: each is state, whole life
+    live = device.peak.live
+    first = live[live["category"] == "optimizer_state"]
+    assert len(first) == 2 * len(PARAMS) and first["label_source"].str.contains("lifetime:optimizer").all()
+    replaced = live[live["label_source"].str.contains("structure:replaces-optimizer-state")]
+    assert int(replaced["allocated_bytes"].sum()) == (2 * sum(PARAMS) if compiled else 8 * MiB)
