@@ -217,6 +217,99 @@ class ListedRemedy(TypedDict):
     plan_step: str | None               # set when it is the plan's first step, not the cheapest single change
 
 
+@dataclass(frozen=True)
+class FreeInSegment:
+    """One segment at a moment of the fragmentation picture: its size, what its live blocks use, what is free in
+    it and its largest free gap."""
+
+    addr: int
+    bytes: int
+    used_bytes: int
+    free_bytes: int
+    largest_free_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class FragmentationPicture:
+    """Reserved memory that holds no tensor at one moment (analyzer.diagnose.fragmentation); None: the input does
+    not record it (only a snapshot records segments)."""
+
+    event_index: int
+    reserved_bytes: int
+    allocated_bytes: int
+    inactive_bytes: int                   # reserved - allocated
+    internal_bytes: int                   # allocated - requested: rounding inside blocks
+    external_bytes: int | None            # free inside segments that also hold live blocks
+    cached_free_segments_bytes: int | None
+    largest_free_block_bytes: int | None  # None also where expandable segments have no fixed blocks
+    request_bytes: int | None             # the failed request, at an OOM
+    expandable_segments: bool | None
+    segments_recorded: bool
+    segments: list[FreeInSegment] = field(default_factory=list)  # the most free first, at most 50
+
+    def details(self) -> dict[str, Any]:
+        """The numbers, as the JSON and a finding's evidence carry them (segments aside)."""
+        return {"event_index": self.event_index, "reserved_bytes": self.reserved_bytes,
+                "allocated_bytes": self.allocated_bytes, "inactive_bytes": self.inactive_bytes,
+                "internal_bytes": self.internal_bytes, "external_bytes": self.external_bytes,
+                "cached_free_segments_bytes": self.cached_free_segments_bytes,
+                "largest_free_block_bytes": self.largest_free_block_bytes, "request_bytes": self.request_bytes,
+                "expandable_segments": self.expandable_segments, "segments_recorded": self.segments_recorded}
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.details(), "segments": [asdict(s) for s in self.segments]}
+
+
+@dataclass(frozen=True)
+class RegimeCheck:
+    """Measured model states against 16Ψ under one precision assumption (analyzer.diagnose.theory)."""
+
+    name: str
+    parameters: float                     # Ψ implied by the measured parameter bytes
+    expected_model_states_bytes: float    # 16Ψ
+    measured_model_states_bytes: int
+    agrees: bool                          # within 10%
+
+
+@dataclass(frozen=True, kw_only=True)
+class Theory:
+    """Model states measured at their largest over the run, checked against 16Ψ (analyzer.diagnose.theory_check)."""
+
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    activation_bytes: int
+    notes: list[str]
+    regimes: list[RegimeCheck] | None = None  # None: no parameters were identified, nothing to check
+    regime: str | None = None                 # the first regime that agrees
+
+    def measured(self) -> dict[str, int]:
+        """{category}_bytes of each category measured, in the JSON's order."""
+        return {"parameter_bytes": self.parameter_bytes, "gradient_bytes": self.gradient_bytes,
+                "optimizer_state_bytes": self.optimizer_state_bytes, "activation_bytes": self.activation_bytes}
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {**self.measured(), "notes": list(self.notes)}
+        if self.regimes is not None:
+            out |= {"regimes": [asdict(r) for r in self.regimes], "regime": self.regime}
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadFacts:
+    """What kind of run the advice was chosen for (analyzer.diagnose.workload.Workload.published)."""
+
+    kind: str                        # training | forward_only | unknown
+    frozen_share: float | None
+    graph_kept: bool
+    mixed_precision_on: bool | None
+    gpus: int | None
+    summary: str                     # the facts in words
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Diagnosis:
     """What the detectors, the triage, the theory check and the remedies made of one device's measures."""
@@ -224,13 +317,13 @@ class Diagnosis:
     findings: list[Finding]
     remedies: list[ListedRemedy]
     verdict: str                          # one sentence: what ran out, where, why, what to try first
-    theory: dict[str, Any]                # measured model states vs 16Ψ
-    fragmentation: dict[str, Any] | None  # at the OOM, else at the reserved peak
+    theory: Theory                        # measured model states vs 16Ψ
+    fragmentation: FragmentationPicture | None  # at the OOM, else at the reserved peak
     triage: Triage
     demand_bytes: int                     # what the run needed: peak, or allocated + request at the OOM
     capacity_bytes: int | None            # the device memory the advice was judged against
     capacity_source: str                  # where that number came from
-    workload: dict[str, Any] = field(default_factory=dict)  # analyzer.diagnose.workload: what the advice acts on
+    workload: WorkloadFacts               # analyzer.diagnose.workload: what the advice acts on
     fits: Fits | None = None              # when the run fits as it is
     plan: Plan | None = None              # the cheapest combination of remedies that fits (analyzer.diagnose.plan)
 
@@ -455,10 +548,10 @@ def _device_json(d: DeviceAnalysis) -> dict[str, Any]:
         "verdict": dx.verdict,
         "triage": dx.triage,
         "demand_bytes": dx.demand_bytes,
-        "workload": dx.workload,
+        "workload": dx.workload.to_json(),
         "fits": dx.fits,
-        "fragmentation": dx.fragmentation,
-        "theory": dx.theory,
+        "fragmentation": None if dx.fragmentation is None else dx.fragmentation.to_json(),
+        "theory": dx.theory.to_json(),
         "findings": dx.findings,
         "remedies": dx.remedies,
         "plan": dx.plan,

@@ -334,9 +334,9 @@ def _picture(ctx: DeviceContext, title: str, seq: int, request: int | None) -> A
                                s.bytes / scale, _gradient(int(s.addr), int(s.bytes), inside,
                                                           int(s.largest_free_bytes))))
     return AllocatorPicture(
-        title=title, event_index=seq, reserved_bytes=measured["reserved_bytes"],
-        allocated_bytes=measured["allocated_bytes"], internal_bytes=measured["internal_bytes"],
-        external_bytes=measured["external_bytes"], largest_free_block_bytes=measured["largest_free_block_bytes"],
+        title=title, event_index=seq, reserved_bytes=measured.reserved_bytes,
+        allocated_bytes=measured.allocated_bytes, internal_bytes=measured.internal_bytes,
+        external_bytes=measured.external_bytes, largest_free_block_bytes=measured.largest_free_block_bytes,
         request_bytes=request, request_width=(request or 0) / scale, segments=len(segments), bars=bars,
     )
 

@@ -8,7 +8,7 @@ Strings from the input file are kept raw here: escaping is the job of each rende
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import pandas as pd
@@ -21,7 +21,7 @@ from analyzer.core.trace import MemoryTrace
 from analyzer.core.units import human_bytes, relative_seconds
 from analyzer.core.vocabulary import UNATTRIBUTED, category_color, category_rank, phase_color
 from analyzer.report.shown import shown
-from analyzer.result import Analysis, DeviceAnalysis, Finding, ListedRemedy, Plan
+from analyzer.result import Analysis, DeviceAnalysis, Finding, ListedRemedy, Plan, Theory
 
 LIVE_SHOWN = 25          # allocations live at the peak listed with their stacks
 FRAMES_SHOWN = 40        # frames of one stack, innermost first
@@ -371,7 +371,7 @@ def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> De
         steps=steps, steps_left_out=len(d.steps) - len(steps),
         remedies_heading=("optional: ways to grow the batch or the model (it fits as it is)" if d.diagnosis.fits
                           else "what to change, cheapest first"),
-        workload=str(d.diagnosis.workload.get("summary", "")),
+        workload=d.diagnosis.workload.summary,
         plan=_plan_view(d.diagnosis.plan),
     )
 
@@ -524,29 +524,24 @@ def _remedy_view(r: ListedRemedy) -> RemedyView:
     )
 
 
-_FRAGMENTATION_SHOWN = {"reserved_bytes", "allocated_bytes", "inactive_bytes", "largest_free_block_bytes",
-                        "request_bytes", "expandable_segments", "segments", "event_index"}
-
-
 def _fragmentation_view(d: DeviceAnalysis, trace: MemoryTrace) -> FragmentationView:
     """The diagnosed fragmentation when there is one; else the end state, which is the state at an OOM that
     ended the run (the allocator has released its cached segments by then)."""
     measured = d.diagnosis.fragmentation
     if measured:
-        segments = sorted(measured.get("segments") or [], key=lambda s: -int(s.get("free_bytes", 0)))
-        shown = [{**s, "used_share": (s["used_bytes"] / s["bytes"]) if s.get("bytes") else 0.0}
+        segments = sorted(measured.segments, key=lambda s: -s.free_bytes)
+        shown = [{**asdict(s), "used_share": (s.used_bytes / s.bytes) if s.bytes else 0.0}
                  for s in segments[:SEGMENTS_SHOWN]]
+        other = {"internal_bytes": measured.internal_bytes, "external_bytes": measured.external_bytes,
+                 "cached_free_segments_bytes": measured.cached_free_segments_bytes,
+                 "segments_recorded": measured.segments_recorded}
         return FragmentationView(
             where="at the out-of-memory" if d.oom else "at the peak",
-            reserved_bytes=_optional_int(measured.get("reserved_bytes")),
-            allocated_bytes=_optional_int(measured.get("allocated_bytes")),
-            inactive_bytes=_optional_int(measured.get("inactive_bytes")),
-            largest_free_block_bytes=_optional_int(measured.get("largest_free_block_bytes")),
-            request_bytes=_optional_int(measured.get("request_bytes")),
-            expandable_segments=measured.get("expandable_segments"),
+            reserved_bytes=measured.reserved_bytes, allocated_bytes=measured.allocated_bytes,
+            inactive_bytes=measured.inactive_bytes, largest_free_block_bytes=measured.largest_free_block_bytes,
+            request_bytes=measured.request_bytes, expandable_segments=measured.expandable_segments,
             segments=shown, segments_left_out=len(segments) - len(shown),
-            other=[Detail(words(k), _detail_text(k, v)) for k, v in measured.items()
-                   if k not in _FRAGMENTATION_SHOWN and not isinstance(v, (dict, list))],
+            other=[Detail(words(k), _detail_text(k, v)) for k, v in other.items()],
         )
     end = d.end
     return FragmentationView(
@@ -559,24 +554,13 @@ def _fragmentation_view(d: DeviceAnalysis, trace: MemoryTrace) -> FragmentationV
     )
 
 
-def _theory_view(theory: dict[str, Any] | None) -> TheoryView | None:
-    """Pairs `X_bytes` (measured) with `expected_X_bytes` (the formula); other plain values are shown as facts,
-    lists of records as tables."""
-    if not theory:
-        return None
-    names: list[str] = []
-    for key in theory:
-        if key.endswith("_bytes"):
-            name = key.removeprefix("expected_")
-            if name not in names:
-                names.append(name)
-    rows = [TheoryRow(words(n[: -len("_bytes")]), _optional_int(theory.get(n)),
-                      _optional_int(theory.get(f"expected_{n}"))) for n in names]
-    facts = [Detail(words(k), _detail_text(k, v)) for k, v in theory.items()
-             if not k.endswith("_bytes") and k != "notes" and not isinstance(v, (dict, list))]
-    tables = [_table(k, v) for k, v in theory.items()
-              if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)]
-    return TheoryView(rows=rows, facts=facts, tables=tables, notes=[str(n) for n in theory.get("notes") or []])
+def _theory_view(theory: Theory) -> TheoryView:
+    """Each category's measured bytes; the regime that agrees as a fact, and one row per regime checked."""
+    return TheoryView(
+        rows=[TheoryRow(words(k.removesuffix("_bytes")), v, None) for k, v in theory.measured().items()],
+        facts=[] if theory.regimes is None else [Detail(words("regime"), _detail_text("regime", theory.regime))],
+        tables=[_table("regimes", [asdict(r) for r in theory.regimes])] if theory.regimes else [],
+        notes=list(theory.notes))
 
 
 def _table(name: str, records: list[dict[str, Any]]) -> Table:
