@@ -27,7 +27,15 @@ from analyzer.diagnose.imbalance import find_imbalance, summarise
 from analyzer.diagnose.thresholds import Thresholds
 from analyzer.ingest import load
 from analyzer.ingest.sniff import MEMORY_TIMELINE, MEMORY_TIMELINE_RAW, SNAPSHOT
-from analyzer.result import TOP_ALLOCATIONS, Analysis, DeviceAnalysis, DeviceMeasures, OutOfMemory, RankSetAnalysis
+from analyzer.result import (
+    TOP_ALLOCATIONS,
+    Analysis,
+    DeviceAnalysis,
+    DeviceMeasures,
+    OutOfMemory,
+    PeakAllocation,
+    RankSetAnalysis,
+)
 
 
 @overload
@@ -127,9 +135,9 @@ def end_state(trace: MemoryTrace, device: int, timeline: pd.DataFrame, reserved_
             "inactive_bytes": None if held is None else held - allocated, "largest_free_block_bytes": None}
 
 
-def top_allocations(trace: MemoryTrace, d: DeviceMeasures, n: int = TOP_ALLOCATIONS) -> list[dict[str, object]]:
+def top_allocations(trace: MemoryTrace, d: DeviceMeasures, n: int = TOP_ALLOCATIONS) -> list[PeakAllocation]:
     """The largest allocations live at the peak, with where they came from."""
-    rows = []
+    rows: list[PeakAllocation] = []
     frames, ops = trace.stacks["top_user_frame"], trace.stacks["op"]
     for r in d.peak.live.head(n).itertuples(index=False):
         framed = not pd.isna(r.stack_id)

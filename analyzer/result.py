@@ -15,6 +15,7 @@ from typing import Any, Sequence, TypedDict
 import numpy as np
 import pandas as pd
 
+from analyzer.core.breakdown import SiteRow, SplitRow, StepPeak
 from analyzer.core.module_tree import ModuleNode, module_in_sentence
 from analyzer.core.timeline import Peak, allocated_by, live_at
 from analyzer.core.trace import MemoryTrace
@@ -49,15 +50,15 @@ class DeviceMeasures:
     history_truncated: bool
     oom: OutOfMemory | None
     recorded_capacity_bytes: int | None    # what the input says the device holds, if it says
-    by_category: list[dict[str, Any]]      # at the peak, largest first
-    by_phase: list[dict[str, Any]]
-    by_module: list[dict[str, Any]]        # top 20, the rest folded
-    by_site: list[dict[str, Any]]          # the user lines that made the most of it, largest first
+    by_category: list[SplitRow]            # at the peak, largest first
+    by_phase: list[SplitRow]
+    by_module: list[SplitRow]              # top 20, the rest folded
+    by_site: list[SiteRow]                 # the user lines that made the most of it, largest first
     module_tree: list[ModuleNode]          # the same bytes nested by module path (sums to the peak)
     peak_step: int | None
     peak_phase: str | None
     peak_module: str | None                # module of the allocation that made the peak
-    steps: list[dict[str, Any]]
+    steps: list[StepPeak]
     labels: pd.DataFrame = field(repr=False)  # step and phase after each event
     reserved_recorded: bool = True         # False: reserved figures are the running peak of allocated (an estimate)
 
@@ -86,12 +87,45 @@ class DeviceMeasures:
         return f"{category_plural(top['name'])} are {top['share']:.0%} of the peak"
 
 
+class TopAllocation(TypedDict):
+    """One of the largest allocations alive at a moment, with where it came from (analyzer.diagnose.evidence)."""
+
+    bytes: int
+    module: str
+    category: str
+    phase: str
+    top_user_frame: str | None
+    op: str | None
+
+
+class PeakAllocation(TypedDict):
+    """One of the largest allocations alive at the peak (analyzer.pipeline.top_allocations)."""
+
+    allocated_bytes: int
+    requested_bytes: int
+    address: int
+    t_alloc_us: int | None
+    origin: str                           # trace | before_trace | end_state (analyzer.core.trace)
+    top_user_frame: str | None
+    op: str | None
+    has_frames: bool
+
+
+class LeakStack(TypedDict):
+    """A user line whose allocations outlive each step (analyzer.diagnose.leak)."""
+
+    top_user_frame: str
+    module: str
+    bytes_per_step: int
+    steps_seen: int
+
+
 class Evidence(TypedDict, total=False):
     """What shows a finding: when (µs, first and last), which events, the allocations involved, the numbers."""
 
     time_us: list[int | None]
     event_index: list[int]
-    allocations: list[dict[str, Any]]     # analyzer.diagnose.evidence.top_allocations rows
+    allocations: list[TopAllocation]
     details: dict[str, Any]               # the detector's own numbers, named in the JSON reference
 
 
@@ -115,7 +149,7 @@ class Finding(_Found, total=False):
     bytes_per_step: int                   # leak, reserved_growth: the rate
     steps_to_oom: int | None
     oom_step: int | None                  # leak
-    stacks: list[dict[str, Any]]          # leak: where the leaked memory was allocated
+    stacks: list[LeakStack]               # leak: where the leaked memory was allocated
     stack_count: int
     significant: bool                     # outside_pytorch: the first thing to explain
     recoverable_bytes: int                # fragmentation
@@ -333,7 +367,7 @@ class DeviceAnalysis(DeviceMeasures):
     """One device: its measures and their diagnosis."""
 
     diagnosis: Diagnosis
-    top_allocations: list[dict[str, Any]]  # the largest allocations live at the peak, with where they came from
+    top_allocations: list[PeakAllocation]  # the largest allocations live at the peak, with where they came from
 
     @property
     def capacity_bytes(self) -> int | None:

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from analyzer import __version__
+from analyzer.core.breakdown import SplitRow, StepPeak
 from analyzer.core.module_tree import ModuleNode, module_in_sentence
 from analyzer.core.stacks import format_frame, is_user_frame
 from analyzer.core.timeline import downsample
@@ -237,7 +238,7 @@ class DeviceView:
     remedies: list[RemedyView]
     fragmentation: FragmentationView
     theory: TheoryView | None
-    steps: list[dict[str, Any]]
+    steps: list[StepPeak]
     steps_left_out: int
     remedies_heading: str = "what to change, cheapest first"   # or, for a run that fits, ways to grow it
     workload: str = ""                  # what the advice was chosen for (analyzer.diagnose.workload)
@@ -398,7 +399,7 @@ def words(name: str) -> str:
     return name.replace("_", " ")
 
 
-def _shares(rows: list[dict[str, Any]], color: Callable[[str], str], label: Callable[[str], str]) -> list[Share]:
+def _shares(rows: list[SplitRow], color: Callable[[str], str], label: Callable[[str], str]) -> list[Share]:
     return [Share(r["name"], label(r["name"]), int(r["bytes"]), float(r["share"]), color(r["name"])) for r in rows]
 
 
