@@ -224,12 +224,20 @@ class Remedy:
     plan: PlanLever | None      # its place in a recording's plan; None: not a lever
     replay: Replay | None       # None: the formula alone predicts it
     estimate_term: EstimateTerm | None   # None: `analyze estimate` does not offer it
-    variables: tuple[str, ...]  # the run log's config variables it changes (a pair differing there checks it)
     docs: str                   # the estimate in words, for the remedies table of the docs
-    layout_only: bool = False   # frees reserved-but-unused memory: the allocated peak stays, the layout fits it
     first: bool = False         # tried before everything else whenever it applies, fit or not
     conditional: bool = False   # rests on a premise the recording cannot confirm: listed, never tried first
     beyond_one_gpu: bool = False  # parallelism or offload: for states or a batch that do not fit one GPU
+
+    @property
+    def layout_only(self) -> bool:
+        """Frees reserved-but-unused memory: the allocated peak stays, the layout fits it (RemedyId.layout_only)."""
+        return self.id.layout_only
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        """The run log's config variables it changes (RemedyId.variables)."""
+        return self.id.variables
 
 
 def fits_any_gpu(d: Demand) -> bool:
@@ -545,7 +553,7 @@ _ZERO_TRAFFIC = "the same traffic (a reduce-scatter and an all-gather)"
 REMEDIES: list[Remedy] = [
     Remedy(id=RemedyId.FIX_LEAK, title="Fix the leak: stop keeping memory from every step", cost="a code change",
            how=_fix_leak_how, estimate=lambda d: (d.leak_bytes, "high"), applies=lambda d: d.triage == "leak",
-           acts_on=(), price=None, plan=None, replay=None, estimate_term=None, variables=(), first=True,
+           acts_on=(), price=None, plan=None, replay=None, estimate_term=None, first=True,
            docs="what the leaking stacks keep (first, and the only size advice withheld, when the triage says leak)"),
     # the saving-a-checkpoint spike has its own cheap fixes, tried before anything that changes training
     Remedy(id=RemedyId.STATE_DICT_OFFLOAD, title="Gather the state dict to CPU while saving", cost="a slower save",
@@ -554,7 +562,7 @@ REMEDIES: list[Remedy] = [
            estimate=lambda d: (d.bytes(Category.OTHER), "medium"), applies=lambda d: FindingKind.CHECKPOINT_GATHER in d.findings,
            acts_on=(Category.OTHER,), price=Price("a slower save", "none", "get_state_dict(..., cpu_offload=True)"),
            plan=PlanLever(LeverName.CHECKPOINT_SAVE, 0.1, _state_dict_offload_formula), replay=None, estimate_term=None,
-           variables=(), docs="the gathered copies (when a checkpoint gather spike is found)"),
+           docs="the gathered copies (when a checkpoint gather spike is found)"),
     Remedy(id=RemedyId.SHARDED_SAVE, title="Save a sharded checkpoint (torch.distributed.checkpoint)",
            cost="a directory of shards instead of one file",
            how="import torch.distributed.checkpoint as dcp\ndcp.save({'model': model.state_dict()}, checkpoint_id=path)",
@@ -562,7 +570,7 @@ REMEDIES: list[Remedy] = [
            applies=lambda d: FindingKind.CHECKPOINT_GATHER in d.findings and _shards_possible(d), acts_on=(Category.OTHER,),
            price=Price("none measurable", "none", "torch.distributed.checkpoint.save (a directory of shards)"),
            plan=PlanLever(LeverName.CHECKPOINT_SAVE, 0.2, _sharded_save_formula), replay=None, estimate_term=None,
-           variables=(), docs="(1 − 1/N) of the gathered copies, N GPUs (when a checkpoint gather spike is found)"),
+           docs="(1 − 1/N) of the gathered copies, N GPUs (when a checkpoint gather spike is found)"),
     # story 5: the first optimizer step OOMs while later ones would fit: create Adam's state up front, in a clean
     # allocator, instead of lazily on top of the first step's gradients and temporaries
     Remedy(id=RemedyId.INIT_OPTIMIZER_STATE, title="Create the optimizer state before the first batch",
@@ -573,7 +581,7 @@ REMEDIES: list[Remedy] = [
            estimate=lambda d: (d.first_step_excess, "low"), applies=lambda d: d.lazy_state_trouble,
            acts_on=(Category.TEMPORARY,),
            price=Price("one extra step at lr 0", "none", "create the optimizer state before the first batch"),
-           plan=PlanLever(LeverName.FIRST_STEP, 0.3, _init_state_formula), replay=None, estimate_term=None, variables=(),
+           plan=PlanLever(LeverName.FIRST_STEP, 0.3, _init_state_formula), replay=None, estimate_term=None,
            docs="when the first optimizer step (lazy state creation) OOMs or peaks above the later ones: how much "
                 "higher it peaks (unquantified when no later step was recorded)"),
     # a forward-only run that keeps the autograd graph holds every activation for a backward that never comes
@@ -581,7 +589,7 @@ REMEDIES: list[Remedy] = [
            cost="none, when no backward follows",
            how="with torch.inference_mode():   # or torch.no_grad()\n    out = model(batch)",
            estimate=lambda d: (d.graph_bytes, "low"), applies=lambda d: d.graph_kept, acts_on=(Category.ACTIVATION,),
-           price=None, plan=None, replay=None, estimate_term=None, variables=(), conditional=True,
+           price=None, plan=None, replay=None, estimate_term=None, conditional=True,
            docs="forward only with activations kept: all of them but the latest (the output); conditional"),
     Remedy(id=RemedyId.MICRO_BATCH, title=_micro_batch_title,
            cost="instant; lower throughput; very small batches can hurt convergence",
@@ -591,7 +599,7 @@ REMEDIES: list[Remedy] = [
            estimate=lambda d: (_batch_scaled(d) // 2, "high"), applies=_batch_advice, acts_on=_BATCH,
            price=_BATCH_PRICE, plan=PlanLever(LeverName.BATCH, 1.0, _divide(*_BATCH), lambda d: 2, divides_batch=True),
            replay=Replay(micro_batch), estimate_term=EstimateTerm("micro-batch {b} with gradient accumulation x{k}", 1.0),
-           variables=(), docs="half of activations + inputs + temporaries (forward only: \"halve the batch (or the "
+           docs="half of activations + inputs + temporaries (forward only: \"halve the batch (or the "
                               "sequence length)\")"),
     Remedy(id=RemedyId.BF16, title="Train in bf16 mixed precision",
            cost="small; fp16 needs loss scaling, bf16 needs Ampere or newer",
@@ -600,7 +608,7 @@ REMEDIES: list[Remedy] = [
            and _relevant(Category.ACTIVATION)(d), acts_on=(Category.ACTIVATION,),
            price=Price("faster on tensor cores", "halved gradient traffic", "torch.autocast(dtype=torch.bfloat16)"),
            plan=PlanLever(LeverName.PRECISION, 1.5, _bf16_formula), replay=Replay(lambda s, k: bf16(s)),
-           estimate_term=None, variables=("precision", "autocast"),
+           estimate_term=None,
            docs="half of activations less the bf16 weight copies autocast keeps (an upper bound, low confidence; "
                 "training only, offered when autocast is not seen on and the model states do not already look "
                 "mixed precision)"),
@@ -610,7 +618,7 @@ REMEDIES: list[Remedy] = [
            estimate=lambda d: (untrained_weights(d) // 2, "medium"), applies=_quantizable, acts_on=(Category.PARAMETER,),
            price=Price("slower matmuls (weights dequantized on the fly)", "none",
                        "BitsAndBytesConfig(load_in_8bit=True) (a new dependency)"),
-           plan=PlanLever(LeverName.WEIGHTS, 1.6, _quantized(0.5)), replay=None, estimate_term=None, variables=(),
+           plan=PlanLever(LeverName.WEIGHTS, 1.6, _quantized(0.5)), replay=None, estimate_term=None,
            docs="half of the weights nothing trains (from 16-bit; more from fp32): a forward-only run's, a frozen "
                 "base's (QLoRA), all at an OOM while loading; only when they are ≥ 25% of the peak"),
     Remedy(id=RemedyId.WEIGHT_QUANTIZATION_4BIT, title=lambda d: _quantized_title(d, "4-bit weights (bitsandbytes NF4)"),
@@ -620,7 +628,7 @@ REMEDIES: list[Remedy] = [
            estimate=lambda d: (untrained_weights(d) * 3 // 4, "medium"), applies=_quantizable,
            acts_on=(Category.PARAMETER,), price=Price("slower matmuls (weights dequantized on the fly)", "none",
                                                      "BitsAndBytesConfig(load_in_4bit=True) (a new dependency)"),
-           plan=PlanLever(LeverName.WEIGHTS, 1.7, _quantized(0.75)), replay=None, estimate_term=None, variables=(),
+           plan=PlanLever(LeverName.WEIGHTS, 1.7, _quantized(0.75)), replay=None, estimate_term=None,
            docs="three quarters of the weights nothing trains, where `weight_quantization` would offer half"),
     Remedy(id=RemedyId.GRADIENT_ACCUMULATION, title="Gradient accumulation: 2 micro-batches of half the size",
            cost="slower steps; the same effective batch (BatchNorm-style layers see smaller batches)",
@@ -629,7 +637,7 @@ REMEDIES: list[Remedy] = [
            estimate=_accumulation, applies=lambda d: _trains(d) and _batch_advice(d), acts_on=_BATCH,
            price=_BATCH_PRICE,
            plan=PlanLever(LeverName.BATCH, 1.75, _accumulation_formula, lambda d: 2, divides_batch=True),
-           replay=Replay(accumulation), estimate_term=None, variables=(),
+           replay=Replay(accumulation), estimate_term=None,
            docs="as `micro_batch`, less the gradients the first micro-batch leaves alive through the second"),
     # `analyze estimate` only: a recording cannot tell the attention core's activations apart from the rest
     Remedy(id=RemedyId.SELECTIVE_CHECKPOINTING, title="Selective activation checkpointing (the attention core)",
@@ -639,7 +647,7 @@ REMEDIES: list[Remedy] = [
            price=Price("about 5% more compute (attention recomputed)", "none",
                        "checkpoint the attention core only (Megatron --recompute-granularity selective)"),
            plan=None, replay=None,
-           estimate_term=EstimateTerm("selective activation checkpointing (attention)", 2.0), variables=(),
+           estimate_term=EstimateTerm("selective activation checkpointing (attention)", 2.0),
            docs="`analyze estimate` only, for attention that is not fused: the attention scores (Korthikanti et al.)"),
     Remedy(id=RemedyId.ACTIVATION_CHECKPOINTING, title="Activation checkpointing of each block",
            cost="about 20-30% more compute",
@@ -648,7 +656,7 @@ REMEDIES: list[Remedy] = [
            acts_on=(Category.ACTIVATION,),
            price=Price("about 20-30% more compute (one more forward)", "none", "torch.utils.checkpoint around each block"),
            plan=PlanLever(LeverName.CHECKPOINTING, 3.0, _checkpointing_formula), replay=Replay(lambda s, k: checkpointing(s)),
-           estimate_term=EstimateTerm("full activation checkpointing", 3.0), variables=(),
+           estimate_term=EstimateTerm("full activation checkpointing", 3.0),
            docs="the activations inside the repeated blocks (`layers.N` ...) less each block's output; without block "
                 "names, activations × (1 − 2/L), or half"),
     Remedy(id=RemedyId.OPTIMIZER_8BIT, title="8-bit Adam (bitsandbytes)", cost="a new dependency; usually no accuracy loss",
@@ -657,7 +665,7 @@ REMEDIES: list[Remedy] = [
            acts_on=(Category.OPTIMIZER_STATE,),
            price=Price("none measurable", "none", "bitsandbytes AdamW8bit (a new dependency)"),
            plan=PlanLever(LeverName.OPTIMIZER, 4.0, _ADAM_8BIT.formula), replay=Replay(_ADAM_8BIT.transform),
-           estimate_term=EstimateTerm("8-bit Adam", 4.5, "adam_8bit"), variables=(),
+           estimate_term=EstimateTerm("8-bit Adam", 4.5, "adam_8bit"),
            docs="75% of Adam's moments (all state when fp32, 8/12 of it with fp32 master weights)"),
     Remedy(id=RemedyId.ADAFACTOR, title="Adafactor (factored second moment, no first moment)",
            cost="may need tuning of the learning rate",
@@ -667,7 +675,7 @@ REMEDIES: list[Remedy] = [
            acts_on=(Category.OPTIMIZER_STATE,),
            price=Price("none measurable", "none", "Adafactor (may need learning-rate tuning)"),
            plan=PlanLever(LeverName.OPTIMIZER, 4.25, _ADAFACTOR.formula), replay=Replay(_ADAFACTOR.transform),
-           estimate_term=EstimateTerm("Adafactor", 5.5, "adafactor"), variables=(),
+           estimate_term=EstimateTerm("Adafactor", 5.5, "adafactor"),
            docs="90% of Adam's moments (all state when fp32, 8/12 of it with fp32 master weights)"),
     Remedy(id=RemedyId.OPTIMIZER_OFFLOAD, title="Offload optimizer state to CPU", cost=_optimizer_offload_cost,
            how="# DeepSpeed: \"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": {\"device\": \"cpu\"}}",
@@ -677,7 +685,7 @@ REMEDIES: list[Remedy] = [
                        "DeepSpeed offload_optimizer"),
            plan=PlanLever(LeverName.OPTIMIZER, 4.5, _offload_optimizer_formula),
            replay=Replay(lambda s, k: optimizer_state(s, 0.0, step_temporaries=0.0)),
-           estimate_term=EstimateTerm("optimizer state offloaded to CPU", 7.0, "offloaded"), variables=(),
+           estimate_term=EstimateTerm("optimizer state offloaded to CPU", 7.0, "offloaded"),
            beyond_one_gpu=True,
            docs="all of the optimizer state (and, replayed, the optimizer step's temporaries)"),
     Remedy(id=RemedyId.ZERO1, title=lambda d: f"ZeRO-1: shard optimizer state {_over(d, d.bytes(Category.OPTIMIZER_STATE))}",
@@ -689,7 +697,7 @@ REMEDIES: list[Remedy] = [
                                                             "ZeroRedundancyOptimizer / DeepSpeed stage 1"),
            plan=PlanLever(LeverName.ZERO, 4.75, _divide(*ZERO_SHARDED[RemedyId.ZERO1]), _zero_shards_of(RemedyId.ZERO1)),
            replay=Replay(_zero_transform(1), sharded=True), estimate_term=EstimateTerm("ZeRO-1", 4.0),
-           variables=("gpus",), beyond_one_gpu=True,
+           beyond_one_gpu=True,
            docs="(1 − 1/N) of optimizer state; N named in the title; not with one GPU"),
     Remedy(id=RemedyId.ZERO2, title=_zero2_title, cost="more communication",
            how="# DeepSpeed: \"zero_optimization\": {\"stage\": 2}  |  FSDP: ShardingStrategy.SHARD_GRAD_OP",
@@ -699,7 +707,7 @@ REMEDIES: list[Remedy] = [
                                                             "FSDP SHARD_GRAD_OP / DeepSpeed stage 2"),
            plan=PlanLever(LeverName.ZERO, 5.0, _divide(*ZERO_SHARDED[RemedyId.ZERO2]), _zero_shards_of(RemedyId.ZERO2)),
            replay=Replay(_zero_transform(2), sharded=True), estimate_term=EstimateTerm("ZeRO-2", 5.0),
-           variables=("gpus",), beyond_one_gpu=True,
+           beyond_one_gpu=True,
            docs="(1 − 1/N) of optimizer state and gradients; N named in the title; not with one GPU"),
     Remedy(id=RemedyId.ZERO3, title=lambda d: f"ZeRO-3 / FSDP: shard parameters too, {_over(d, d.bytes(*_STATES))}",
            cost="most communication; parameters gathered per layer",
@@ -712,7 +720,7 @@ REMEDIES: list[Remedy] = [
                        "FSDP fully_shard / DeepSpeed stage 3"),
            plan=PlanLever(LeverName.ZERO, 6.0, _divide(*ZERO_SHARDED[RemedyId.ZERO3]), _zero_shards_of(RemedyId.ZERO3)),
            replay=Replay(_zero_transform(3), sharded=True), estimate_term=EstimateTerm("ZeRO-3", 6.0),
-           variables=("gpus",), beyond_one_gpu=True,
+           beyond_one_gpu=True,
            docs="(1 − 1/N) of optimizer state, gradients and parameters; N named in the title; "
                                      "not with one GPU, nor for forward only"),
     Remedy(id=RemedyId.TENSOR_PARALLEL, title=lambda d: f"Tensor parallelism over {tp_gpus(d)} GPUs (inside a node)",
@@ -725,7 +733,7 @@ REMEDIES: list[Remedy] = [
                        "(inside a node)", "model code changes (parallelize_module)"),
            plan=PlanLever(LeverName.TP, 8.0, _divide(Category.OPTIMIZER_STATE, Category.GRADIENT, Category.PARAMETER,
                                                  Category.ACTIVATION), tp_gpus),
-           replay=None, estimate_term=EstimateTerm("tensor parallel over {k} GPUs", 8.0), variables=("gpus",),
+           replay=None, estimate_term=EstimateTerm("tensor parallel over {k} GPUs", 8.0),
            beyond_one_gpu=True,
            docs="(1 − 1/N) of model states and activations, N = the GPUs given (at most 8, inside a node), else 2"),
     Remedy(id=RemedyId.PIPELINE_PARALLEL, title=_pipeline_title,
@@ -741,7 +749,7 @@ REMEDIES: list[Remedy] = [
            # remedies._pipelined: a stage's layers, S micro-batches in flight
            plan=PlanLever(LeverName.PP, 8.5, _divide(Category.OPTIMIZER_STATE, Category.GRADIENT, Category.PARAMETER,
                                                  Category.ACTIVATION, Category.TEMPORARY), pipeline_stages),
-           replay=None, estimate_term=EstimateTerm("{k} pipeline stages (1F1B)", 8.5), variables=(),
+           replay=None, estimate_term=EstimateTerm("{k} pipeline stages (1F1B)", 8.5),
            beyond_one_gpu=True,
            docs="(1 − 1/S) of model states, activations and temporaries (1F1B, the batch as S micro-batches: the first "
                 "stage holds S of them in flight over L/S layers), S = the GPUs given (at most L), else the fewest "
@@ -751,14 +759,14 @@ REMEDIES: list[Remedy] = [
            cost="changes the model; may need retraining",
            how="torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)",
            estimate=lambda d: (None, "low"), applies=_relevant(Category.ACTIVATION), acts_on=(Category.ACTIVATION,),
-           price=None, plan=None, replay=None, estimate_term=None, variables=(),
+           price=None, plan=None, replay=None, estimate_term=None,
            docs="GQA/MQA, fused attention, smaller model: listed, not quantified"),
     # a transient no tensor holds, where convolutions run: cuDNN's workspace, its autotuner's trials the largest
     Remedy(id=RemedyId.CUDNN_BENCHMARK_OFF, title="Turn cuDNN's autotuner off (torch.backends.cudnn.benchmark = False)",
            cost="convolutions may pick slower algorithms; or cap the workspace instead (CUDNN_CONV_WSCAP_DBG=<MiB>)",
            how="torch.backends.cudnn.benchmark = False   # or: export CUDNN_CONV_WSCAP_DBG=1024  (MiB of workspace)",
            estimate=lambda d: (d.bytes(UNATTRIBUTED), "low"), applies=lambda d: FindingKind.CONV_WORKSPACE in d.findings,
-           acts_on=(), price=None, plan=None, replay=None, estimate_term=None, variables=(),   # no category: a transient
+           acts_on=(), price=None, plan=None, replay=None, estimate_term=None,   # no category: a transient
            conditional=True, docs="the transient no tensor holds where convolutions run (when the conv_workspace "
                                   "finding names cuDNN's workspace or autotuner)"),
     Remedy(id=RemedyId.EXPANDABLE_SEGMENTS, title="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
@@ -768,7 +776,7 @@ REMEDIES: list[Remedy] = [
                                                                     or FindingKind.RESERVED_GROWTH in d.findings or d.oom_verdict == "fragmentation"),
            acts_on=(), price=Price("none measurable", "none", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
            plan=PlanLever(LeverName.LAYOUT, 9.0, None, layout_first_cost=0.05),
-           replay=Replay(lambda s, k: s, expandable=True), estimate_term=None, variables=(), layout_only=True,
+           replay=Replay(lambda s, k: s, expandable=True), estimate_term=None,
            docs="the free pieces inside used segments given back (not the cache); only when fragmentation caused or "
                 "nearly caused an OOM; first when the OOM is fragmentation"),
     Remedy(id=RemedyId.MAX_SPLIT_SIZE, title="PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512 (expandable segments already on)",
@@ -778,7 +786,6 @@ REMEDIES: list[Remedy] = [
            applies=lambda d: d.expandable_segments is True and d.oom_verdict == "fragmentation", acts_on=(),
            price=Price("none measurable", "none", "PYTORCH_CUDA_ALLOC_CONF=...,max_split_size_mb:512"),
            plan=PlanLever(LeverName.LAYOUT, 9.5, None, layout_first_cost=0.06), replay=None, estimate_term=None,
-           variables=(), layout_only=True,
            docs="half the free pieces inside used segments, when expandable segments are on and the OOM is fragmentation"),
     Remedy(id=RemedyId.OFFLOAD, title=lambda d: "Offload the weights to CPU (accelerate device_map='auto')"
            if d.workload == FORWARD_ONLY else "Offload parameters / activations to CPU", cost=_offload_cost,
@@ -791,7 +798,7 @@ REMEDIES: list[Remedy] = [
            acts_on=(Category.PARAMETER, Category.ACTIVATION),
            price=Price("large slowdown, bounded by PCIe", "weights over PCIe every step", "FSDP CPUOffload / ZeRO-Infinity"),
            plan=PlanLever(LeverName.WEIGHTS, 12.0, _offload_formula), replay=None,
-           estimate_term=EstimateTerm("parameters and optimizer state offloaded to CPU", 12.0), variables=(),
+           estimate_term=EstimateTerm("parameters and optimizer state offloaded to CPU", 12.0),
            beyond_one_gpu=True,
            docs="parameters + half the activations (forward only: the weights)"),
 ]

@@ -87,10 +87,6 @@ STILL_CROSSING = {
     # the HTML explorer's allocator pictures measure segments at the peak and the OOMs from the trace
     ("analyzer.report.interactive", "analyzer.diagnose.context"),
     ("analyzer.report.interactive", "analyzer.diagnose.fragmentation"),
-    # the log of runs reads the remedy registry (what a remedy's saving is measured in, which config variable it
-    # changes): the registry is data, but it lives in diagnose
-    ("analyzer.report.run_log", "analyzer.diagnose.remedies"),
-    ("analyzer.report.run_pairs", "analyzer.diagnose.remedies"),
     # --export-trace streams the original Chrome trace again (too large to hold in the analysis)
     ("analyzer.report.trace_export", "analyzer.ingest.sniff"),
 }
