@@ -143,6 +143,7 @@ class AnalyzeCommand:
         """One file (a .tar.gz of ranks included): read and analysed here."""
         from analyzer.commands.progress import reading_progress
         from analyzer.ingest import load_with_companion
+        from analyzer.ingest.chrome_copy import ChromeTraceCopy
         from analyzer.job import job_of, job_report
         from analyzer.pipeline import analyze
         from analyzer.report.trace_export import export_trace
@@ -156,7 +157,8 @@ class AnalyzeCommand:
             if isinstance(result, RankSetAnalysis):
                 raise UnsupportedFormat(args.file, "--export-trace takes one profiler trace, not a set of ranks",
                                         "Pass one rank's .json(.gz) trace.")
-            for path in write_report(partial(export_trace, result), args.export_trace, False,
+            original = ChromeTraceCopy(Path(result.trace.source_path))
+            for path in write_report(partial(export_trace, result, original), args.export_trace, False,
                                      [args.file]):
                 _written(console, "trace with memory counters written to", path)
         return job_report(job_of(result)) if isinstance(result, RankSetAnalysis) else result

@@ -87,8 +87,6 @@ STILL_CROSSING = {
     # the HTML explorer's allocator pictures measure segments at the peak and the OOMs from the trace
     ("analyzer.report.interactive", "analyzer.diagnose.context"),
     ("analyzer.report.interactive", "analyzer.diagnose.fragmentation"),
-    # --export-trace streams the original Chrome trace again (too large to hold in the analysis)
-    ("analyzer.report.trace_export", "analyzer.ingest.sniff"),
 }
 
 
