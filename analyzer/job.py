@@ -167,7 +167,7 @@ def rank_result(analysis: Analysis, rank: int | None = None, label: str | None =
     label = f"rank {rank}" if rank is not None else label or Path(analysis.trace.source_path).name
     peaks = [summarise(f"{label} {analysis.trace.device_label(d.device)}", d) for d in analysis.devices
              if d.device >= 0]
-    pictures = {d.device: DevicePictures(allocator_pictures(analysis, d), module_icicle(d)) for d in analysis.devices}
+    pictures = {d.device: DevicePictures(allocator_pictures(d), module_icicle(d)) for d in analysis.devices}
     return RankResult(label, analysis.trace.source_path, rank, document=analysis.to_json(), view=build_view(analysis),
                       pictures=pictures, peaks=peaks)
 

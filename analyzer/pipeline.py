@@ -23,6 +23,7 @@ from analyzer.core.units import human_bytes
 from analyzer.core.vocabulary import RECORD_HISTORY
 from analyzer.diagnose import diagnose
 from analyzer.diagnose.context import make_context
+from analyzer.diagnose.fragmentation import segments_pictured
 from analyzer.diagnose.imbalance import find_imbalance, summarise
 from analyzer.diagnose.thresholds import Thresholds
 from analyzer.ingest import load
@@ -88,7 +89,8 @@ def analyze_trace(trace: MemoryTrace, gpu_memory: int | None = None, world_size:
         ctx = make_context(trace, measures, gpu_memory or _recorded_capacity(device_usage, device), world_size,
                            device_usage)
         devices.append(DeviceAnalysis(**vars(measures), diagnosis=diagnose(ctx, thresholds),
-                                      top_allocations=top_allocations(trace, measures)))
+                                      top_allocations=top_allocations(trace, measures),
+                                      segments_pictured=segments_pictured(ctx)))
     if not devices:
         warnings.append("the input holds no allocations and no history on any device")
     elif not trace.has_history:

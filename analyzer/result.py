@@ -294,6 +294,19 @@ class FragmentationPicture:
         return {**self.details(), "segments": [asdict(s) for s in self.segments]}
 
 
+@dataclass(frozen=True, kw_only=True)
+class SegmentsAt:
+    """The allocator at one moment the HTML report pictures (the peak, an OOM): the numbers the JSON holds for it,
+    and the segments drawn with the live blocks inside them (analyzer.diagnose.fragmentation.segments_pictured)."""
+
+    title: str                            # "at the peak" / "at the out-of-memory (event N)"
+    measured: FragmentationPicture
+    segment_count: int                    # segments alive then, drawn or not
+    segments: pd.DataFrame = field(repr=False)  # those drawn, most free first: addr, end, bytes, used_bytes,
+    #                                             free_bytes, largest_free_bytes
+    live: pd.DataFrame = field(repr=False)      # the live blocks by address: addr, allocated_bytes, requested_bytes
+
+
 @dataclass(frozen=True)
 class RegimeCheck:
     """Measured model states against 16Ψ under one precision assumption (analyzer.diagnose.theory)."""
@@ -368,6 +381,7 @@ class DeviceAnalysis(DeviceMeasures):
 
     diagnosis: Diagnosis
     top_allocations: list[PeakAllocation]  # the largest allocations live at the peak, with where they came from
+    segments_pictured: list[SegmentsAt] | None = None  # None: the input records no segments
 
     @property
     def capacity_bytes(self) -> int | None:

@@ -25,8 +25,10 @@ import pandas as pd
 from analyzer.core.units import gib
 from analyzer.core.vocabulary import FindingKind
 from analyzer.diagnose.context import DeviceContext
-from analyzer.result import Finding, FragmentationPicture, FreeInSegment
+from analyzer.result import Finding, FragmentationPicture, FreeInSegment, SegmentsAt
 
+OOMS_PICTURED = 4          # the HTML report's allocator pictures: the peak and the last OOMs
+SEGMENTS_PICTURED = 40     # segments drawn per picture (those with the largest free blocks)
 RECOVERY_THRESHOLD = 0.05  # free memory worth reporting: at least this share of what is reserved
 NEAR_OOM_SHARE = 0.95      # reserved at the peak above this share of the device: an OOM nearly happened
 
@@ -106,6 +108,27 @@ def _picture(ctx: DeviceContext, seq: int, request: int | None) -> Fragmentation
         segments=[FreeInSegment(int(r.addr), int(r.bytes), int(r.used_bytes), int(r.free_bytes), int(r.largest_free_bytes))
                   for r in segments.sort_values("free_bytes", ascending=False, kind="stable").head(50).itertuples()],
     )
+
+
+def segments_pictured(ctx: DeviceContext) -> list[SegmentsAt] | None:
+    """The segments and their live blocks at the peak and at the last OOMS_PICTURED OOMs, for the report to draw;
+    None where the input records no segments (a profiler trace or a memory timeline records only totals)."""
+    if not ctx.trace.has_segments or not ctx.d.trace_entries:
+        return None
+    ooms = ctx.trace.ooms[ctx.trace.ooms["device"] == ctx.device].tail(OOMS_PICTURED)
+    moments: list[tuple[str, int, int | None]] = [("at the peak", ctx.d.peak.event_index, None)]
+    moments += [(f"at the out-of-memory (event {int(o.seq)})", int(o.seq), int(o.requested_bytes))
+                for o in ooms.itertuples()]
+    return [_segments_at(ctx, title, seq, request) for title, seq, request in moments]
+
+
+def _segments_at(ctx: DeviceContext, title: str, seq: int, request: int | None) -> SegmentsAt:
+    segments = segments_at(ctx, seq)
+    drawn = segments.sort_values(["largest_free_bytes", "bytes"], ascending=False).head(SEGMENTS_PICTURED)
+    live = ctx.live_at(seq).sort_values("addr")[["addr", "allocated_bytes", "requested_bytes"]]
+    return SegmentsAt(title=title, measured=fragmentation_at(ctx, seq, request), segment_count=len(segments),
+                      segments=drawn[["addr", "end", "bytes", "used_bytes", "free_bytes", "largest_free_bytes"]],
+                      live=live.reset_index(drop=True))
 
 
 def nearly_out_of_memory(picture: FragmentationPicture, capacity: int | None, near_oom_share: float = NEAR_OOM_SHARE,

@@ -84,9 +84,6 @@ STILL_CROSSING = {
     # travels back, never a trace): moving that to commands needs the worker's result to carry the pictures' data
     ("analyzer.job", "analyzer.report.job_report"), ("analyzer.job", "analyzer.report.interactive"),
     ("analyzer.job", "analyzer.report.view"),
-    # the HTML explorer's allocator pictures measure segments at the peak and the OOMs from the trace
-    ("analyzer.report.interactive", "analyzer.diagnose.context"),
-    ("analyzer.report.interactive", "analyzer.diagnose.fragmentation"),
 }
 
 
