@@ -18,7 +18,7 @@ from analyzer.core.breakdown import TOP_MODULES, by_site, event_labels, labels_a
 from analyzer.core.gc_pause import gc_paused
 from analyzer.core.module_tree import module_tree
 from analyzer.core.timeline import find_peak
-from analyzer.core.trace import MemoryTrace, MultiRankTrace
+from analyzer.core.trace import PROFILED_LATE, MemoryTrace, MultiRankTrace
 from analyzer.core.units import human_bytes
 from analyzer.core.vocabulary import RECORD_HISTORY
 from analyzer.diagnose import diagnose
@@ -27,7 +27,6 @@ from analyzer.diagnose.fragmentation import segments_pictured
 from analyzer.diagnose.imbalance import find_imbalance, summarise
 from analyzer.diagnose.thresholds import Thresholds
 from analyzer.ingest import load
-from analyzer.ingest.sniff import MEMORY_TIMELINE, MEMORY_TIMELINE_RAW, SNAPSHOT
 from analyzer.result import (
     TOP_ALLOCATIONS,
     Analysis,
@@ -85,7 +84,7 @@ def analyze_trace(trace: MemoryTrace, gpu_memory: int | None = None, world_size:
     for device in active_devices(trace):
         measures = measure(trace, device)
         warnings.extend(_device_warnings(measures, trace.timeline[trace.timeline["device"] == device],
-                                         trace.source_kind))
+                                         trace))
         ctx = make_context(trace, measures, gpu_memory or _recorded_capacity(device_usage, device), world_size,
                            device_usage)
         devices.append(DeviceAnalysis(**vars(measures), diagnosis=diagnose(ctx, thresholds),
@@ -179,20 +178,12 @@ def _recorded_capacity(device_usage: MemoryTrace | None, device: int) -> int | N
     return info.capacity_bytes if info is not None else None
 
 
-_SEEDED = "they are seeded from frees without allocs and from memory alive at the end"
-_BEFORE_PROFILING = ("the profiler started recording after they were allocated", _SEEDED)
-#: why memory was alive before a recording's first event, by the kind of input: only a snapshot has a ring buffer
-_PREEXISTING = ("torch's memory profiler lists them as existing before the profiled steps", "their categories are torch's")
-_BEFORE_RECORDING = {SNAPSHOT: ("the ring buffer wrapped or recording started late", _SEEDED),
-                     MEMORY_TIMELINE: _PREEXISTING, MEMORY_TIMELINE_RAW: _PREEXISTING}
-
-
-def _device_warnings(d: DeviceMeasures, timeline: pd.DataFrame, source_kind: str) -> list[str]:
+def _device_warnings(d: DeviceMeasures, timeline: pd.DataFrame, trace: MemoryTrace) -> list[str]:
     """What a reader of the numbers must know about how complete and consistent they are."""
     out = []
     if d.history_truncated:
         start = human_bytes(int(timeline["allocated_bytes"].iloc[0]) if len(timeline) else 0)
-        why, how = _BEFORE_RECORDING.get(source_kind, _BEFORE_PROFILING)
+        why, how = trace.alive_before or PROFILED_LATE
         out.append(f"device {d.device}: {start} were already allocated before the first recorded event ({why}); {how}")
     over = timeline["allocated_bytes"] - timeline["reserved_bytes"]
     if len(over) and int(over.max()) > 0:

@@ -144,7 +144,7 @@ class AnalyzeCommand:
         from analyzer.commands.job_view import job_report, rank_shown
         from analyzer.commands.progress import reading_progress
         from analyzer.ingest import load_with_companion
-        from analyzer.ingest.chrome_copy import ChromeTraceCopy
+        from analyzer.ingest.chrome_copy import copy_of
         from analyzer.job import job_of
         from analyzer.pipeline import analyze
         from analyzer.report.trace_export import export_trace
@@ -158,7 +158,7 @@ class AnalyzeCommand:
             if isinstance(result, RankSetAnalysis):
                 raise UnsupportedFormat(args.file, "--export-trace takes one profiler trace, not a set of ranks",
                                         "Pass one rank's .json(.gz) trace.")
-            original = ChromeTraceCopy(Path(result.trace.source_path))
+            original = copy_of(result.trace)
             for path in write_report(partial(export_trace, result, original), args.export_trace, False,
                                      [args.file]):
                 _written(console, "trace with memory counters written to", path)

@@ -12,7 +12,9 @@ from typing import Any
 
 import ijson
 
-from analyzer.ingest.sniff import open_input
+from analyzer.core.trace import MemoryTrace
+from analyzer.errors import UnsupportedFormat
+from analyzer.ingest.sniff import KINETO, open_input
 
 
 @dataclass(frozen=True)
@@ -44,3 +46,11 @@ class ChromeTraceCopy:
                 if depth == 0:
                     yield key, builder.value
                     key, builder = None, None
+
+
+def copy_of(trace: MemoryTrace) -> ChromeTraceCopy:
+    """The Chrome trace `trace` was read from; one clear error for any other input."""
+    if trace.source_kind != KINETO:
+        raise UnsupportedFormat(trace.source_path, "--export-trace adds counters to a PyTorch Profiler (Kineto) "
+                                "trace, and this input is not one", "Pass the .json or .json.gz trace itself.")
+    return ChromeTraceCopy(Path(trace.source_path))

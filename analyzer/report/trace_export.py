@@ -18,7 +18,6 @@ import numpy as np
 import orjson
 
 from analyzer.core.timeline import downsample
-from analyzer.errors import UnsupportedFormat
 from analyzer.result import Analysis
 
 MAX_POINTS = 20_000
@@ -58,11 +57,8 @@ class Original(Protocol):
 
 
 def export_trace(analysis: Analysis, original: Original, out: Path) -> list[Path]:
-    """Write the original trace with the counter tracks added; `.gz` output is gzip-compressed."""
-    trace = analysis.trace
-    if trace.source_kind != "kineto":
-        raise UnsupportedFormat(trace.source_path, "--export-trace adds counters to a PyTorch Profiler (Kineto) "
-                                "trace, and this input is not one", "Pass the .json or .json.gz trace itself.")
+    """Write the original trace (analyzer.ingest.chrome_copy.copy_of the analysed one) with the counter tracks
+    added; `.gz` output is gzip-compressed."""
     counters = counter_events(analysis)
     with _open_output(out) as sink:
         sink.write(b'{"traceEvents": [')
