@@ -32,6 +32,7 @@ from analyzer.result import (
     Analysis,
     DeviceAnalysis,
     DeviceMeasures,
+    EndState,
     OutOfMemory,
     PeakAllocation,
     RankSetAnalysis,
@@ -121,14 +122,16 @@ def measure(trace: MemoryTrace, device: int) -> DeviceMeasures:
     )
 
 
-def end_state(trace: MemoryTrace, device: int, timeline: pd.DataFrame, reserved_recorded: bool) -> dict[str, int | None]:
+def end_state(trace: MemoryTrace, device: int, timeline: pd.DataFrame, reserved_recorded: bool) -> EndState:
     """The state at the end of the recording: the allocator's final blocks where the input records them (a
     snapshot); else the timeline's last point (the trace's last running totals), with what it cannot hold
     (blocks; reserved bytes it did not record) None. The JSON and every report read this one dict."""
     if trace.has_segments or timeline.empty:
-        blocks: dict[str, int | None] = dict(trace.end_state(device))
-        return blocks if trace.has_segments else \
-            {**blocks, "inactive_bytes": None, "largest_free_block_bytes": None}
+        blocks = trace.end_state(device)
+        end: EndState = {"allocated_bytes": blocks["allocated_bytes"], "requested_bytes": blocks["requested_bytes"],
+                         "reserved_bytes": blocks["reserved_bytes"], "inactive_bytes": blocks["inactive_bytes"],
+                         "largest_free_block_bytes": blocks["largest_free_block_bytes"]}
+        return end if trace.has_segments else {**end, "inactive_bytes": None, "largest_free_block_bytes": None}
     last = timeline.iloc[-1]
     allocated = int(last["allocated_bytes"])
     held = int(last["reserved_bytes"]) if reserved_recorded else None

@@ -38,6 +38,17 @@ class OutOfMemory:
     top_user_frame: str | None
 
 
+class EndState(TypedDict):
+    """The device at the end of the recording (analyzer.pipeline.end_state); None: the input does not record it
+    (a profiler trace has no blocks, a memory timeline no reserved bytes)."""
+
+    allocated_bytes: int
+    requested_bytes: int
+    reserved_bytes: int | None
+    inactive_bytes: int | None
+    largest_free_block_bytes: int | None
+
+
 @dataclass(frozen=True, kw_only=True)
 class DeviceMeasures:
     """What the recording shows of one device once every allocation is attributed: the diagnosis's input."""
@@ -45,7 +56,7 @@ class DeviceMeasures:
     device: int
     peak: Peak
     reserved_peak_bytes: int
-    end: dict[str, int | None]             # None: the input does not record it (a profiler trace has no blocks)
+    end: EndState
     trace_entries: int
     history_truncated: bool
     oom: OutOfMemory | None

@@ -22,7 +22,7 @@ from analyzer.core.trace import MemoryTrace
 from analyzer.core.units import human_bytes, relative_seconds
 from analyzer.core.vocabulary import UNATTRIBUTED, category_color, category_rank, phase_color
 from analyzer.report.shown import shown
-from analyzer.result import Analysis, DeviceAnalysis, Finding, ListedRemedy, Plan, Theory
+from analyzer.result import Analysis, DeviceAnalysis, EndState, Finding, ListedRemedy, Plan, Theory
 
 LIVE_SHOWN = 25          # allocations live at the peak listed with their stacks
 FRAMES_SHOWN = 40        # frames of one stack, innermost first
@@ -224,7 +224,7 @@ class DeviceView:
     trace_entries: int
     live_count: int
     capacity_bytes: int | None
-    end: dict[str, int | None]          # None: the input does not record it (a profiler trace has no blocks)
+    end: EndState                       # None: the input does not record it (a profiler trace has no blocks)
     oom: OomView | None
     by_category: list[Share]
     by_phase: list[Share]
@@ -353,7 +353,7 @@ def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> De
         peak_reserved_bytes=d.peak.reserved_bytes if d.reserved_recorded else None,
         reserved_peak_bytes=d.reserved_peak_bytes if d.reserved_recorded else None,
         peak_when=relative_seconds(d.peak.time_us, origin), peak_event=d.peak.event_index,
-        trace_entries=d.trace_entries, live_count=len(live), capacity_bytes=d.capacity_bytes, end=dict(d.end),
+        trace_entries=d.trace_entries, live_count=len(live), capacity_bytes=d.capacity_bytes, end=d.end.copy(),
         oom=_oom_view(d, origin),
         by_category=_shares(d.by_category, category_color, words),
         by_phase=_shares(d.by_phase, phase_color, words),
