@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analyzer.core.log_records import LogReading, OomText
+from analyzer.core.log_records import GpuPeak, GpuProcess, LogFinding, LogReading, LogRemedy, OomText
 from analyzer.core.vocabulary import phase_in_sentence
 from analyzer.diagnose import log_advice, log_trends
 from analyzer.diagnose.log_cause import UNKNOWN, Cause, judge
@@ -36,7 +36,7 @@ class LogOom:
     cause: Cause
     phase: str | None
     user_frame: str | None
-    remedies: list[dict[str, Any]]
+    remedies: list[LogRemedy]
 
     def to_json(self) -> dict[str, Any]:
         o, c = self.text, self.cause
@@ -73,9 +73,9 @@ class LogAnalysis:
 
     reading: LogReading
     ooms: list[LogOom]
-    findings: list[dict[str, Any]]
-    gpu_peaks: list[dict[str, Any]]
-    gpu_processes: list[dict[str, Any]]
+    findings: list[LogFinding]
+    gpu_peaks: list[GpuPeak]
+    gpu_processes: list[GpuProcess]
     warnings: list[str] = field(default_factory=list)
 
     @property

@@ -18,16 +18,25 @@ from analyzer.core.breakdown import TOP_MODULES, by_site, event_labels, labels_a
 from analyzer.core.gc_pause import gc_paused
 from analyzer.core.module_tree import module_tree
 from analyzer.core.timeline import find_peak
-from analyzer.core.trace import MemoryTrace, MultiRankTrace
+from analyzer.core.trace import PROFILED_LATE, MemoryTrace, MultiRankTrace
 from analyzer.core.units import human_bytes
 from analyzer.core.vocabulary import RECORD_HISTORY
 from analyzer.diagnose import diagnose
 from analyzer.diagnose.context import make_context
+from analyzer.diagnose.fragmentation import segments_pictured
 from analyzer.diagnose.imbalance import find_imbalance, scatter_excess, summarise
 from analyzer.diagnose.thresholds import Thresholds
 from analyzer.ingest import load
-from analyzer.ingest.sniff import MEMORY_TIMELINE, MEMORY_TIMELINE_RAW, SNAPSHOT
-from analyzer.result import TOP_ALLOCATIONS, Analysis, DeviceAnalysis, DeviceMeasures, OutOfMemory, RankSetAnalysis
+from analyzer.result import (
+    TOP_ALLOCATIONS,
+    Analysis,
+    DeviceAnalysis,
+    DeviceMeasures,
+    EndState,
+    OutOfMemory,
+    PeakAllocation,
+    RankSetAnalysis,
+)
 
 
 @overload
@@ -81,11 +90,12 @@ def analyze_trace(trace: MemoryTrace, gpu_memory: int | None = None, world_size:
     for measures in measured:
         device = measures.device
         warnings.extend(_device_warnings(measures, trace.timeline[trace.timeline["device"] == device],
-                                         trace.source_kind))
+                                         trace))
         ctx = make_context(trace, measures, gpu_memory or _recorded_capacity(device_usage, device), world_size,
                            device_usage, excess.get(trace.device_label(device), 0))
         devices.append(DeviceAnalysis(**vars(measures), diagnosis=diagnose(ctx, thresholds),
-                                      top_allocations=top_allocations(trace, measures)))
+                                      top_allocations=top_allocations(trace, measures),
+                                      segments_pictured=segments_pictured(ctx)))
     if not devices:
         warnings.append("the input holds no allocations and no history on any device")
     elif not trace.has_history:
@@ -115,14 +125,16 @@ def measure(trace: MemoryTrace, device: int) -> DeviceMeasures:
     )
 
 
-def end_state(trace: MemoryTrace, device: int, timeline: pd.DataFrame, reserved_recorded: bool) -> dict[str, int | None]:
+def end_state(trace: MemoryTrace, device: int, timeline: pd.DataFrame, reserved_recorded: bool) -> EndState:
     """The state at the end of the recording: the allocator's final blocks where the input records them (a
     snapshot); else the timeline's last point (the trace's last running totals), with what it cannot hold
     (blocks; reserved bytes it did not record) None. The JSON and every report read this one dict."""
     if trace.has_segments or timeline.empty:
-        blocks: dict[str, int | None] = dict(trace.end_state(device))
-        return blocks if trace.has_segments else \
-            {**blocks, "inactive_bytes": None, "largest_free_block_bytes": None}
+        blocks = trace.end_state(device)
+        end: EndState = {"allocated_bytes": blocks["allocated_bytes"], "requested_bytes": blocks["requested_bytes"],
+                         "reserved_bytes": blocks["reserved_bytes"], "inactive_bytes": blocks["inactive_bytes"],
+                         "largest_free_block_bytes": blocks["largest_free_block_bytes"]}
+        return end if trace.has_segments else {**end, "inactive_bytes": None, "largest_free_block_bytes": None}
     last = timeline.iloc[-1]
     allocated = int(last["allocated_bytes"])
     held = int(last["reserved_bytes"]) if reserved_recorded else None
@@ -130,9 +142,9 @@ def end_state(trace: MemoryTrace, device: int, timeline: pd.DataFrame, reserved_
             "inactive_bytes": None if held is None else held - allocated, "largest_free_block_bytes": None}
 
 
-def top_allocations(trace: MemoryTrace, d: DeviceMeasures, n: int = TOP_ALLOCATIONS) -> list[dict[str, object]]:
+def top_allocations(trace: MemoryTrace, d: DeviceMeasures, n: int = TOP_ALLOCATIONS) -> list[PeakAllocation]:
     """The largest allocations live at the peak, with where they came from."""
-    rows = []
+    rows: list[PeakAllocation] = []
     frames, ops = trace.stacks["top_user_frame"], trace.stacks["op"]
     for r in d.peak.live.head(n).itertuples(index=False):
         framed = not pd.isna(r.stack_id)
@@ -172,20 +184,12 @@ def _recorded_capacity(device_usage: MemoryTrace | None, device: int) -> int | N
     return info.capacity_bytes if info is not None else None
 
 
-_SEEDED = "they are seeded from frees without allocs and from memory alive at the end"
-_BEFORE_PROFILING = ("the profiler started recording after they were allocated", _SEEDED)
-#: why memory was alive before a recording's first event, by the kind of input: only a snapshot has a ring buffer
-_PREEXISTING = ("torch's memory profiler lists them as existing before the profiled steps", "their categories are torch's")
-_BEFORE_RECORDING = {SNAPSHOT: ("the ring buffer wrapped or recording started late", _SEEDED),
-                     MEMORY_TIMELINE: _PREEXISTING, MEMORY_TIMELINE_RAW: _PREEXISTING}
-
-
-def _device_warnings(d: DeviceMeasures, timeline: pd.DataFrame, source_kind: str) -> list[str]:
+def _device_warnings(d: DeviceMeasures, timeline: pd.DataFrame, trace: MemoryTrace) -> list[str]:
     """What a reader of the numbers must know about how complete and consistent they are."""
     out = []
     if d.history_truncated:
         start = human_bytes(int(timeline["allocated_bytes"].iloc[0]) if len(timeline) else 0)
-        why, how = _BEFORE_RECORDING.get(source_kind, _BEFORE_PROFILING)
+        why, how = trace.alive_before or PROFILED_LATE
         out.append(f"device {d.device}: {start} were already allocated before the first recorded event ({why}); {how}")
     over = timeline["allocated_bytes"] - timeline["reserved_bytes"]
     if len(over) and int(over.max()) > 0:

@@ -15,6 +15,7 @@ from typing import Any, Sequence, TypedDict
 import numpy as np
 import pandas as pd
 
+from analyzer.core.breakdown import SiteRow, SplitRow, StepPeak
 from analyzer.core.module_tree import ModuleNode, module_in_sentence
 from analyzer.core.timeline import Peak, allocated_by, live_at
 from analyzer.core.trace import MemoryTrace
@@ -37,6 +38,17 @@ class OutOfMemory:
     top_user_frame: str | None
 
 
+class EndState(TypedDict):
+    """The device at the end of the recording (analyzer.pipeline.end_state); None: the input does not record it
+    (a profiler trace has no blocks, a memory timeline no reserved bytes)."""
+
+    allocated_bytes: int
+    requested_bytes: int
+    reserved_bytes: int | None
+    inactive_bytes: int | None
+    largest_free_block_bytes: int | None
+
+
 @dataclass(frozen=True, kw_only=True)
 class DeviceMeasures:
     """What the recording shows of one device once every allocation is attributed: the diagnosis's input."""
@@ -44,20 +56,20 @@ class DeviceMeasures:
     device: int
     peak: Peak
     reserved_peak_bytes: int
-    end: dict[str, int | None]             # None: the input does not record it (a profiler trace has no blocks)
+    end: EndState
     trace_entries: int
     history_truncated: bool
     oom: OutOfMemory | None
     recorded_capacity_bytes: int | None    # what the input says the device holds, if it says
-    by_category: list[dict[str, Any]]      # at the peak, largest first
-    by_phase: list[dict[str, Any]]
-    by_module: list[dict[str, Any]]        # top 20, the rest folded
-    by_site: list[dict[str, Any]]          # the user lines that made the most of it, largest first
+    by_category: list[SplitRow]            # at the peak, largest first
+    by_phase: list[SplitRow]
+    by_module: list[SplitRow]              # top 20, the rest folded
+    by_site: list[SiteRow]                 # the user lines that made the most of it, largest first
     module_tree: list[ModuleNode]          # the same bytes nested by module path (sums to the peak)
     peak_step: int | None
     peak_phase: str | None
     peak_module: str | None                # module of the allocation that made the peak
-    steps: list[dict[str, Any]]
+    steps: list[StepPeak]
     labels: pd.DataFrame = field(repr=False)  # step and phase after each event
     reserved_recorded: bool = True         # False: reserved figures are the running peak of allocated (an estimate)
 
@@ -86,12 +98,45 @@ class DeviceMeasures:
         return f"{category_plural(top['name'])} are {top['share']:.0%} of the peak"
 
 
+class TopAllocation(TypedDict):
+    """One of the largest allocations alive at a moment, with where it came from (analyzer.diagnose.evidence)."""
+
+    bytes: int
+    module: str
+    category: str
+    phase: str
+    top_user_frame: str | None
+    op: str | None
+
+
+class PeakAllocation(TypedDict):
+    """One of the largest allocations alive at the peak (analyzer.pipeline.top_allocations)."""
+
+    allocated_bytes: int
+    requested_bytes: int
+    address: int
+    t_alloc_us: int | None
+    origin: str                           # trace | before_trace | end_state (analyzer.core.trace)
+    top_user_frame: str | None
+    op: str | None
+    has_frames: bool
+
+
+class LeakStack(TypedDict):
+    """A user line whose allocations outlive each step (analyzer.diagnose.leak)."""
+
+    top_user_frame: str
+    module: str
+    bytes_per_step: int
+    steps_seen: int
+
+
 class Evidence(TypedDict, total=False):
     """What shows a finding: when (µs, first and last), which events, the allocations involved, the numbers."""
 
     time_us: list[int | None]
     event_index: list[int]
-    allocations: list[dict[str, Any]]     # analyzer.diagnose.evidence.top_allocations rows
+    allocations: list[TopAllocation]
     details: dict[str, Any]               # the detector's own numbers, named in the JSON reference
 
 
@@ -115,7 +160,7 @@ class Finding(_Found, total=False):
     bytes_per_step: int                   # leak, reserved_growth: the rate
     steps_to_oom: int | None
     oom_step: int | None                  # leak
-    stacks: list[dict[str, Any]]          # leak: where the leaked memory was allocated
+    stacks: list[LeakStack]               # leak: where the leaked memory was allocated
     stack_count: int
     significant: bool                     # outside_pytorch: the first thing to explain
     recoverable_bytes: int                # fragmentation
@@ -217,6 +262,112 @@ class ListedRemedy(TypedDict):
     plan_step: str | None               # set when it is the plan's first step, not the cheapest single change
 
 
+@dataclass(frozen=True)
+class FreeInSegment:
+    """One segment at a moment of the fragmentation picture: its size, what its live blocks use, what is free in
+    it and its largest free gap."""
+
+    addr: int
+    bytes: int
+    used_bytes: int
+    free_bytes: int
+    largest_free_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class FragmentationPicture:
+    """Reserved memory that holds no tensor at one moment (analyzer.diagnose.fragmentation); None: the input does
+    not record it (only a snapshot records segments)."""
+
+    event_index: int
+    reserved_bytes: int
+    allocated_bytes: int
+    inactive_bytes: int                   # reserved - allocated
+    internal_bytes: int                   # allocated - requested: rounding inside blocks
+    external_bytes: int | None            # free inside segments that also hold live blocks
+    cached_free_segments_bytes: int | None
+    largest_free_block_bytes: int | None  # None also where expandable segments have no fixed blocks
+    request_bytes: int | None             # the failed request, at an OOM
+    expandable_segments: bool | None
+    segments_recorded: bool
+    segments: list[FreeInSegment] = field(default_factory=list)  # the most free first, at most 50
+
+    def details(self) -> dict[str, Any]:
+        """The numbers, as the JSON and a finding's evidence carry them (segments aside)."""
+        return {"event_index": self.event_index, "reserved_bytes": self.reserved_bytes,
+                "allocated_bytes": self.allocated_bytes, "inactive_bytes": self.inactive_bytes,
+                "internal_bytes": self.internal_bytes, "external_bytes": self.external_bytes,
+                "cached_free_segments_bytes": self.cached_free_segments_bytes,
+                "largest_free_block_bytes": self.largest_free_block_bytes, "request_bytes": self.request_bytes,
+                "expandable_segments": self.expandable_segments, "segments_recorded": self.segments_recorded}
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.details(), "segments": [asdict(s) for s in self.segments]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SegmentsAt:
+    """The allocator at one moment the HTML report pictures (the peak, an OOM): the numbers the JSON holds for it,
+    and the segments drawn with the live blocks inside them (analyzer.diagnose.fragmentation.segments_pictured)."""
+
+    title: str                            # "at the peak" / "at the out-of-memory (event N)"
+    measured: FragmentationPicture
+    segment_count: int                    # segments alive then, drawn or not
+    segments: pd.DataFrame = field(repr=False)  # those drawn, most free first: addr, end, bytes, used_bytes,
+    #                                             free_bytes, largest_free_bytes
+    live: pd.DataFrame = field(repr=False)      # the live blocks by address: addr, allocated_bytes, requested_bytes
+
+
+@dataclass(frozen=True)
+class RegimeCheck:
+    """Measured model states against 16Ψ under one precision assumption (analyzer.diagnose.theory)."""
+
+    name: str
+    parameters: float                     # Ψ implied by the measured parameter bytes
+    expected_model_states_bytes: float    # 16Ψ
+    measured_model_states_bytes: int
+    agrees: bool                          # within 10%
+
+
+@dataclass(frozen=True, kw_only=True)
+class Theory:
+    """Model states measured at their largest over the run, checked against 16Ψ (analyzer.diagnose.theory_check)."""
+
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    activation_bytes: int
+    notes: list[str]
+    regimes: list[RegimeCheck] | None = None  # None: no parameters were identified, nothing to check
+    regime: str | None = None                 # the first regime that agrees
+
+    def measured(self) -> dict[str, int]:
+        """{category}_bytes of each category measured, in the JSON's order."""
+        return {"parameter_bytes": self.parameter_bytes, "gradient_bytes": self.gradient_bytes,
+                "optimizer_state_bytes": self.optimizer_state_bytes, "activation_bytes": self.activation_bytes}
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {**self.measured(), "notes": list(self.notes)}
+        if self.regimes is not None:
+            out |= {"regimes": [asdict(r) for r in self.regimes], "regime": self.regime}
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadFacts:
+    """What kind of run the advice was chosen for (analyzer.diagnose.workload.Workload.published)."""
+
+    kind: str                        # training | forward_only | unknown
+    frozen_share: float | None
+    graph_kept: bool
+    mixed_precision_on: bool | None
+    gpus: int | None
+    summary: str                     # the facts in words
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Diagnosis:
     """What the detectors, the triage, the theory check and the remedies made of one device's measures."""
@@ -224,13 +375,13 @@ class Diagnosis:
     findings: list[Finding]
     remedies: list[ListedRemedy]
     verdict: str                          # one sentence: what ran out, where, why, what to try first
-    theory: dict[str, Any]                # measured model states vs 16Ψ
-    fragmentation: dict[str, Any] | None  # at the OOM, else at the reserved peak
+    theory: Theory                        # measured model states vs 16Ψ
+    fragmentation: FragmentationPicture | None  # at the OOM, else at the reserved peak
     triage: Triage
     demand_bytes: int                     # what the run needed: peak, or allocated + request at the OOM
     capacity_bytes: int | None            # the device memory the advice was judged against
     capacity_source: str                  # where that number came from
-    workload: dict[str, Any] = field(default_factory=dict)  # analyzer.diagnose.workload: what the advice acts on
+    workload: WorkloadFacts               # analyzer.diagnose.workload: what the advice acts on
     fits: Fits | None = None              # when the run fits as it is
     plan: Plan | None = None              # the cheapest combination of remedies that fits (analyzer.diagnose.plan)
 
@@ -240,7 +391,8 @@ class DeviceAnalysis(DeviceMeasures):
     """One device: its measures and their diagnosis."""
 
     diagnosis: Diagnosis
-    top_allocations: list[dict[str, Any]]  # the largest allocations live at the peak, with where they came from
+    top_allocations: list[PeakAllocation]  # the largest allocations live at the peak, with where they came from
+    segments_pictured: list[SegmentsAt] | None = None  # None: the input records no segments
 
     @property
     def capacity_bytes(self) -> int | None:
@@ -455,10 +607,10 @@ def _device_json(d: DeviceAnalysis) -> dict[str, Any]:
         "verdict": dx.verdict,
         "triage": dx.triage,
         "demand_bytes": dx.demand_bytes,
-        "workload": dx.workload,
+        "workload": dx.workload.to_json(),
         "fits": dx.fits,
-        "fragmentation": dx.fragmentation,
-        "theory": dx.theory,
+        "fragmentation": None if dx.fragmentation is None else dx.fragmentation.to_json(),
+        "theory": dx.theory.to_json(),
         "findings": dx.findings,
         "remedies": dx.remedies,
         "plan": dx.plan,

@@ -20,8 +20,9 @@ SNAPSHOT = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "sim" /
 
 
 # the same work as the command (analyse every rank, build the job's report, write its JSON), in one process
-IN_PROCESS = ("import analyzer; from pathlib import Path; from analyzer.job import job_of, job_report; "
-              "Path({out!r}).write_text(job_report(job_of(analyzer.analyze({job!r}))).to_json_text())")
+IN_PROCESS = ("import analyzer; from pathlib import Path; from analyzer.job import job_of; "
+              "from analyzer.commands.job_view import job_report, rank_shown; "
+              "Path({out!r}).write_text(job_report(job_of(analyzer.analyze({job!r}), rank_shown)).to_json_text())")
 
 
 def make_job(root: Path, ranks: int) -> Path:

@@ -141,9 +141,11 @@ class AnalyzeCommand:
     @staticmethod
     def _recording(args: argparse.Namespace, console: Console) -> Report:
         """One file (a .tar.gz of ranks included): read and analysed here."""
+        from analyzer.commands.job_view import job_report, rank_shown
         from analyzer.commands.progress import reading_progress
         from analyzer.ingest import load_with_companion
-        from analyzer.job import job_of, job_report
+        from analyzer.ingest.chrome_copy import copy_of
+        from analyzer.job import job_of
         from analyzer.pipeline import analyze
         from analyzer.report.trace_export import export_trace
         from analyzer.result import RankSetAnalysis
@@ -156,15 +158,17 @@ class AnalyzeCommand:
             if isinstance(result, RankSetAnalysis):
                 raise UnsupportedFormat(args.file, "--export-trace takes one profiler trace, not a set of ranks",
                                         "Pass one rank's .json(.gz) trace.")
-            for path in write_report(partial(export_trace, result), args.export_trace, False,
+            original = copy_of(result.trace)
+            for path in write_report(partial(export_trace, result, original), args.export_trace, False,
                                      [args.file]):
                 _written(console, "trace with memory counters written to", path)
-        return job_report(job_of(result)) if isinstance(result, RankSetAnalysis) else result
+        return job_report(job_of(result, rank_shown)) if isinstance(result, RankSetAnalysis) else result
 
     @staticmethod
     def _job(args: argparse.Namespace, console: Console) -> Report:
         """A folder of per-rank files: each rank analysed on Dask (analyzer.job), one report for the job."""
-        from analyzer.job import RankOptions, analyze_job, job_report
+        from analyzer.commands.job_view import job_report, rank_shown
+        from analyzer.job import RankOptions, analyze_job
 
         if args.companion is not None or args.export_trace is not None:
             raise UnsupportedFormat(args.file, "a folder of ranks is analysed alone (no Nsight export, no "
@@ -174,7 +178,7 @@ class AnalyzeCommand:
                             console=Console(stderr=True), transient=True, disable=args.quiet or not sys.stderr.isatty())
         task = progress.add_task("ranks", total=None)
         with progress:
-            job = analyze_job(args.file, options, scheduler=args.scheduler, workers=args.workers,
+            job = analyze_job(args.file, rank_shown, options, scheduler=args.scheduler, workers=args.workers,
                               on_done=lambda _, total: progress.update(task, total=total, advance=1))
         return job_report(job)
 

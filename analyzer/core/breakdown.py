@@ -5,7 +5,7 @@ tail is folded into one "other (N)" row rather than dropped.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
@@ -16,20 +16,45 @@ TOP_MODULES = 20
 TOP_SITES = 10
 
 
-def split(live: pd.DataFrame, column: str, top: int | None = None) -> list[dict[str, Any]]:
+class SplitRow(TypedDict):
+    """One part of a split: a category, phase or module, its bytes and its share of the total split."""
+
+    name: str
+    bytes: int
+    share: float
+
+
+class SiteRow(TypedDict):
+    """The live memory one user line made (None: allocations without Python frames)."""
+
+    top_user_frame: str | None
+    allocations: int
+    bytes: int
+    share: float
+
+
+class StepPeak(TypedDict):
+    """One step's highest allocated bytes, when, and the phase running then."""
+
+    step: int
+    peak_allocated_bytes: int
+    phase: str | None
+    event_index: int
+    time_us: int | None
+
+
+def split(live: pd.DataFrame, column: str, top: int | None = None) -> list[SplitRow]:
     """[{name, bytes, share}] largest first; with `top`, the rest folded into one row."""
     total = int(live["allocated_bytes"].sum())
     sums = live.groupby(column, observed=True)["allocated_bytes"].sum().sort_values(ascending=False, kind="stable")
-    rows: list[dict[str, Any]] = [{"name": str(name), "bytes": int(b)} for name, b in sums.items() if b]
+    rows = [(str(name), int(b)) for name, b in sums.items() if b]
     if top is not None and len(rows) > top:
         rest = rows[top - 1:]
-        rows = rows[: top - 1] + [{"name": f"other ({len(rest)} {column}s)", "bytes": sum(r["bytes"] for r in rest)}]
-    for r in rows:
-        r["share"] = r["bytes"] / total if total else 0.0
-    return rows
+        rows = rows[: top - 1] + [(f"other ({len(rest)} {column}s)", sum(b for _, b in rest))]
+    return [{"name": name, "bytes": b, "share": b / total if total else 0.0} for name, b in rows]
 
 
-def by_site(trace: MemoryTrace, live: pd.DataFrame, top: int = TOP_SITES) -> list[dict[str, Any]]:
+def by_site(trace: MemoryTrace, live: pd.DataFrame, top: int = TOP_SITES) -> list[SiteRow]:
     """[{top_user_frame, allocations, bytes, share}]: the live rows grouped by the user line that made them,
     largest first, the `top` largest (None: allocations without Python frames)."""
     if live.empty:
@@ -57,7 +82,7 @@ def event_labels(trace: MemoryTrace, device: int) -> pd.DataFrame:
     return labels
 
 
-def step_peaks(labels: pd.DataFrame, timeline: pd.DataFrame) -> list[dict[str, Any]]:
+def step_peaks(labels: pd.DataFrame, timeline: pd.DataFrame) -> list[StepPeak]:
     """Per step: its highest allocated bytes, when, and the phase running then (`labels` from event_labels)."""
     events = timeline[timeline["seq"] >= 0].reset_index(drop=True)
     if events.empty or labels.empty:
@@ -69,7 +94,7 @@ def step_peaks(labels: pd.DataFrame, timeline: pd.DataFrame) -> list[dict[str, A
     if not len(keep):
         return []
     peaks = pd.Series(allocated[keep]).groupby(steps[keep]).idxmax()  # position in `keep` of each step's peak
-    out = []
+    out: list[StepPeak] = []
     for step, position in peaks.items():
         i = keep[position]
         t_us = events["t_us"].iat[i]

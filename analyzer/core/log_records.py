@@ -4,6 +4,7 @@ as the shared tables are for recordings."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 
 class Era:
@@ -85,3 +86,64 @@ class LogReading:
     settings: list[AllocatorSetting]
     frameworks: list[str]            # the frameworks whose lines were seen (vllm, sglang, deepspeed, megatron)
     warnings: list[str] = field(default_factory=list)
+
+
+class LogRemedy(TypedDict):
+    """One remedy for a log's OOM (analyzer.diagnose.log_advice), cheapest first."""
+
+    id: str
+    title: str
+    detail: str
+    bytes: int | None             # what it frees, where the text gives it
+    code: str | None
+
+
+class _LogFound(TypedDict):
+    kind: str                     # leak | imbalance | serving_kv_cache | serving_startup
+    summary: str
+
+
+class LogFinding(_LogFound, total=False):
+    """What a log's memory lines show across it (analyzer.diagnose.log_trends, log_advice): the common keys,
+    then each kind's own."""
+
+    source: str                   # leak: the series' reader
+    rank: int | None              # leak, imbalance
+    device: int | None            # leak, serving_*
+    label: str | None             # leak
+    readings: int
+    first_line: int
+    last_line: int
+    first_bytes: int
+    last_bytes: int
+    growth_bytes: int
+    per_reading_bytes: int
+    peak_bytes: int               # imbalance
+    median_bytes: int
+    ranks: dict[int, int]
+    cause: str                    # serving_*: a log_cause cause
+    line: int
+    remedy: str
+    free_bytes: int               # serving_startup
+    total_bytes: int
+    wanted_bytes: int
+    held_elsewhere_bytes: int
+
+
+class GpuPeak(TypedDict):
+    """One GPU's highest nvidia-smi use in the log."""
+
+    device: int
+    used_bytes: int
+    total_bytes: int | None
+    line: int
+    readings: int
+
+
+class GpuProcess(TypedDict):
+    """A process nvidia-smi listed, at its last reading."""
+
+    device: int | None
+    process: str | None
+    used_bytes: int
+    line: int

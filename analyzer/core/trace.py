@@ -174,6 +174,12 @@ class DeviceInfo:
                                                # `end_state` row, apart from the rest of what lived before
 
 
+#: how a reader makes the rows of memory alive before its first event: from frees without allocs and the end state
+SEEDED = "they are seeded from frees without allocs and from memory alive at the end"
+#: why memory alive before the first event was missed, unless the reader says otherwise (MemoryTrace.alive_before)
+PROFILED_LATE = ("the profiler started recording after they were allocated", SEEDED)
+
+
 @dataclass
 class MemoryTrace:
     """Every input, whatever its format, becomes these tables (see the column dicts above)."""
@@ -196,6 +202,9 @@ class MemoryTrace:
     blocks_before: bool = False         # rows from before the recording are the allocator's blocks (tensors), not
                                         # amounts that stand for whatever was alive
     records_categories: bool = False    # each row carries torch's own category (export_memory_timeline)
+    # why memory was already alive at the first recorded event, and where its rows come from (None: a profiler
+    # that started recording after they were allocated; the rows seeded: PROFILED_LATE)
+    alive_before: tuple[str, str] | None = None
     warnings: list[str] = field(default_factory=list)
     # GPU activity for context (what ran at a peak), from inputs that record it (Nsight); None otherwise.
     # Columns: analyzer.ingest.nsys.GPU_ACTIVITY_COLUMNS (kind, device, stream, start_us, end_us, name, bytes).

@@ -156,7 +156,24 @@ class RemedyId(Word):
     OFFLOAD = "offload"
     CUDNN_BENCHMARK_OFF = "cudnn_benchmark_off"
 
+    @property
+    def layout_only(self) -> bool:
+        """It frees reserved memory no tensor uses (an allocator setting): the allocated peak stays, so its saving
+        is measured on the reserved peak."""
+        return self in LAYOUT_ONLY_REMEDIES
 
+    @property
+    def variables(self) -> tuple[str, ...]:
+        """The run log's config variables it changes (two runs that differ there check its prediction)."""
+        return REMEDY_VARIABLES.get(self, ())
+
+
+#: what the run log, which reads JSON and pairs runs, must know of a remedy beyond its id; the registry
+#: (analyzer.diagnose.remedies) reads them here, so they are stated once
+LAYOUT_ONLY_REMEDIES = frozenset({RemedyId.EXPANDABLE_SEGMENTS, RemedyId.MAX_SPLIT_SIZE})
+REMEDY_VARIABLES: dict[RemedyId, tuple[str, ...]] = {
+    RemedyId.BF16: ("precision", "autocast"), RemedyId.ZERO1: ("gpus",), RemedyId.ZERO2: ("gpus",),
+    RemedyId.ZERO3: ("gpus",), RemedyId.TENSOR_PARALLEL: ("gpus",)}
 
 
 #: the label source of rows whose category torch's memory profiler gave (an export_memory_timeline file's rows)

@@ -10,6 +10,7 @@ on the CPU) gets the remedies that are not the CUDA allocator's.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
@@ -51,7 +52,18 @@ from analyzer.diagnose.theory import explain_model_states
 from analyzer.diagnose.thresholds import Thresholds
 from analyzer.diagnose.triage import triage
 from analyzer.diagnose.workload import Workload, recognise
-from analyzer.result import DeviceMeasures, Diagnosis, Finding, Fits, ListedRemedy, Plan, Triage
+from analyzer.result import (
+    DeviceMeasures,
+    Diagnosis,
+    Finding,
+    Fits,
+    FragmentationPicture,
+    ListedRemedy,
+    Plan,
+    RegimeCheck,
+    Theory,
+    Triage,
+)
 
 #: memory alive before the recording began, unattributed, at this share of the peak or more leads the verdict
 UNSEEN_SHARE = 0.5
@@ -99,7 +111,7 @@ def diagnose(ctx: DeviceContext, thresholds: Thresholds = Thresholds()) -> Diagn
                      workload=workload.published(), fits=fits)
 
 
-def fragmentation_picture(ctx: DeviceContext) -> dict[str, Any] | None:
+def fragmentation_picture(ctx: DeviceContext) -> FragmentationPicture | None:
     """The allocator's picture the report shows: at the OOM, else at the peak (none for host memory)."""
     oom_event = ctx.d.oom
     if oom_event is not None:
@@ -124,34 +136,34 @@ def _fits(d: Demand) -> Fits | None:
     return {"peak_bytes": d.total, "capacity_bytes": d.capacity, "headroom_bytes": d.capacity - d.total}
 
 
-def theory_check(ctx: DeviceContext) -> dict[str, Any]:
+def theory_check(ctx: DeviceContext) -> Theory:
     """Measured model states against 16Ψ, under each precision assumption, at their largest over the run."""
     most = {c: int(ctx.timeline[f"{c}_bytes"].max()) if f"{c}_bytes" in ctx.timeline else 0
             for c in (Category.PARAMETER.value, Category.GRADIENT.value, Category.OPTIMIZER_STATE.value,
                       Category.ACTIVATION.value)}
-    out: dict[str, Any] = {f"{c}_bytes": b for c, b in most.items()}
-    out["notes"] = []
+    measured = Theory(parameter_bytes=most[Category.PARAMETER], gradient_bytes=most[Category.GRADIENT],
+                      optimizer_state_bytes=most[Category.OPTIMIZER_STATE], activation_bytes=most[Category.ACTIVATION],
+                      notes=[])
     if not most[Category.PARAMETER]:
-        out["notes"].append("no parameters were identified, so model states cannot be checked against 16Ψ")
-        return out
+        return replace(measured, notes=["no parameters were identified, so model states cannot be checked against 16Ψ"])
     regimes = explain_model_states(most[Category.PARAMETER], most[Category.GRADIENT], most[Category.OPTIMIZER_STATE])
-    out["regimes"] = [{"name": r.name, "parameters": r.parameters, "expected_model_states_bytes": r.expected_states_bytes,
-                       "measured_model_states_bytes": r.measured_states_bytes, "agrees": r.agrees} for r in regimes]
     agreeing = [r for r in regimes if r.agrees]
-    out["regime"] = agreeing[0].name if agreeing else None
+    notes = []
     if not most[Category.OPTIMIZER_STATE]:
-        out["notes"].append("no optimizer state was seen (inference, SGD without momentum, or the recording ended "
-                            "before the first optimizer step)")
+        notes.append("no optimizer state was seen (inference, SGD without momentum, or the recording ended "
+                     "before the first optimizer step)")
     elif not agreeing:
-        out["notes"].append(
+        notes.append(
             f"model states ({gib(regimes[0].measured_states_bytes)}) match neither 16Ψ for fp32 Adam "
             f"({gib(regimes[0].expected_states_bytes)}) nor for mixed-precision Adam ({gib(regimes[1].expected_states_bytes)}) "
             "within 10%: another optimizer, frozen parameters, or states not alive at once")
-    return out
+    return replace(measured, notes=notes, regime=agreeing[0].name if agreeing else None,
+                   regimes=[RegimeCheck(r.name, r.parameters, r.expected_states_bytes, r.measured_states_bytes, r.agrees)
+                            for r in regimes])
 
 
-def _demand(ctx: DeviceContext, findings: list[Finding], theory: dict[str, Any], triaged: str,
-            fragmentation: dict[str, Any] | None, workload: Workload, tuned: dict[ModuleType, dict[str, Any]]) -> Demand:
+def _demand(ctx: DeviceContext, findings: list[Finding], theory: Theory, triaged: str,
+            fragmentation: FragmentationPicture | None, workload: Workload, tuned: dict[ModuleType, dict[str, Any]]) -> Demand:
     """What the run needed: at an OOM, what was allocated plus the failed request; else the peak."""
     d = ctx.d
     oom_finding = next((f for f in findings if f["kind"] == FindingKind.OOM), None)
@@ -169,8 +181,7 @@ def _demand(ctx: DeviceContext, findings: list[Finding], theory: dict[str, Any],
     else:
         by_category = {r["name"]: r["bytes"] for r in d.by_category}
         total = d.peak.allocated_bytes
-    picture = fragmentation or {}
-    regime = theory.get("regime")
+    regime = theory.regime
     allocations = ctx.allocations
     scores = score_tensors(allocations, ctx.trace.stacks, "allocated_bytes")
     at_worst = live[live["alloc_id"].isin(allocations.loc[scores, "alloc_id"])]
@@ -190,8 +201,9 @@ def _demand(ctx: DeviceContext, findings: list[Finding], theory: dict[str, Any],
         lazy_state_trouble=bool(spike and spike["lazy_state_bytes"] and (
             spike["oom_in_first_step"] or (spike.get("first_step_excess_bytes") or 0) > 0)),
         expandable_segments=ctx.expandable_segments(),
-        recoverable_fragmentation=int(picture.get("inactive_bytes" if oom_finding and oom_finding["verdict"] == "fragmentation"
-                                                  else "external_bytes") or 0),
+        recoverable_fragmentation=(0 if fragmentation is None else fragmentation.inactive_bytes
+                                   if oom_finding and oom_finding["verdict"] == "fragmentation"
+                                   else fragmentation.external_bytes or 0),
         triage=triaged, leak_bytes=leak.leaked_bytes_at(ctx, worst, **tuned[leak]),
         leak_stacks=[] if leak_finding is None else
         [f"{leak.place(s)}: +{rate_bytes(s['bytes_per_step'])} per step" for s in leak_finding["stacks"]],
@@ -266,7 +278,7 @@ def _sentence(ctx: DeviceContext, findings: list[Finding], remedies: list[Listed
         return (f"Out of memory on {ctx.trace.device_label(d.device)}{' ' + where if where else ''}: {reason}"
                 f"{'; ' + composition if composition else ''}.{advice}")
     picture = fragmentation_picture(ctx)
-    if not ctx.trace.has_history and picture and picture["segments_recorded"]:
+    if not ctx.trace.has_history and picture and picture.segments_recorded:
         return _end_state_sentence(ctx, picture) + advice
     place = oom_where(d.peak_phase, d.peak_module, d.peak_step)
     composition = "; ".join(w for w in (_unseen(ctx), _composition(d, findings, demand)) if w)
@@ -322,27 +334,27 @@ def _composition(d: DeviceMeasures, findings: list[Finding], demand: Demand | No
     return "; ".join(w for w in words if w)
 
 
-def _end_state_sentence(ctx: DeviceContext, picture: dict[str, Any]) -> str:
+def _end_state_sentence(ctx: DeviceContext, picture: FragmentationPicture) -> str:
     """What a snapshot without a history can tell (its end state): allocated and reserved, what is cached but
     free and the largest free block; what the free part means if the dump came from an OOM (at least
     fragmentation.RECOVERY_THRESHOLD of the reserve free: fragmentation, which expandable segments remove,
     unless they are on); and the line that records what made the peak."""
-    reserved, free = picture["reserved_bytes"], picture["inactive_bytes"]
+    reserved, free = picture.reserved_bytes, picture.inactive_bytes
     share = free / reserved if reserved else 0.0
-    largest = picture["largest_free_block_bytes"]
+    largest = picture.largest_free_block_bytes
     composition = ctx.d.composition()
-    said = (f"{gib(picture['allocated_bytes'])} allocated on {ctx.trace.device_label(ctx.device)} when the snapshot "
+    said = (f"{gib(picture.allocated_bytes)} allocated on {ctx.trace.device_label(ctx.device)} when the snapshot "
             f"was taken{': ' + composition if composition else ''}. No allocation history was recorded, so what made "
             f"it, and any higher peak before, are not known; {gib(free)} ({share:.0%}) of the {gib(reserved)} "
             "reserved is cached but free")
-    if picture["external_bytes"] is not None and picture["cached_free_segments_bytes"] is not None:
-        said += (f" ({gib(picture['external_bytes'])} in pieces inside used segments, "
-                 f"{gib(picture['cached_free_segments_bytes'])} in whole free segments)")
+    if picture.external_bytes is not None and picture.cached_free_segments_bytes is not None:
+        said += (f" ({gib(picture.external_bytes)} in pieces inside used segments, "
+                 f"{gib(picture.cached_free_segments_bytes)} in whole free segments)")
     if largest is not None:
         said += f", the largest free block {human_bytes(largest)}"
     if share < fragmentation.RECOVERY_THRESHOLD:
         meaning = "If this dump came from an out-of-memory error, the work itself did not fit: little is free."
-    elif picture["expandable_segments"]:
+    elif picture.expandable_segments:
         meaning = ("If this dump came from an out-of-memory error, it is not fragmentation of fixed blocks "
                    "(expandable segments are on): look for memory outside PyTorch.")
     else:

@@ -1,18 +1,17 @@
 """Evidence shared by detectors: the allocations behind a number, with where they came from."""
 from __future__ import annotations
 
-from typing import Any
-
 import pandas as pd
 
 from analyzer.core.module_tree import module_in_sentence
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.vocabulary import UNATTRIBUTED, names_module, phase_in_sentence
+from analyzer.result import TopAllocation
 
 
-def top_allocations(trace: MemoryTrace, rows: pd.DataFrame, n: int = 5) -> list[dict[str, Any]]:
+def top_allocations(trace: MemoryTrace, rows: pd.DataFrame, n: int = 5) -> list[TopAllocation]:
     frames, ops = trace.stacks["top_user_frame"], trace.stacks["op"]
-    out = []
+    out: list[TopAllocation] = []
     for r in rows.sort_values("allocated_bytes", ascending=False, kind="stable").head(n).itertuples(index=False):
         framed = not pd.isna(r.stack_id)
         out.append({"bytes": int(r.allocated_bytes), "module": str(r.module), "category": str(r.category),

@@ -17,7 +17,7 @@ used segments were at least RECOVERY_THRESHOLD of it.
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -25,8 +25,10 @@ import pandas as pd
 from analyzer.core.units import gib
 from analyzer.core.vocabulary import FindingKind
 from analyzer.diagnose.context import DeviceContext
-from analyzer.result import Finding
+from analyzer.result import Finding, FragmentationPicture, FreeInSegment, SegmentsAt
 
+OOMS_PICTURED = 4          # the HTML report's allocator pictures: the peak and the last OOMs
+SEGMENTS_PICTURED = 40     # segments drawn per picture (those with the largest free blocks)
 RECOVERY_THRESHOLD = 0.05  # free memory worth reporting: at least this share of what is reserved
 NEAR_OOM_SHARE = 0.95      # reserved at the peak above this share of the device: an OOM nearly happened
 
@@ -72,49 +74,68 @@ def segments_recorded(ctx: DeviceContext) -> bool:
     return ctx.trace.has_segments
 
 
-def fragmentation_at(ctx: DeviceContext, seq: int, request: int | None = None) -> dict[str, Any]:
+def fragmentation_at(ctx: DeviceContext, seq: int, request: int | None = None) -> FragmentationPicture:
     """The fragmentation picture just after event `seq` (the peak, or the OOM); what the input does not
     record (segments, blocks) is None. Measured once per moment (the oom detector, this one and the diagnosis
     ask for it)."""
     return ctx.memo(("fragmentation", seq, request), lambda: _picture(ctx, seq, request))
 
 
-def _picture(ctx: DeviceContext, seq: int, request: int | None) -> dict[str, Any]:
+def _picture(ctx: DeviceContext, seq: int, request: int | None) -> FragmentationPicture:
     row = ctx.at(seq)
     live = ctx.live_at(seq)
-    picture: dict[str, Any] = {
-        "event_index": int(seq),
-        "reserved_bytes": int(row["reserved_bytes"]),
-        "allocated_bytes": int(row["allocated_bytes"]),
-        "inactive_bytes": int(row["reserved_bytes"] - row["allocated_bytes"]),
-        "internal_bytes": int((live["allocated_bytes"] - live["requested_bytes"]).sum()),
-        "external_bytes": None, "cached_free_segments_bytes": None, "largest_free_block_bytes": None,
-        "request_bytes": request,
-        "expandable_segments": ctx.expandable_segments(),
-        "segments_recorded": segments_recorded(ctx),
-        "segments": [],
-    }
-    if not picture["segments_recorded"]:
-        return picture
+    totals = FragmentationPicture(
+        event_index=int(seq),
+        reserved_bytes=int(row["reserved_bytes"]),
+        allocated_bytes=int(row["allocated_bytes"]),
+        inactive_bytes=int(row["reserved_bytes"] - row["allocated_bytes"]),
+        internal_bytes=int((live["allocated_bytes"] - live["requested_bytes"]).sum()),
+        external_bytes=None, cached_free_segments_bytes=None, largest_free_block_bytes=None,
+        request_bytes=request,
+        expandable_segments=ctx.expandable_segments(),
+        segments_recorded=segments_recorded(ctx),
+    )
+    if not totals.segments_recorded:
+        return totals
     segments = segments_at(ctx, seq)
     partly_used = segments["used_bytes"] > 0
     expandable = bool(segments["expandable"].any()) if len(segments) else False
-    picture.update({
-        "external_bytes": int(segments.loc[partly_used, "free_bytes"].sum()),
-        "cached_free_segments_bytes": int(segments.loc[~partly_used, "free_bytes"].sum()),
-        "largest_free_block_bytes": None if expandable else int(segments["largest_free_bytes"].max() if len(segments) else 0),
-        "segments": [{"addr": int(r.addr), "bytes": int(r.bytes), "used_bytes": int(r.used_bytes),
-                      "free_bytes": int(r.free_bytes), "largest_free_bytes": int(r.largest_free_bytes)}
-                     for r in segments.sort_values("free_bytes", ascending=False, kind="stable").head(50).itertuples()],
-    })
-    return picture
+    return replace(
+        totals,
+        external_bytes=int(segments.loc[partly_used, "free_bytes"].sum()),
+        cached_free_segments_bytes=int(segments.loc[~partly_used, "free_bytes"].sum()),
+        largest_free_block_bytes=None if expandable else int(segments["largest_free_bytes"].max() if len(segments) else 0),
+        segments=[FreeInSegment(int(r.addr), int(r.bytes), int(r.used_bytes), int(r.free_bytes), int(r.largest_free_bytes))
+                  for r in segments.sort_values("free_bytes", ascending=False, kind="stable").head(50).itertuples()],
+    )
 
 
-def nearly_out_of_memory(picture: dict[str, Any], capacity: int | None, near_oom_share: float = NEAR_OOM_SHARE,
+def segments_pictured(ctx: DeviceContext) -> list[SegmentsAt] | None:
+    """The segments and their live blocks at the peak and at the last OOMS_PICTURED OOMs, for the report to draw;
+    None where the input records no segments (a profiler trace or a memory timeline records only totals)."""
+    if not ctx.trace.has_segments or not ctx.d.trace_entries:
+        return None
+    ooms = ctx.trace.ooms[ctx.trace.ooms["device"] == ctx.device].tail(OOMS_PICTURED)
+    moments: list[tuple[str, int, int | None]] = [("at the peak", ctx.d.peak.event_index, None)]
+    moments += [(f"at the out-of-memory (event {int(o.seq)})", int(o.seq), int(o.requested_bytes))
+                for o in ooms.itertuples()]
+    return [_segments_at(ctx, title, seq, request) for title, seq, request in moments]
+
+
+def _segments_at(ctx: DeviceContext, title: str, seq: int, request: int | None) -> SegmentsAt:
+    segments = segments_at(ctx, seq)
+    drawn = segments.sort_values(["largest_free_bytes", "bytes"], ascending=False).head(SEGMENTS_PICTURED)
+    live = ctx.live_at(seq).sort_values("addr")[["addr", "allocated_bytes", "requested_bytes"]]
+    return SegmentsAt(title=title, measured=fragmentation_at(ctx, seq, request), segment_count=len(segments),
+                      segments=drawn[["addr", "end", "bytes", "used_bytes", "free_bytes", "largest_free_bytes"]],
+                      live=live.reset_index(drop=True))
+
+
+def nearly_out_of_memory(picture: FragmentationPicture, capacity: int | None, near_oom_share: float = NEAR_OOM_SHARE,
                          recovery_share: float = RECOVERY_THRESHOLD) -> bool:
     """Fragmentation nearly caused an OOM: the reserve reached `near_oom_share` of the device while the free
     pieces inside used segments were `recovery_share` of it or more (cache alone never is: it is released first)."""
-    reserved, fragmented = picture["reserved_bytes"], picture["external_bytes"]
+    reserved, fragmented = picture.reserved_bytes, picture.external_bytes
     return (capacity is not None and fragmented is not None and reserved >= near_oom_share * capacity
             and fragmented >= recovery_share * reserved)
 
@@ -127,16 +148,16 @@ def detect(ctx: DeviceContext, *, near_oom_share: float = NEAR_OOM_SHARE,
     picture = fragmentation_at(ctx, seq)
     if ctx.d.oom is not None or not nearly_out_of_memory(picture, ctx.capacity_bytes, near_oom_share, recovery_share):
         return []
-    reserved, fragmented = picture["reserved_bytes"], picture["external_bytes"]
-    assert ctx.capacity_bytes is not None  # nearly_out_of_memory needs it
-    largest = picture["largest_free_block_bytes"]
+    reserved, fragmented = picture.reserved_bytes, picture.external_bytes
+    assert ctx.capacity_bytes is not None and fragmented is not None  # nearly_out_of_memory needs them
+    largest = picture.largest_free_block_bytes
     return [{
         "kind": FindingKind.FRAGMENTATION.value, "severity": "warning", "bytes": fragmented,
         "summary": (f"At the peak {gib(reserved)} of the {gib(ctx.capacity_bytes)} device was reserved, "
                     f"{gib(fragmented)} of it free in pieces inside used segments"
                     + ("" if largest is None else f" (the largest {gib(largest)})")
                     + f": a request larger than the largest piece would have failed; "
-                      f"{gib(picture['cached_free_segments_bytes'])} more was cache (whole free segments)"),
-        "evidence": {"event_index": [seq, seq], "details": {k: v for k, v in picture.items() if k != "segments"}},
+                      f"{gib(picture.cached_free_segments_bytes or 0)} more was cache (whole free segments)"),
+        "evidence": {"event_index": [seq, seq], "details": picture.details()},
         "recoverable_bytes": fragmented,
     }]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import pandas as pd
 
@@ -23,7 +22,7 @@ from analyzer.core.vocabulary import FindingKind, names_module
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import top_allocations
 from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, MODEL_STATES, StepLevel, as_json, measured
-from analyzer.result import Finding
+from analyzer.result import Finding, LeakStack
 
 MIN_SHARE_OF_PEAK = 0.001   # a rate below this share of the largest step peak is noise, not a leak
 LEVEL_AGREEMENT = 0.5       # the step-start levels must grow by at least this share of the kept rate
@@ -104,7 +103,7 @@ def detect(ctx: DeviceContext, *, level_agreement: float = LEVEL_AGREEMENT,
     largest_peak = max(lv.peak_allocated_bytes for lv in levels)
     steps_to_oom = _steps_to_oom(ctx, rate)
     oom_step = None if steps_to_oom is None else levels[-1].step + steps_to_oom
-    stacks = [{"top_user_frame": g.frame, "module": g.module, "bytes_per_step": int(g.bytes_per_step),
+    stacks: list[LeakStack] = [{"top_user_frame": g.frame, "module": g.module, "bytes_per_step": int(g.bytes_per_step),
                "steps_seen": int(g.steps_seen)} for g in groups.head(TOP_STACKS).itertuples()]
     finding: Finding = {
         "kind": FindingKind.LEAK.value, "severity": "critical", "summary": "",
@@ -122,7 +121,7 @@ def detect(ctx: DeviceContext, *, level_agreement: float = LEVEL_AGREEMENT,
     return [finding]
 
 
-def place(stack: dict[str, Any]) -> str:
+def place(stack: LeakStack) -> str:
     """'train.py:88 forward (layers.3.mlp)': where a leaking group was allocated."""
     known = names_module(stack["module"]) and stack["module"] != stack["top_user_frame"]
     return stack["top_user_frame"] + (f" ({stack['module']})" if known else "")

@@ -3,9 +3,8 @@ record next so that the next run can be analysed in full."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from analyzer.core.log_records import AllocatorSetting, OomText, Reading
+from analyzer.core.log_records import AllocatorSetting, GpuProcess, LogFinding, LogRemedy, OomText, Reading
 from analyzer.core.units import human_bytes
 from analyzer.diagnose.log_cause import CAPACITY, FRAGMENTATION, OTHER_PROCESS, Cause
 
@@ -21,7 +20,7 @@ except torch.OutOfMemoryError:
 RECORD_NEXT_CAPTURE = 'import analyzer\n\nwith analyzer.capture("run_dir"):  # dumps a snapshot on OOM\n    train()'
 
 
-def _remedy(id: str, title: str, detail: str, saves: int | None = None, code: str | None = None) -> dict[str, Any]:
+def _remedy(id: str, title: str, detail: str, saves: int | None = None, code: str | None = None) -> LogRemedy:
     return {"id": id, "title": title, "detail": detail, "bytes": saves, "code": code}
 
 
@@ -32,10 +31,10 @@ def expandable_segments_on(settings: list[AllocatorSetting]) -> AllocatorSetting
 
 
 def remedies(o: OomText, cause: Cause, settings: list[AllocatorSetting], frameworks: list[str],
-             gpu_processes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+             gpu_processes: list[GpuProcess]) -> list[LogRemedy]:
     """The remedies the evidence supports, cheapest first (`gpu_processes`: what nvidia-smi listed elsewhere in
     the log, named when the message itself lists no process)."""
-    out: list[dict[str, Any]] = []
+    out: list[LogRemedy] = []
     must = cause.must_free_bytes
     if cause.cause == FRAGMENTATION:
         on = expandable_segments_on(settings)
@@ -90,10 +89,10 @@ def remedies(o: OomText, cause: Cause, settings: list[AllocatorSetting], framewo
     return out
 
 
-def serving_findings(readings: list[Reading]) -> list[dict[str, Any]]:
+def serving_findings(readings: list[Reading]) -> list[LogFinding]:
     """vLLM's refusal to start: the GPU's free memory at start-up is under the fraction it was told to take, so
     other processes hold the difference; the highest gpu_memory_utilization that fits is free / total."""
-    out: list[dict[str, Any]] = []
+    out: list[LogFinding] = []
     for r in readings:
         if r.label == "no_kv_cache":
             knob = "--gpu-memory-utilization" if r.source == "vllm" else "--mem-fraction-static"

@@ -7,7 +7,7 @@ from collections import defaultdict
 from itertools import pairwise
 from typing import Any
 
-from analyzer.core.log_records import Reading
+from analyzer.core.log_records import GpuPeak, GpuProcess, LogFinding, Reading
 from analyzer.core.units import human_bytes
 
 #: readings of one series needed before growth says anything
@@ -35,9 +35,9 @@ def _series(readings: list[Reading]) -> dict[tuple[Any, ...], list[tuple[int, in
     return out
 
 
-def leaks(readings: list[Reading]) -> list[dict[str, Any]]:
+def leaks(readings: list[Reading]) -> list[LogFinding]:
     """Series that never go down over at least LEAK_MIN_READINGS readings and grow by LEAK_MIN_GROWTH or more."""
-    found = []
+    found: list[LogFinding] = []
     for (source, rank, device, label, key), points in _series(readings).items():
         values = [v for _, v in points]
         growth = values[-1] - values[0] if values else 0
@@ -53,7 +53,7 @@ def leaks(readings: list[Reading]) -> list[dict[str, Any]]:
     return found
 
 
-def imbalance(readings: list[Reading]) -> dict[str, Any] | None:
+def imbalance(readings: list[Reading]) -> LogFinding | None:
     """The rank whose highest reading is IMBALANCE_RATIO times the median rank's or more, if any."""
     peaks: dict[int, int] = {}
     for r in readings:
@@ -73,23 +73,23 @@ def imbalance(readings: list[Reading]) -> dict[str, Any] | None:
             "summary": f"rank {rank} peaks at {human_bytes(top)}, {top / median:.2f}× the median rank ({human_bytes(median)})"}
 
 
-def gpu_peaks(readings: list[Reading]) -> list[dict[str, Any]]:
+def gpu_peaks(readings: list[Reading]) -> list[GpuPeak]:
     """Each GPU's highest nvidia-smi use (screen or CSV) and its capacity, in device order."""
-    peaks: dict[int, dict[str, Any]] = {}
+    peaks: dict[int, GpuPeak] = {}
     for r in readings:
         if r.source in ("nvidia_smi", "nvidia_smi_csv") and r.device is not None and "used" in r.bytes:
             best = peaks.get(r.device)
             if best is None or r.bytes["used"] > best["used_bytes"]:
                 peaks[r.device] = {"device": r.device, "used_bytes": r.bytes["used"], "total_bytes": r.bytes.get("total"),
-                                   "line": r.line, "readings": (best or {}).get("readings", 0) + 1}
+                                   "line": r.line, "readings": (best["readings"] if best else 0) + 1}
             else:
                 best["readings"] += 1
     return [peaks[d] for d in sorted(peaks)]
 
 
-def gpu_processes(readings: list[Reading]) -> list[dict[str, Any]]:
+def gpu_processes(readings: list[Reading]) -> list[GpuProcess]:
     """The processes nvidia-smi or list_gpu_processes() listed, the last reading of each (device, process)."""
-    last: dict[tuple[int | None, str | None], dict[str, Any]] = {}
+    last: dict[tuple[int | None, str | None], GpuProcess] = {}
     for r in readings:
         if r.source == "nvidia_smi_process":
             last[(r.device, r.label)] = {"device": r.device, "process": r.label, "used_bytes": r.bytes["used"], "line": r.line}

@@ -36,9 +36,9 @@ def detect(ctx: DeviceContext, *, outside_share: float = OUTSIDE_THRESHOLD,
     live = ctx.live_at(seq)
     module = _module_at(ctx, seq)
     free = oom.device_free_bytes or 0
-    cached = picture["inactive_bytes"]
-    reserved = picture["reserved_bytes"]
-    largest = picture["largest_free_block_bytes"]
+    cached = picture.inactive_bytes
+    reserved = picture.reserved_bytes
+    largest = picture.largest_free_block_bytes
     shortfall = oom.requested_bytes - free
     outside = None if ctx.capacity_bytes is None or ctx.capacity_source.startswith("reserved") else \
         ctx.capacity_bytes - free - reserved  # everything that is neither free nor PyTorch's, context included
@@ -47,12 +47,12 @@ def detect(ctx: DeviceContext, *, outside_share: float = OUTSIDE_THRESHOLD,
                                            "reserved by PyTorch (NCCL, cuBLAS/cuDNN workspaces, CUDA context, other "
                                            "processes)")
     elif shortfall > 0 and cached >= shortfall and cached >= recovery_share * reserved and \
-            picture["segments_recorded"] and (largest is None or largest < oom.requested_bytes):
+            picture.segments_recorded and (largest is None or largest < oom.requested_bytes):
         verdict, why = "fragmentation", (f"{gib(free)} free on the device plus {gib(cached)} free in PyTorch's cache "
                                          f"would cover the {gib(oom.requested_bytes)} request, but the largest free "
                                          f"block is {gib(largest)}")
     else:
-        verdict, why = "capacity", (f"{gib(picture['allocated_bytes'])} allocated + {gib(oom.requested_bytes)} requested "
+        verdict, why = "capacity", (f"{gib(picture.allocated_bytes)} allocated + {gib(oom.requested_bytes)} requested "
                                     f"exceeds the {gib(free + reserved)} PyTorch could use (free {gib(free)}, reserved "
                                     f"{gib(reserved)})")
     where = oom_where(phase, module, step)
@@ -64,11 +64,11 @@ def detect(ctx: DeviceContext, *, outside_share: float = OUTSIDE_THRESHOLD,
             "time_us": [oom.time_us, oom.time_us], "event_index": [seq, seq],
             "allocations": top_allocations(ctx.trace, live),
             "details": {"requested_bytes": oom.requested_bytes, "device_free_bytes": oom.device_free_bytes,
-                        "reserved_bytes": reserved, "allocated_bytes": picture["allocated_bytes"],
+                        "reserved_bytes": reserved, "allocated_bytes": picture.allocated_bytes,
                         "reserved_unallocated_bytes": cached, "largest_free_block_bytes": largest,
                         "outside_pytorch_bytes": outside, "capacity_bytes": ctx.capacity_bytes,
                         "capacity_source": ctx.capacity_source,
-                        "expandable_segments": picture["expandable_segments"],
+                        "expandable_segments": picture.expandable_segments,
                         "oom_top_user_frame": oom.top_user_frame},
         },
     }]

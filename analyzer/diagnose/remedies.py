@@ -236,12 +236,20 @@ class Remedy:
     plan: PlanLever | None      # its place in a recording's plan; None: not a lever
     replay: Replay | None       # None: the formula alone predicts it
     estimate_term: EstimateTerm | None   # None: `analyze estimate` does not offer it
-    variables: tuple[str, ...]  # the run log's config variables it changes (a pair differing there checks it)
     docs: str                   # the estimate in words, for the remedies table of the docs
-    layout_only: bool = False   # frees reserved-but-unused memory: the allocated peak stays, the layout fits it
     first: bool = False         # tried before everything else whenever it applies, fit or not
     conditional: bool = False   # rests on a premise the recording cannot confirm: listed, never tried first
     beyond_one_gpu: bool = False  # parallelism or offload: for states or a batch that do not fit one GPU
+
+    @property
+    def layout_only(self) -> bool:
+        """Frees reserved-but-unused memory: the allocated peak stays, the layout fits it (RemedyId.layout_only)."""
+        return self.id.layout_only
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        """The run log's config variables it changes (RemedyId.variables)."""
+        return self.id.variables
 
 
 def fits_any_gpu(d: Demand) -> bool:
@@ -607,7 +615,7 @@ _ZERO_TRAFFIC = "the same traffic (a reduce-scatter and an all-gather)"
 REMEDIES: list[Remedy] = [
     Remedy(id=RemedyId.FIX_LEAK, title="Fix the leak: stop keeping memory from every step", cost="a code change",
            how=_fix_leak_how, estimate=lambda d: (d.leak_bytes, "high"), applies=lambda d: d.triage == "leak",
-           acts_on=(), price=None, plan=None, replay=None, estimate_term=None, variables=(), first=True,
+           acts_on=(), price=None, plan=None, replay=None, estimate_term=None, first=True,
            docs="what the leaking stacks keep (first, and the only size advice withheld, when the triage says leak)"),
     # the saving-a-checkpoint spike has its own cheap fixes, tried before anything that changes training
     Remedy(id=RemedyId.STATE_DICT_OFFLOAD, title="Gather the state dict to CPU while saving", cost="a slower save",
@@ -616,7 +624,7 @@ REMEDIES: list[Remedy] = [
            estimate=lambda d: (d.bytes(Category.OTHER), "medium"), applies=lambda d: FindingKind.CHECKPOINT_GATHER in d.findings,
            acts_on=(Category.OTHER,), price=Price("a slower save", "none", "get_state_dict(..., cpu_offload=True)"),
            plan=PlanLever(LeverName.CHECKPOINT_SAVE, 0.1, _state_dict_offload_formula), replay=None, estimate_term=None,
-           variables=(), docs="the gathered copies (when a checkpoint gather spike is found)"),
+           docs="the gathered copies (when a checkpoint gather spike is found)"),
     Remedy(id=RemedyId.SHARDED_SAVE, title="Save a sharded checkpoint (torch.distributed.checkpoint)",
            cost="a directory of shards instead of one file",
            how="import torch.distributed.checkpoint as dcp\ndcp.save({'model': model.state_dict()}, checkpoint_id=path)",
@@ -624,7 +632,7 @@ REMEDIES: list[Remedy] = [
            applies=lambda d: FindingKind.CHECKPOINT_GATHER in d.findings and _shards_possible(d), acts_on=(Category.OTHER,),
            price=Price("none measurable", "none", "torch.distributed.checkpoint.save (a directory of shards)"),
            plan=PlanLever(LeverName.CHECKPOINT_SAVE, 0.2, _sharded_save_formula), replay=None, estimate_term=None,
-           variables=(), docs="(1 − 1/N) of the gathered copies, N GPUs (when a checkpoint gather spike is found)"),
+           docs="(1 − 1/N) of the gathered copies, N GPUs (when a checkpoint gather spike is found)"),
     # story 5: the first optimizer step OOMs while later ones would fit: create Adam's state up front, in a clean
     # allocator, instead of lazily on top of the first step's gradients and temporaries
     Remedy(id=RemedyId.INIT_OPTIMIZER_STATE, title="Create the optimizer state before the first batch",
@@ -635,7 +643,7 @@ REMEDIES: list[Remedy] = [
            estimate=lambda d: (d.first_step_excess, "low"), applies=lambda d: d.lazy_state_trouble,
            acts_on=(Category.TEMPORARY,),
            price=Price("one extra step at lr 0", "none", "create the optimizer state before the first batch"),
-           plan=PlanLever(LeverName.FIRST_STEP, 0.3, _init_state_formula), replay=None, estimate_term=None, variables=(),
+           plan=PlanLever(LeverName.FIRST_STEP, 0.3, _init_state_formula), replay=None, estimate_term=None,
            docs="when the first optimizer step (lazy state creation) OOMs or peaks above the later ones: how much "
                 "higher it peaks (unquantified when no later step was recorded)"),
     # a forward-only run that keeps the autograd graph holds every activation for a backward that never comes
@@ -643,8 +651,21 @@ REMEDIES: list[Remedy] = [
            cost="none, when no backward follows",
            how="with torch.inference_mode():   # or torch.no_grad()\n    out = model(batch)",
            estimate=lambda d: (d.graph_bytes, "low"), applies=lambda d: d.graph_kept, acts_on=(Category.ACTIVATION,),
-           price=None, plan=None, replay=None, estimate_term=None, variables=(), conditional=True,
+           price=None, plan=None, replay=None, estimate_term=None, conditional=True,
            docs="forward only with activations kept: all of them but the latest (the output); conditional"),
+    # nn.DataParallel scattered the batch by count and this GPU got the larger inputs (analyzer.diagnose.imbalance):
+    # an even split keeps the batch, so it comes before any cut of it
+    Remedy(id=RemedyId.BALANCE_SCATTER,
+           title="Split each batch by size, not by count: nn.DataParallel gave this GPU the larger inputs",
+           cost="a balancing split of each batch; the same batch",
+           how="loads, shares = [0] * n_gpus, [[] for _ in range(n_gpus)]\n"
+               "for i in sorted(range(len(batch)), key=lambda i: -size(batch[i])):   # nodes, edges or tokens\n"
+               "    g = loads.index(min(loads)); shares[g].append(batch[i]); loads[g] += size(batch[i])",
+           estimate=lambda d: (d.scatter_excess, "low"), applies=lambda d: d.scatter_excess > 0, acts_on=_BATCH,
+           price=Price("none measurable", "none", "split each batch by size"),
+           plan=PlanLever(LeverName.SCATTER, 0.5, _even_split_formula), replay=None, estimate_term=None,
+           docs="what this GPU holds of the batch above the devices' mean, when nn.DataParallel's split by count "
+                "made it the heavy one (the imbalance finding's scatter cause); low confidence: whole samples"),
     # eager attention's b·h·s² scores and probabilities, and their gradients, which fused attention never makes
     Remedy(id=RemedyId.FUSED_ATTENTION,
            title="Fused attention (torch.nn.functional.scaled_dot_product_attention, no s x s scores kept)",
@@ -656,7 +677,7 @@ REMEDIES: list[Remedy] = [
            price=Price("faster (fewer reads and writes of the s x s matrix)", "none",
                        "F.scaled_dot_product_attention in place of the hand-written attention"),
            plan=PlanLever(LeverName.ATTENTION, 0.9, _fused_formula), replay=Replay(lambda s, k: fused(s)),
-           estimate_term=None, variables=(),
+           estimate_term=None,
            docs="eager attention's b·h·s² tensors (a softmax over a matmul in each repeated block: scores, "
                 "probabilities, their gradients) alive at the peak; replayed without them, forward and backward"),
     # a forward-only run's KV cache: its size is batch x context x layers x 2 x KV heads x head size
@@ -664,7 +685,7 @@ REMEDIES: list[Remedy] = [
            cost="none when the outputs are scored, not generated; generation then recomputes every step",
            how="out = model(input_ids, use_cache=False)   # no past_key_values kept",
            estimate=lambda d: (d.kv_cache_bytes, "medium"), applies=_kv_relevant, acts_on=(Category.ACTIVATION,),
-           price=None, plan=None, replay=None, estimate_term=None, variables=(), conditional=True,
+           price=None, plan=None, replay=None, estimate_term=None, conditional=True,
            docs="the KV cache alive at the peak (forward only, when the kv_cache finding names one); conditional: "
                 "generation needs the cache"),
     Remedy(id=RemedyId.KV_CACHE_QUANTIZED, title="A quantized KV cache (int8: half of a 16-bit cache), or a paged one",
@@ -673,22 +694,9 @@ REMEDIES: list[Remedy] = [
                "                     cache_config={'backend': 'quanto', 'nbits': 8})",
            estimate=lambda d: (d.kv_cache_bytes // 2, "low"),
            applies=lambda d: _kv_relevant(d) and not d.kv_cache_quantized, acts_on=(Category.ACTIVATION,),
-           price=None, plan=None, replay=None, estimate_term=None, variables=(),
+           price=None, plan=None, replay=None, estimate_term=None,
            docs="half the KV cache alive at the peak (int8 from 16 bits; not where the frames show it quantized "
                 "already)"),
-    # nn.DataParallel scattered the batch by count and this GPU got the larger inputs (analyzer.diagnose.imbalance):
-    # an even split keeps the batch, so it comes before any cut of it
-    Remedy(id=RemedyId.BALANCE_SCATTER,
-           title="Split each batch by size, not by count: nn.DataParallel gave this GPU the larger inputs",
-           cost="a balancing split of each batch; the same batch",
-           how="loads, shares = [0] * n_gpus, [[] for _ in range(n_gpus)]\n"
-               "for i in sorted(range(len(batch)), key=lambda i: -size(batch[i])):   # nodes, edges or tokens\n"
-               "    g = loads.index(min(loads)); shares[g].append(batch[i]); loads[g] += size(batch[i])",
-           estimate=lambda d: (d.scatter_excess, "low"), applies=lambda d: d.scatter_excess > 0, acts_on=_BATCH,
-           price=Price("none measurable", "none", "split each batch by size"),
-           plan=PlanLever(LeverName.SCATTER, 0.5, _even_split_formula), replay=None, estimate_term=None, variables=(),
-           docs="what this GPU holds of the batch above the devices' mean, when nn.DataParallel's split by count "
-                "made it the heavy one (the imbalance finding's scatter cause); low confidence: whole samples"),
     Remedy(id=RemedyId.MICRO_BATCH, title=_micro_batch_title,
            cost="instant; lower throughput; very small batches can hurt convergence",
            how=lambda d: ("batch_size = batch_size // 2   # fewer sequences at once: the KV cache and activations scale "
@@ -697,7 +705,7 @@ REMEDIES: list[Remedy] = [
            estimate=lambda d: (_batch_scaled(d) // 2, "high"), applies=_batch_advice, acts_on=_BATCH,
            price=_BATCH_PRICE, plan=PlanLever(LeverName.BATCH, 1.0, _divide(*_BATCH), lambda d: 2, divides_batch=True),
            replay=Replay(micro_batch), estimate_term=EstimateTerm("micro-batch {b} with gradient accumulation x{k}", 0.5),
-           variables=(), docs="half of activations + inputs + temporaries (forward only: \"halve the batch (or the "
+           docs="half of activations + inputs + temporaries (forward only: \"halve the batch (or the "
                               "sequence length)\")"),
     Remedy(id=RemedyId.BF16, title="Train in bf16 mixed precision",
            cost="small; fp16 needs loss scaling, bf16 needs Ampere or newer",
@@ -706,7 +714,7 @@ REMEDIES: list[Remedy] = [
            and _relevant(Category.ACTIVATION)(d), acts_on=(Category.ACTIVATION,),
            price=Price("faster on tensor cores", "halved gradient traffic", "torch.autocast(dtype=torch.bfloat16)"),
            plan=PlanLever(LeverName.PRECISION, 1.5, _bf16_formula), replay=Replay(lambda s, k: bf16(s)),
-           estimate_term=None, variables=("precision", "autocast"),
+           estimate_term=None,
            docs="half of activations less the bf16 weight copies autocast keeps (an upper bound, low confidence; "
                 "training only, offered when autocast is not seen on and the model states do not already look "
                 "mixed precision)"),
@@ -716,7 +724,7 @@ REMEDIES: list[Remedy] = [
            estimate=lambda d: (untrained_weights(d) // 2, "medium"), applies=_quantizable, acts_on=(Category.PARAMETER,),
            price=Price("slower matmuls (weights dequantized on the fly)", "none",
                        "BitsAndBytesConfig(load_in_8bit=True) (a new dependency)"),
-           plan=PlanLever(LeverName.WEIGHTS, 1.6, _quantized(0.5)), replay=None, estimate_term=None, variables=(),
+           plan=PlanLever(LeverName.WEIGHTS, 1.6, _quantized(0.5)), replay=None, estimate_term=None,
            docs="half of the weights nothing trains (from 16-bit; more from fp32): a forward-only run's, a frozen "
                 "base's (QLoRA), all at an OOM while loading; only when they are ≥ 25% of the peak"),
     Remedy(id=RemedyId.WEIGHT_QUANTIZATION_4BIT, title=lambda d: _quantized_title(d, "4-bit weights (bitsandbytes NF4)"),
@@ -726,7 +734,7 @@ REMEDIES: list[Remedy] = [
            estimate=lambda d: (untrained_weights(d) * 3 // 4, "medium"), applies=_quantizable,
            acts_on=(Category.PARAMETER,), price=Price("slower matmuls (weights dequantized on the fly)", "none",
                                                      "BitsAndBytesConfig(load_in_4bit=True) (a new dependency)"),
-           plan=PlanLever(LeverName.WEIGHTS, 1.7, _quantized(0.75)), replay=None, estimate_term=None, variables=(),
+           plan=PlanLever(LeverName.WEIGHTS, 1.7, _quantized(0.75)), replay=None, estimate_term=None,
            docs="three quarters of the weights nothing trains, where `weight_quantization` would offer half"),
     Remedy(id=RemedyId.GRADIENT_ACCUMULATION, title="Gradient accumulation: 2 micro-batches of half the size",
            cost="slower steps; the same effective batch (BatchNorm-style layers see smaller batches)",
@@ -735,7 +743,7 @@ REMEDIES: list[Remedy] = [
            estimate=_accumulation, applies=lambda d: _trains(d) and _batch_advice(d), acts_on=_BATCH,
            price=_BATCH_PRICE,
            plan=PlanLever(LeverName.BATCH, 1.75, _accumulation_formula, lambda d: 2, divides_batch=True),
-           replay=Replay(accumulation), estimate_term=None, variables=(),
+           replay=Replay(accumulation), estimate_term=None,
            docs="as `micro_batch`, less the gradients the first micro-batch leaves alive through the second"),
     # `analyze estimate` only: a recording cannot tell the attention core's activations apart from the rest
     Remedy(id=RemedyId.SELECTIVE_CHECKPOINTING, title="Selective activation checkpointing (the attention core)",
@@ -745,7 +753,7 @@ REMEDIES: list[Remedy] = [
            price=Price("about 5% more compute (attention recomputed)", "none",
                        "checkpoint the attention core only (Megatron --recompute-granularity selective)"),
            plan=None, replay=None,
-           estimate_term=EstimateTerm("selective activation checkpointing (attention)", 2.0), variables=(),
+           estimate_term=EstimateTerm("selective activation checkpointing (attention)", 2.0),
            docs="`analyze estimate` only, for attention that is not fused: the attention scores (Korthikanti et al.)"),
     Remedy(id=RemedyId.ACTIVATION_CHECKPOINTING, title="Activation checkpointing of each block",
            cost="about 20-30% more compute",
@@ -754,7 +762,7 @@ REMEDIES: list[Remedy] = [
            acts_on=(Category.ACTIVATION,),
            price=Price("about 20-30% more compute (one more forward)", "none", "torch.utils.checkpoint around each block"),
            plan=PlanLever(LeverName.CHECKPOINTING, 3.0, _checkpointing_formula), replay=Replay(lambda s, k: checkpointing(s)),
-           estimate_term=EstimateTerm("full activation checkpointing", 3.0), variables=(),
+           estimate_term=EstimateTerm("full activation checkpointing", 3.0),
            docs="the activations inside the repeated blocks (`layers.N` ...) less each block's output; without block "
                 "names, activations × (1 − 2/L), or half"),
     Remedy(id=RemedyId.OPTIMIZER_8BIT, title="8-bit Adam (bitsandbytes)", cost="a new dependency; usually no accuracy loss",
@@ -763,7 +771,7 @@ REMEDIES: list[Remedy] = [
            acts_on=(Category.OPTIMIZER_STATE,),
            price=Price("none measurable", "none", "bitsandbytes AdamW8bit (a new dependency)"),
            plan=PlanLever(LeverName.OPTIMIZER, 4.0, _ADAM_8BIT.formula), replay=Replay(_ADAM_8BIT.transform),
-           estimate_term=EstimateTerm("8-bit Adam", 4.5, "adam_8bit"), variables=(),
+           estimate_term=EstimateTerm("8-bit Adam", 4.5, "adam_8bit"),
            docs="75% of Adam's moments (all state when fp32, 8/12 of it with fp32 master weights)"),
     Remedy(id=RemedyId.ADAFACTOR, title="Adafactor (factored second moment, no first moment)",
            cost="may need tuning of the learning rate",
@@ -773,7 +781,7 @@ REMEDIES: list[Remedy] = [
            acts_on=(Category.OPTIMIZER_STATE,),
            price=Price("none measurable", "none", "Adafactor (may need learning-rate tuning)"),
            plan=PlanLever(LeverName.OPTIMIZER, 4.25, _ADAFACTOR.formula), replay=Replay(_ADAFACTOR.transform),
-           estimate_term=EstimateTerm("Adafactor", 5.5, "adafactor"), variables=(),
+           estimate_term=EstimateTerm("Adafactor", 5.5, "adafactor"),
            docs="90% of Adam's moments (all state when fp32, 8/12 of it with fp32 master weights)"),
     Remedy(id=RemedyId.OPTIMIZER_OFFLOAD, title="Offload optimizer state to CPU", cost=_optimizer_offload_cost,
            how="# DeepSpeed: \"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": {\"device\": \"cpu\"}}",
@@ -783,7 +791,7 @@ REMEDIES: list[Remedy] = [
                        "DeepSpeed offload_optimizer"),
            plan=PlanLever(LeverName.OPTIMIZER, 4.5, _offload_optimizer_formula),
            replay=Replay(lambda s, k: optimizer_state(s, 0.0, step_temporaries=0.0)),
-           estimate_term=EstimateTerm("optimizer state offloaded to CPU", 7.0, "offloaded"), variables=(),
+           estimate_term=EstimateTerm("optimizer state offloaded to CPU", 7.0, "offloaded"),
            beyond_one_gpu=True,
            docs="all of the optimizer state (and, replayed, the optimizer step's temporaries)"),
     Remedy(id=RemedyId.ZERO1, title=lambda d: f"ZeRO-1: shard optimizer state {_over(d, d.bytes(Category.OPTIMIZER_STATE))}",
@@ -795,7 +803,7 @@ REMEDIES: list[Remedy] = [
                                                             "ZeroRedundancyOptimizer / DeepSpeed stage 1"),
            plan=PlanLever(LeverName.ZERO, 4.75, _divide(*ZERO_SHARDED[RemedyId.ZERO1]), _zero_shards_of(RemedyId.ZERO1)),
            replay=Replay(_zero_transform(1), sharded=True), estimate_term=EstimateTerm("ZeRO-1", 0.25),
-           variables=("gpus",), beyond_one_gpu=True,
+           beyond_one_gpu=True,
            docs="(1 − 1/N) of optimizer state; N named in the title; not with one GPU"),
     Remedy(id=RemedyId.ZERO2, title=_zero2_title, cost="more communication",
            how="# DeepSpeed: \"zero_optimization\": {\"stage\": 2}  |  FSDP: ShardingStrategy.SHARD_GRAD_OP",
@@ -805,7 +813,7 @@ REMEDIES: list[Remedy] = [
                                                             "FSDP SHARD_GRAD_OP / DeepSpeed stage 2"),
            plan=PlanLever(LeverName.ZERO, 5.0, _divide(*ZERO_SHARDED[RemedyId.ZERO2]), _zero_shards_of(RemedyId.ZERO2)),
            replay=Replay(_zero_transform(2), sharded=True), estimate_term=EstimateTerm("ZeRO-2", 5.0),
-           variables=("gpus",), beyond_one_gpu=True,
+           beyond_one_gpu=True,
            docs="(1 − 1/N) of optimizer state and gradients; N named in the title; not with one GPU"),
     Remedy(id=RemedyId.ZERO3, title=lambda d: f"ZeRO-3 / FSDP: shard parameters too, {_over(d, d.bytes(*_STATES))}",
            cost="most communication; parameters gathered per layer",
@@ -818,7 +826,7 @@ REMEDIES: list[Remedy] = [
                        "FSDP fully_shard / DeepSpeed stage 3"),
            plan=PlanLever(LeverName.ZERO, 6.0, _divide(*ZERO_SHARDED[RemedyId.ZERO3]), _zero_shards_of(RemedyId.ZERO3)),
            replay=Replay(_zero_transform(3), sharded=True), estimate_term=EstimateTerm("ZeRO-3", 6.0),
-           variables=("gpus",), beyond_one_gpu=True,
+           beyond_one_gpu=True,
            docs="(1 − 1/N) of optimizer state, gradients and parameters; N named in the title; "
                                      "not with one GPU, nor for forward only"),
     Remedy(id=RemedyId.TENSOR_PARALLEL, title=lambda d: f"Tensor parallelism over {tp_gpus(d)} GPUs (inside a node)",
@@ -831,7 +839,7 @@ REMEDIES: list[Remedy] = [
                        "(inside a node)", "model code changes (parallelize_module)"),
            plan=PlanLever(LeverName.TP, 8.0, _divide(Category.OPTIMIZER_STATE, Category.GRADIENT, Category.PARAMETER,
                                                  Category.ACTIVATION), tp_gpus),
-           replay=None, estimate_term=EstimateTerm("tensor parallel over {k} GPUs", 8.0), variables=("gpus",),
+           replay=None, estimate_term=EstimateTerm("tensor parallel over {k} GPUs", 8.0),
            beyond_one_gpu=True,
            docs="(1 − 1/N) of model states and activations, N = the GPUs given (at most 8, inside a node), else 2"),
     Remedy(id=RemedyId.PIPELINE_PARALLEL, title=_pipeline_title,
@@ -847,7 +855,7 @@ REMEDIES: list[Remedy] = [
            # remedies._pipelined: a stage's layers, S micro-batches in flight
            plan=PlanLever(LeverName.PP, 8.5, _divide(Category.OPTIMIZER_STATE, Category.GRADIENT, Category.PARAMETER,
                                                  Category.ACTIVATION, Category.TEMPORARY), pipeline_stages),
-           replay=None, estimate_term=EstimateTerm("{k} pipeline stages (1F1B)", 8.5), variables=(),
+           replay=None, estimate_term=EstimateTerm("{k} pipeline stages (1F1B)", 8.5),
            beyond_one_gpu=True,
            docs="(1 − 1/S) of model states, activations and temporaries (1F1B, the batch as S micro-batches: the first "
                 "stage holds S of them in flight over L/S layers), S = the GPUs given (at most L), else the fewest "
@@ -857,7 +865,7 @@ REMEDIES: list[Remedy] = [
            how=_model_changes_how,
            estimate=lambda d: (d.kv_cache_bytes * 3 // 4 if _kv_relevant(d) else None, "low"),
            applies=_relevant(Category.ACTIVATION), acts_on=(Category.ACTIVATION,),
-           price=None, plan=None, replay=None, estimate_term=None, variables=(), conditional=True,
+           price=None, plan=None, replay=None, estimate_term=None, conditional=True,
            docs="GQA/MQA, fused attention, smaller model: listed, not quantified, but for GQA's 3/4 of a KV cache "
                 "the kv_cache finding names; attention's changes only where the recording shows attention (none "
                 "for a CNN)"),
@@ -866,7 +874,7 @@ REMEDIES: list[Remedy] = [
            cost="convolutions may pick slower algorithms; or cap the workspace instead (CUDNN_CONV_WSCAP_DBG=<MiB>)",
            how="torch.backends.cudnn.benchmark = False   # or: export CUDNN_CONV_WSCAP_DBG=1024  (MiB of workspace)",
            estimate=lambda d: (d.bytes(UNATTRIBUTED), "low"), applies=lambda d: FindingKind.CONV_WORKSPACE in d.findings,
-           acts_on=(), price=None, plan=None, replay=None, estimate_term=None, variables=(),   # no category: a transient
+           acts_on=(), price=None, plan=None, replay=None, estimate_term=None,   # no category: a transient
            conditional=True, docs="the transient no tensor holds where convolutions run (when the conv_workspace "
                                   "finding names cuDNN's workspace or autotuner)"),
     Remedy(id=RemedyId.EXPANDABLE_SEGMENTS, title="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
@@ -876,7 +884,7 @@ REMEDIES: list[Remedy] = [
                                                                     or FindingKind.RESERVED_GROWTH in d.findings or d.oom_verdict == "fragmentation"),
            acts_on=(), price=Price("none measurable", "none", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
            plan=PlanLever(LeverName.LAYOUT, 9.0, None, layout_first_cost=0.05),
-           replay=Replay(lambda s, k: s, expandable=True), estimate_term=None, variables=(), layout_only=True,
+           replay=Replay(lambda s, k: s, expandable=True), estimate_term=None,
            docs="the free pieces inside used segments given back (not the cache); only when fragmentation caused or "
                 "nearly caused an OOM; first when the OOM is fragmentation"),
     Remedy(id=RemedyId.MAX_SPLIT_SIZE, title="PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512 (expandable segments already on)",
@@ -886,7 +894,6 @@ REMEDIES: list[Remedy] = [
            applies=lambda d: d.expandable_segments is True and d.oom_verdict == "fragmentation", acts_on=(),
            price=Price("none measurable", "none", "PYTORCH_CUDA_ALLOC_CONF=...,max_split_size_mb:512"),
            plan=PlanLever(LeverName.LAYOUT, 9.5, None, layout_first_cost=0.06), replay=None, estimate_term=None,
-           variables=(), layout_only=True,
            docs="half the free pieces inside used segments, when expandable segments are on and the OOM is fragmentation"),
     Remedy(id=RemedyId.OFFLOAD, title=lambda d: "Offload the weights to CPU (accelerate device_map='auto')"
            if d.workload == FORWARD_ONLY else "Offload parameters / activations to CPU", cost=_offload_cost,
@@ -899,7 +906,7 @@ REMEDIES: list[Remedy] = [
            acts_on=(Category.PARAMETER, Category.ACTIVATION),
            price=Price("large slowdown, bounded by PCIe", "weights over PCIe every step", "FSDP CPUOffload / ZeRO-Infinity"),
            plan=PlanLever(LeverName.WEIGHTS, 12.0, _offload_formula), replay=None,
-           estimate_term=EstimateTerm("parameters and optimizer state offloaded to CPU", 12.0), variables=(),
+           estimate_term=EstimateTerm("parameters and optimizer state offloaded to CPU", 12.0),
            beyond_one_gpu=True,
            docs="parameters + half the activations (forward only: the weights)"),
 ]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from analyzer.core.vocabulary import Category, GradMode, Phase
 from analyzer.diagnose.context import DeviceContext
+from analyzer.result import WorkloadFacts
 
 FROZEN_SHARE = 0.5        # trainable bytes under this share of the parameters: the rest is frozen
 GRADIENT_SHARE = 0.05     # gradients of at least this share of the parameters show training without a backward seen
@@ -54,10 +55,10 @@ class Workload:
     def forward_only(self) -> bool:
         return self.kind == "forward_only"
 
-    def published(self) -> dict[str, object]:
+    def published(self) -> WorkloadFacts:
         """What the report shows: the workload's facts and its summary."""
-        return {"kind": self.kind, "frozen_share": self.frozen_share, "graph_kept": self.graph_kept,
-                "mixed_precision_on": self.mixed_precision_on, "gpus": self.gpus, "summary": self.describe()}
+        return WorkloadFacts(kind=self.kind, frozen_share=self.frozen_share, graph_kept=self.graph_kept,
+                             mixed_precision_on=self.mixed_precision_on, gpus=self.gpus, summary=self.describe())
 
     def describe(self) -> str:
         """'training, bf16 autocast on, 1 GPU': what the advice was chosen for."""

@@ -138,5 +138,7 @@ def _trace(name: str, kind: str, builder: HistoryBuilder, warnings: list[str], h
         devices={DEVICE: DeviceInfo(DEVICE, trace_entries=len(tables["events"]),
                                     history_truncated=DEVICE in tables["truncated"], reserved_recorded=False)},
         torch_era="torch.profiler export_memory_timeline", has_history=has_history, records_categories=True,
+        alive_before=("torch's memory profiler lists them as existing before the profiled steps",
+                      "their categories are torch's"),
         warnings=warnings + builder.warnings + notes, event_threads=tables["event_threads"],
     )

@@ -20,7 +20,7 @@ import pandas as pd
 
 from analyzer.core.allocator_rules import round_sizes
 from analyzer.core.printable import MAX_SHOWN
-from analyzer.core.trace import TABLES, DeviceInfo, MemoryTrace, make_table
+from analyzer.core.trace import SEEDED, TABLES, DeviceInfo, MemoryTrace, make_table
 from analyzer.core.vocabulary import UNATTRIBUTED
 from analyzer.errors import CorruptInput, ResourceLimit
 from analyzer.ingest.columns import MAX_TOTAL_BYTES, MISSING, to_nullable
@@ -179,6 +179,7 @@ class _Builder:
             ooms=make_table("ooms", ooms), devices=dict(sorted(self.devices.items())),
             allocator_settings=self.settings, torch_era=self._torch_era(), has_history=has_history,
             has_segments=True, blocks_before=True, warnings=self.warnings,
+            alive_before=("the ring buffer wrapped or recording started late", SEEDED),
         )
 
     def _history_warnings(self, histories: list[DeviceHistory]) -> None:

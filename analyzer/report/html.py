@@ -58,7 +58,7 @@ def render_html(report: Report) -> str:
     data = page_data(report)
     explore = {x["device"]: {"index": i, "exact": x["exact"], "allocations": x["allocations"]}
                for i, x in enumerate(data["devices"])}
-    return _render(build_view(report), data, explore, {d.device: allocator_pictures(report, d) for d in report.devices},
+    return _render(build_view(report), data, explore, {d.device: allocator_pictures(d) for d in report.devices},
                    {d.device: module_icicle(d) for d in report.devices})
 
 

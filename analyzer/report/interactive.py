@@ -45,17 +45,13 @@ from analyzer.core.vocabulary import (
     category_rank,
     phase_color,
 )
-from analyzer.diagnose.context import DeviceContext, make_context
-from analyzer.diagnose.fragmentation import fragmentation_at, segments_at
-from analyzer.result import Analysis, DeviceAnalysis
+from analyzer.result import Analysis, DeviceAnalysis, SegmentsAt
 
 CHART_POINTS = (2000, 6000, 12000)   # interactive timeline rows per device: at least, at most, all devices together
 ALLOCATIONS_EMBEDDED = 60_000        # allocations embedded for all devices together (each about 30 bytes of JSON)
 SAMPLE_MOMENTS = 256                 # evenly spaced moments tried for an exact live set when not all fit
 FRAMES_EMBEDDED = 40                 # Python frames of a stack, innermost first
 STEP_MARKS = 200                     # step starts marked on the chart
-OOMS_PICTURED = 4                    # allocator pictures: the peak and the last OOMs
-SEGMENT_BARS = 40                    # segments drawn per picture (those with the largest free blocks)
 RUNS_EXACT = 240                     # a segment with more blocks and gaps than this is drawn in RUN_BUCKETS buckets
 RUN_BUCKETS = 200
 ICICLE_DEPTH = 6
@@ -305,25 +301,15 @@ class AllocatorPicture:
                 and self.request_bytes > self.largest_free_block_bytes)
 
 
-def allocator_pictures(analysis: Analysis, d: DeviceAnalysis) -> list[AllocatorPicture] | None:
-    """The segments and their blocks at the peak and at the last OOMS_PICTURED OOMs; None where the input
-    records no segments (a profiler trace or a memory timeline records only totals)."""
-    trace = analysis.trace
-    if not trace.has_segments or not d.trace_entries:
-        return None
-    ctx = make_context(trace, d, None, None)
-    ooms = trace.ooms[trace.ooms["device"] == d.device].tail(OOMS_PICTURED)
-    moments: list[tuple[str, int, int | None]] = [("at the peak", d.peak.event_index, None)]
-    moments += [(f"at the out-of-memory (event {int(o.seq)})", int(o.seq), int(o.requested_bytes))
-                for o in ooms.itertuples()]
-    return [_picture(ctx, title, seq, request) for title, seq, request in moments]
+def allocator_pictures(d: DeviceAnalysis) -> list[AllocatorPicture] | None:
+    """The segments and their blocks at the peak and at the last OOMs the analysis pictured
+    (analyzer.diagnose.fragmentation.segments_pictured); None where the input records no segments."""
+    return None if d.segments_pictured is None else [_picture(m) for m in d.segments_pictured]
 
 
-def _picture(ctx: DeviceContext, title: str, seq: int, request: int | None) -> AllocatorPicture:
-    measured = fragmentation_at(ctx, seq, request)   # the numbers the JSON holds for this moment
-    segments = segments_at(ctx, seq)
-    live = ctx.live_at(seq).sort_values("addr")
-    shown = segments.sort_values(["largest_free_bytes", "bytes"], ascending=False).head(SEGMENT_BARS)
+def _picture(moment: SegmentsAt) -> AllocatorPicture:
+    measured, shown, live = moment.measured, moment.segments, moment.live
+    request = measured.request_bytes
     scale = max(int(shown["bytes"].max()) if len(shown) else 1, request or 0, 1)
     addr = live["addr"].to_numpy(dtype=np.int64)
     bars = []
@@ -334,10 +320,10 @@ def _picture(ctx: DeviceContext, title: str, seq: int, request: int | None) -> A
                                s.bytes / scale, _gradient(int(s.addr), int(s.bytes), inside,
                                                           int(s.largest_free_bytes))))
     return AllocatorPicture(
-        title=title, event_index=seq, reserved_bytes=measured["reserved_bytes"],
-        allocated_bytes=measured["allocated_bytes"], internal_bytes=measured["internal_bytes"],
-        external_bytes=measured["external_bytes"], largest_free_block_bytes=measured["largest_free_block_bytes"],
-        request_bytes=request, request_width=(request or 0) / scale, segments=len(segments), bars=bars,
+        title=moment.title, event_index=measured.event_index, reserved_bytes=measured.reserved_bytes,
+        allocated_bytes=measured.allocated_bytes, internal_bytes=measured.internal_bytes,
+        external_bytes=measured.external_bytes, largest_free_block_bytes=measured.largest_free_block_bytes,
+        request_bytes=request, request_width=(request or 0) / scale, segments=moment.segment_count, bars=bars,
     )
 
 

@@ -25,7 +25,7 @@ class DevicePictures:
 
 @dataclass(frozen=True)
 class JobReport:
-    view: ReportView                       # devices numbered apart across ranks (analyzer.job.job_view)
+    view: ReportView                       # devices numbered apart across ranks (analyzer.commands.job_view)
     document: dict[str, Any]               # the job's analyzer/1 JSON
     pictures: dict[int, DevicePictures]    # by the view's device numbers
 

@@ -79,8 +79,9 @@ def print_log_summary(report: LogAnalysis, console: Console) -> None:
         total = f" of {human_bytes(p['total_bytes'])}" if p["total_bytes"] else ""
         _said(console, Text(f"GPU {p['device']}: at most {human_bytes(p['used_bytes'])}{total} used "
                             f"(nvidia-smi, {p['readings']} readings)"))
-    for p in report.gpu_processes:
-        _said(console, Text(printable(f"GPU {p['device']}: {p['process']} uses {human_bytes(p['used_bytes'])}")))
+    for process in report.gpu_processes:
+        _said(console, Text(printable(f"GPU {process['device']}: {process['process']} uses "
+                                      f"{human_bytes(process['used_bytes'])}")))
     for w in report.warnings:
         _said(console, Text(printable(f"warning: {w}"), style="yellow"), indent=0)
     console.print()

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from analyzer import __version__
-from analyzer.diagnose.remedies import LAYOUT_ONLY
+from analyzer.core.vocabulary import LAYOUT_ONLY_REMEDIES
 from analyzer.errors import CorruptInput, InputNotFound, OutputError
 from analyzer.report.job_report import JobReport, Report
 
@@ -85,7 +85,7 @@ def _device(d: dict[str, Any]) -> dict[str, Any]:
         "remedies": [{"id": r["id"], "title": r["title"], "saved_bytes": r["saved_bytes"],
                       "new_peak_bytes": r.get("new_peak_bytes"), "fits": r.get("fits"),
                       "source": r.get("saving_source"),
-                      "measure": "reserved" if r["id"] in LAYOUT_ONLY else "needed"}
+                      "measure": "reserved" if r["id"] in LAYOUT_ONLY_REMEDIES else "needed"}
                      for r in d.get("remedies", []) if r.get("saved_bytes") is not None],
         "plan": [{"remedy": s.get("remedy"), "title": s.get("title"), "value": s.get("value"),
                   "predicted_peak_allocated_bytes": s.get("predicted_peak_allocated_bytes"), "fits": s.get("fits")}

@@ -10,7 +10,7 @@ The rule, for each run in the order logged (the *after* run), pairing it with at
    another precision is bf16), the closest to what was measured when several do; none for the others.
 The saving measured on a device is the memory the run needed before less after (its allocated peak, or at an
 OOM allocated + the request that failed: what predictions are made against), the reserved peak for the
-allocator settings, whose prediction is memory given back to fragmentation (LAYOUT_ONLY).
+allocator settings, whose prediction is memory given back to fragmentation (RemedyId.layout_only).
 A run is looked for among the PAIR_WINDOW runs logged just before it, so pairing a log of n runs takes time
 linear in n (comparing with every earlier run took 570 s for 20,000 runs).
 """
@@ -20,12 +20,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from analyzer.diagnose.remedies import REMEDIES
+from analyzer.core.vocabulary import RemedyId
 from analyzer.report.run_log import CONFIG_VARIABLES, Run
 
-#: config variable -> the remedies that change it, from each remedy's spec (analyzer.diagnose.remedies)
-VARIABLE_REMEDIES = {variable: tuple(r.id.value for r in REMEDIES if variable in r.variables)
-                     for variable in dict.fromkeys(v for r in REMEDIES for v in r.variables)}
+#: config variable -> the remedies that change it (RemedyId.variables, which each remedy's spec reads too)
+VARIABLE_REMEDIES = {variable: tuple(r.value for r in RemedyId if variable in r.variables)
+                     for variable in dict.fromkeys(v for r in RemedyId for v in r.variables)}
 _WORD = re.compile(r"[a-z0-9_]+")
 #: earlier runs a run is compared with, the nearest first
 PAIR_WINDOW = 100

@@ -2,24 +2,22 @@
 allocated bytes by category and by phase, so Perfetto UI and chrome://tracing show where memory went, on
 the same time axis as the trace's own spans and kernels.
 
-The original is streamed event by event (ijson), never held whole; the counters are thinned to at most
-MAX_POINTS a track (each kept bucket keeps its highest point, so the peak is exact).
+The original is streamed event by event (ijson), never held whole, by the reader's `ChromeTraceCopy` that the
+command hands in (a reporter never reopens an input); the counters are thinned to at most MAX_POINTS a track (each
+kept bucket keeps its highest point, so the peak is exact).
 """
 from __future__ import annotations
 
 import gzip
 import io
-from collections.abc import Iterator
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-import ijson
 import numpy as np
 import orjson
 
 from analyzer.core.timeline import downsample
-from analyzer.errors import UnsupportedFormat
-from analyzer.ingest.sniff import open_input
 from analyzer.result import Analysis
 
 MAX_POINTS = 20_000
@@ -50,25 +48,29 @@ def counter_events(analysis: Analysis) -> list[dict[str, Any]]:
     return out
 
 
-def export_trace(analysis: Analysis, out: Path) -> list[Path]:
-    """Write the original trace with the counter tracks added; `.gz` output is gzip-compressed."""
-    trace = analysis.trace
-    if trace.source_kind != "kineto":
-        raise UnsupportedFormat(trace.source_path, "--export-trace adds counters to a PyTorch Profiler (Kineto) "
-                                "trace, and this input is not one", "Pass the .json or .json.gz trace itself.")
-    source = Path(trace.source_path)
+class Original(Protocol):
+    """The analysed trace, streamed again (analyzer.ingest.chrome_copy.ChromeTraceCopy)."""
+
+    def events(self) -> Iterable[Any]: ...
+
+    def members(self) -> Iterable[tuple[str, Any]]: ...
+
+
+def export_trace(analysis: Analysis, original: Original, out: Path) -> list[Path]:
+    """Write the original trace (analyzer.ingest.chrome_copy.copy_of the analysed one) with the counter tracks
+    added; `.gz` output is gzip-compressed."""
     counters = counter_events(analysis)
     with _open_output(out) as sink:
         sink.write(b'{"traceEvents": [')
         first = True
-        for event in _events(source):
+        for event in original.events():
             sink.write((b"" if first else b",\n") + orjson.dumps(event, default=_number))
             first = False
         for event in counters:
             sink.write((b"" if first else b",\n") + orjson.dumps(event))
             first = False
         sink.write(b"]")
-        for key, value in _members(source):
+        for key, value in original.members():
             sink.write(b",\n" + orjson.dumps(key) + b": " + orjson.dumps(value, default=_number))
         sink.write(b"}\n")
     return [out]
@@ -81,28 +83,3 @@ def _open_output(path: Path) -> io.BufferedIOBase:
 def _number(value: Any) -> Any:
     """ijson gives Decimal for JSON numbers with a fraction: keep them as numbers."""
     return float(value)
-
-
-def _events(source: Path) -> Iterator[Any]:
-    with open_input(source) as stream:
-        yield from ijson.items(stream, "traceEvents.item")
-
-
-def _members(source: Path) -> Iterator[tuple[str, Any]]:
-    """Top-level members other than traceEvents (device properties, distributed info, time base ...)."""
-    with open_input(source) as stream:
-        builder, key, depth = None, None, 0
-        for prefix, event, value in ijson.parse(stream):
-            if prefix == "" and event == "map_key":
-                key, builder = value, None
-                continue
-            if key is None or key == "traceEvents" or (prefix == "" and event in ("start_map", "end_map")):
-                continue
-            if builder is None:
-                builder, depth = ijson.ObjectBuilder(), 0
-            builder.event(event, value)
-            depth += event in ("start_map", "start_array")
-            depth -= event in ("end_map", "end_array")
-            if depth == 0:
-                yield key, builder.value
-                key, builder = None, None

@@ -8,12 +8,13 @@ Strings from the input file are kept raw here: escaping is the job of each rende
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import pandas as pd
 
 from analyzer import __version__
+from analyzer.core.breakdown import SplitRow, StepPeak
 from analyzer.core.module_tree import ModuleNode, module_in_sentence
 from analyzer.core.stacks import format_frame, is_user_frame
 from analyzer.core.timeline import downsample
@@ -21,7 +22,7 @@ from analyzer.core.trace import MemoryTrace
 from analyzer.core.units import human_bytes, relative_seconds
 from analyzer.core.vocabulary import UNATTRIBUTED, category_color, category_rank, phase_color
 from analyzer.report.shown import shown
-from analyzer.result import Analysis, DeviceAnalysis, Finding, ListedRemedy, Plan
+from analyzer.result import Analysis, DeviceAnalysis, EndState, Finding, ListedRemedy, Plan, Theory
 
 LIVE_SHOWN = 25          # allocations live at the peak listed with their stacks
 FRAMES_SHOWN = 40        # frames of one stack, innermost first
@@ -223,7 +224,7 @@ class DeviceView:
     trace_entries: int
     live_count: int
     capacity_bytes: int | None
-    end: dict[str, int | None]          # None: the input does not record it (a profiler trace has no blocks)
+    end: EndState                       # None: the input does not record it (a profiler trace has no blocks)
     oom: OomView | None
     by_category: list[Share]
     by_phase: list[Share]
@@ -237,7 +238,7 @@ class DeviceView:
     remedies: list[RemedyView]
     fragmentation: FragmentationView
     theory: TheoryView | None
-    steps: list[dict[str, Any]]
+    steps: list[StepPeak]
     steps_left_out: int
     remedies_heading: str = "what to change, cheapest first"   # or, for a run that fits, ways to grow it
     workload: str = ""                  # what the advice was chosen for (analyzer.diagnose.workload)
@@ -352,7 +353,7 @@ def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> De
         peak_reserved_bytes=d.peak.reserved_bytes if d.reserved_recorded else None,
         reserved_peak_bytes=d.reserved_peak_bytes if d.reserved_recorded else None,
         peak_when=relative_seconds(d.peak.time_us, origin), peak_event=d.peak.event_index,
-        trace_entries=d.trace_entries, live_count=len(live), capacity_bytes=d.capacity_bytes, end=dict(d.end),
+        trace_entries=d.trace_entries, live_count=len(live), capacity_bytes=d.capacity_bytes, end=d.end.copy(),
         oom=_oom_view(d, origin),
         by_category=_shares(d.by_category, category_color, words),
         by_phase=_shares(d.by_phase, phase_color, words),
@@ -371,7 +372,7 @@ def _device_view(analysis: Analysis, d: DeviceAnalysis, chart_points: int) -> De
         steps=steps, steps_left_out=len(d.steps) - len(steps),
         remedies_heading=("optional: ways to grow the batch or the model (it fits as it is)" if d.diagnosis.fits
                           else "what to change, cheapest first"),
-        workload=str(d.diagnosis.workload.get("summary", "")),
+        workload=d.diagnosis.workload.summary,
         plan=_plan_view(d.diagnosis.plan),
     )
 
@@ -398,7 +399,7 @@ def words(name: str) -> str:
     return name.replace("_", " ")
 
 
-def _shares(rows: list[dict[str, Any]], color: Callable[[str], str], label: Callable[[str], str]) -> list[Share]:
+def _shares(rows: list[SplitRow], color: Callable[[str], str], label: Callable[[str], str]) -> list[Share]:
     return [Share(r["name"], label(r["name"]), int(r["bytes"]), float(r["share"]), color(r["name"])) for r in rows]
 
 
@@ -524,29 +525,24 @@ def _remedy_view(r: ListedRemedy) -> RemedyView:
     )
 
 
-_FRAGMENTATION_SHOWN = {"reserved_bytes", "allocated_bytes", "inactive_bytes", "largest_free_block_bytes",
-                        "request_bytes", "expandable_segments", "segments", "event_index"}
-
-
 def _fragmentation_view(d: DeviceAnalysis, trace: MemoryTrace) -> FragmentationView:
     """The diagnosed fragmentation when there is one; else the end state, which is the state at an OOM that
     ended the run (the allocator has released its cached segments by then)."""
     measured = d.diagnosis.fragmentation
     if measured:
-        segments = sorted(measured.get("segments") or [], key=lambda s: -int(s.get("free_bytes", 0)))
-        shown = [{**s, "used_share": (s["used_bytes"] / s["bytes"]) if s.get("bytes") else 0.0}
+        segments = sorted(measured.segments, key=lambda s: -s.free_bytes)
+        shown = [{**asdict(s), "used_share": (s.used_bytes / s.bytes) if s.bytes else 0.0}
                  for s in segments[:SEGMENTS_SHOWN]]
+        other = {"internal_bytes": measured.internal_bytes, "external_bytes": measured.external_bytes,
+                 "cached_free_segments_bytes": measured.cached_free_segments_bytes,
+                 "segments_recorded": measured.segments_recorded}
         return FragmentationView(
             where="at the out-of-memory" if d.oom else "at the peak",
-            reserved_bytes=_optional_int(measured.get("reserved_bytes")),
-            allocated_bytes=_optional_int(measured.get("allocated_bytes")),
-            inactive_bytes=_optional_int(measured.get("inactive_bytes")),
-            largest_free_block_bytes=_optional_int(measured.get("largest_free_block_bytes")),
-            request_bytes=_optional_int(measured.get("request_bytes")),
-            expandable_segments=measured.get("expandable_segments"),
+            reserved_bytes=measured.reserved_bytes, allocated_bytes=measured.allocated_bytes,
+            inactive_bytes=measured.inactive_bytes, largest_free_block_bytes=measured.largest_free_block_bytes,
+            request_bytes=measured.request_bytes, expandable_segments=measured.expandable_segments,
             segments=shown, segments_left_out=len(segments) - len(shown),
-            other=[Detail(words(k), _detail_text(k, v)) for k, v in measured.items()
-                   if k not in _FRAGMENTATION_SHOWN and not isinstance(v, (dict, list))],
+            other=[Detail(words(k), _detail_text(k, v)) for k, v in other.items()],
         )
     end = d.end
     return FragmentationView(
@@ -559,24 +555,13 @@ def _fragmentation_view(d: DeviceAnalysis, trace: MemoryTrace) -> FragmentationV
     )
 
 
-def _theory_view(theory: dict[str, Any] | None) -> TheoryView | None:
-    """Pairs `X_bytes` (measured) with `expected_X_bytes` (the formula); other plain values are shown as facts,
-    lists of records as tables."""
-    if not theory:
-        return None
-    names: list[str] = []
-    for key in theory:
-        if key.endswith("_bytes"):
-            name = key.removeprefix("expected_")
-            if name not in names:
-                names.append(name)
-    rows = [TheoryRow(words(n[: -len("_bytes")]), _optional_int(theory.get(n)),
-                      _optional_int(theory.get(f"expected_{n}"))) for n in names]
-    facts = [Detail(words(k), _detail_text(k, v)) for k, v in theory.items()
-             if not k.endswith("_bytes") and k != "notes" and not isinstance(v, (dict, list))]
-    tables = [_table(k, v) for k, v in theory.items()
-              if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)]
-    return TheoryView(rows=rows, facts=facts, tables=tables, notes=[str(n) for n in theory.get("notes") or []])
+def _theory_view(theory: Theory) -> TheoryView:
+    """Each category's measured bytes; the regime that agrees as a fact, and one row per regime checked."""
+    return TheoryView(
+        rows=[TheoryRow(words(k.removesuffix("_bytes")), v, None) for k, v in theory.measured().items()],
+        facts=[] if theory.regimes is None else [Detail(words("regime"), _detail_text("regime", theory.regime))],
+        tables=[_table("regimes", [asdict(r) for r in theory.regimes])] if theory.regimes else [],
+        notes=list(theory.notes))
 
 
 def _table(name: str, records: list[dict[str, Any]]) -> Table:

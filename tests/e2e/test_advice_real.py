@@ -89,11 +89,11 @@ def test_the_advice_holds(path: Path):
             assert ("Try first, as the plan below" in dx.verdict) is not dx.plan["single"]
         ids = {r["id"] for r in remedies}
         workload = dx.workload
-        if workload.get("kind") == "forward_only":
+        if workload.kind == "forward_only":
             assert not TRAINING_ONLY & ids
-        if workload.get("mixed_precision_on"):
+        if workload.mixed_precision_on:
             assert "bf16" not in ids
-        if workload.get("gpus") == 1:
+        if workload.gpus == 1:
             assert not SHARDING & ids
         for f in dx.findings:
             if f["kind"] == "fragmentation":
@@ -101,8 +101,8 @@ def test_the_advice_holds(path: Path):
                 assert details["event_index"] == d.peak.event_index
                 assert details["reserved_bytes"] >= NEAR_OOM_SHARE * d.capacity_bytes
         if not segmented and dx.fragmentation is not None:
-            assert dx.fragmentation["largest_free_block_bytes"] is None
-            assert dx.fragmentation["external_bytes"] is None and dx.fragmentation["segments"] == []
+            assert dx.fragmentation.largest_free_block_bytes is None
+            assert dx.fragmentation.external_bytes is None and dx.fragmentation.segments == []
     view = build_view(analysis)
     if gpu_present and view.lead_device is not None:
         assert view.lead_device >= 0 and "GPU remedies do not act on it" not in view.verdict
@@ -128,7 +128,7 @@ def test_a_small_job_on_a_big_card_fits():
 
 def test_inference_on_one_gpu_is_not_told_to_shard():
     d = _one("yiyi-llm-inference/oom_snapshot.pickle")
-    assert d.diagnosis.workload["kind"] == "forward_only"
+    assert d.diagnosis.workload.kind == "forward_only"
     ids = [r["id"] for r in d.diagnosis.remedies]
     assert not SHARDING & set(ids) and "offload" in ids
     assert next(r for r in d.diagnosis.remedies if r["try_first"])["id"] == "weight_quantization"
@@ -136,18 +136,18 @@ def test_inference_on_one_gpu_is_not_told_to_shard():
 
 def test_a_run_under_autocast_is_not_offered_bf16_nor_warned_of_its_cache():
     d = _one("wedsonlin-cs336-a2/medium_1024_training_memory_snapshot.pickle")
-    assert d.diagnosis.workload["mixed_precision_on"] is True
+    assert d.diagnosis.workload.mixed_precision_on is True
     assert "bf16" not in {r["id"] for r in d.diagnosis.remedies}
     assert not [f for f in d.diagnosis.findings if f["kind"] == "fragmentation"]
     picture = d.diagnosis.fragmentation
-    assert picture["event_index"] == d.peak.event_index
-    assert picture["allocated_bytes"] >= 0.9 * picture["reserved_bytes"]   # at the peak the reserve is used
+    assert picture.event_index == d.peak.event_index
+    assert picture.allocated_bytes >= 0.9 * picture.reserved_bytes   # at the peak the reserve is used
 
 
 def test_cache_released_at_the_start_is_not_offered_back():
     d = _one("kkaitlyn111-cs336-a2/memory_ctx512_forward.pickle")
     assert "expandable_segments" not in {r["id"] for r in d.diagnosis.remedies}
-    assert d.diagnosis.fragmentation["event_index"] == d.peak.event_index
+    assert d.diagnosis.fragmentation.event_index == d.peak.event_index
 
 
 def test_equal_savings_on_the_oom_device_are_explained():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from analyzer.commands.job_view import RankShown, rank_shown
 from analyzer.job import SCHEDULER_VARIABLE, JobAnalysis, analyze_job
 from tests.support.paths import REAL, SIM
 
@@ -28,9 +29,9 @@ def job_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def job(job_dir) -> JobAnalysis:
+def job(job_dir) -> JobAnalysis[RankShown]:
     seen: list[str] = []
-    result = analyze_job(job_dir, workers=2, on_done=lambda r, total: seen.append(f"{r.label}/{total}"))
+    result = analyze_job(job_dir, rank_shown, workers=2, on_done=lambda r, total: seen.append(f"{r.label}/{total}"))
     assert sorted(seen) == ["rank 0/4", "rank 1/4", "rank 2/4", "rank 3/4"]   # the progress callback counts every rank
     return result
 
@@ -38,20 +39,20 @@ def job(job_dir) -> JobAnalysis:
 def test_every_rank_comes_back_as_a_summary_never_a_trace(job):
     assert [r.rank for r in job.ranks] == [0, 1, 2, 3]
     good = [r for r in job.ranks if r.error is None]
-    assert len(good) == 3 and all(r.view is not None and r.document is not None for r in good)
+    assert len(good) == 3 and all(r.shown is not None and r.document is not None for r in good)
     assert not any(hasattr(r, "trace") for r in job.ranks)
 
 
 def test_a_bad_rank_is_reported_and_the_others_analysed(job):
     bad = job.ranks[3]
-    assert bad.error is not None and bad.view is None and "rank3_memory_snapshot.pickle" in bad.error
+    assert bad.error is not None and bad.shown is None and "rank3_memory_snapshot.pickle" in bad.error
     doc = job.to_json()
     assert doc["job"]["failed_ranks"] == [{"label": "rank 3", "path": bad.path, "error": bad.error}]
     assert {d["rank"] for d in doc["devices"]} == {0, 1, 2}
 
 
 def test_the_worst_rank_comes_first_with_why(job):
-    from analyzer.job import job_report
+    from analyzer.commands.job_view import job_report
 
     # the report leads with the worst rank's device; the bad rank has none and appears among the warnings
     assert [d.name for d in job_report(job).view.devices] == ["rank 1 cuda:0", "rank 2 cuda:0", "rank 0 cuda:0"]
@@ -68,7 +69,7 @@ def test_a_cluster_the_user_runs_is_used(job_dir, job, monkeypatch):
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://",
                       dashboard_address=None) as cluster:   # a tcp:// address, as a cluster of the user's has
         monkeypatch.setenv(SCHEDULER_VARIABLE, cluster.scheduler_address)
-        again = analyze_job(job_dir)
+        again = analyze_job(job_dir, rank_shown)
     assert [p for r in again.ranks for p in r.peaks] == [p for r in job.ranks for p in r.peaks]
 
 
@@ -124,12 +125,13 @@ def test_the_api_reads_a_folder_of_snapshots_and_skips_a_bad_rank(job_dir):
 def test_a_job_whose_ranks_hold_no_memory_says_so_not_that_they_failed():
     if not REAL.is_dir():
         pytest.skip(f"real recordings not found at {REAL}")
-    from analyzer.job import job_of, job_report
+    from analyzer.commands.job_view import job_report
+    from analyzer.job import job_of
     from analyzer.pipeline import analyze
 
     ranks = analyze(REAL / "param" / "dlrm_kineto.tar.gz")
     assert ranks.separate is None   # ranks 0-7 of a world of 8: one job, in the Python API too
-    report = job_report(job_of(ranks))   # 8 ranks, no [memory] events
+    report = job_report(job_of(ranks, rank_shown))   # 8 ranks, no [memory] events
     assert report.view.verdict.startswith("None of the 8 ranks analysed recorded any memory")
     assert not report.view.devices and report.document["job"]["failed_ranks"] == []
     warned = report.view.warnings
@@ -141,9 +143,9 @@ def test_a_folder_of_unrelated_traces_is_not_one_job(tmp_path):
     is analysed on its own, none is compared with the others, and the table lists them all."""
     if not REAL.is_dir():
         pytest.skip(f"real recordings not found at {REAL}")
-    from analyzer.job import job_report
+    from analyzer.commands.job_view import job_report
 
-    job = analyze_job(REAL / "hta", workers=2)
+    job = analyze_job(REAL / "hta", rank_shown, workers=2)
     assert job.separate == "their world sizes differ: 2, 16, 128, 300" and job.imbalance is None
     report = job_report(job)
     assert report.view.input.kind == "6 separate recordings" and report.view.comparison is None
@@ -163,7 +165,7 @@ def test_two_windows_of_one_worker_are_not_two_ranks():
     """Issue 33.3: two profiling windows of one worker (no rank anywhere) are two recordings, not 2 ranks."""
     if not REAL.is_dir():
         pytest.skip(f"real recordings not found at {REAL}")
-    job = analyze_job(REAL / "kineto-tb_plugin" / "resnet50_num_workers_0", workers=2)
+    job = analyze_job(REAL / "kineto-tb_plugin" / "resnet50_num_workers_0", rank_shown, workers=2)
     assert job.separate == "worker0.1623143089861.pt.trace.json.gz and 1 more name no rank"
     assert job.imbalance is None
     from analyzer.pipeline import analyze

@@ -23,7 +23,7 @@ from analyzer.report.html import render_html, write_html
 from analyzer.report.markdown import md_code, md_text, render_markdown, write_markdown
 from analyzer.report.text import print_summary
 from analyzer.report.view import CHART_POINTS, FRAMES_SHOWN, LIVE_SHOWN, build_view
-from analyzer.result import Analysis, Diagnosis
+from analyzer.result import Analysis, Diagnosis, FragmentationPicture, FreeInSegment, RegimeCheck, Theory
 from support.chromium import Chromium, chromium_binary
 from support.paths import FIXTURES, REAL
 
@@ -115,16 +115,14 @@ def realistic(a: Analysis) -> Analysis:
          "how": "batch_size //= 2", "cost": "instant", "purpose": "fix", "note": None, "saving_source": "formula",
          "replay": None, "plan_step": None},
     ]
-    fragmentation = {"reserved_bytes": 22 << 30, "allocated_bytes": 21 << 30, "inactive_bytes": 1 << 30,
-                       "largest_free_block_bytes": 256 << 20, "request_bytes": 512 << 20, "expandable_segments": False,
-                       "internal_bytes": 2 << 20,
-                       "segments": [{"addr": 1, "bytes": 1 << 30, "used_bytes": 1 << 29, "free_bytes": 1 << 29,
-                                     "largest_free_bytes": 256 << 20},
-                                    {"addr": 2, "bytes": 1 << 30, "used_bytes": 1 << 30, "free_bytes": 0,
-                                     "largest_free_bytes": 0}]}
-    theory = {"parameter_bytes": 800 << 20, "expected_parameter_bytes": 832 << 20, "optimizer_state_bytes": 0,
-              "regime": "mixed-precision Adam", "notes": ["no optimizer state was seen"],
-              "regimes": [{"name": "fp32 Adam", "expected_model_states_bytes": 3 << 30, "agrees": False}]}
+    fragmentation = FragmentationPicture(
+        event_index=380, reserved_bytes=22 << 30, allocated_bytes=21 << 30, inactive_bytes=1 << 30,
+        internal_bytes=2 << 20, external_bytes=1 << 29, cached_free_segments_bytes=0,
+        largest_free_block_bytes=256 << 20, request_bytes=512 << 20, expandable_segments=False, segments_recorded=True,
+        segments=[FreeInSegment(2, 1 << 30, 1 << 30, 0, 0), FreeInSegment(1, 1 << 30, 1 << 29, 1 << 29, 256 << 20)])
+    theory = Theory(parameter_bytes=800 << 20, gradient_bytes=0, optimizer_state_bytes=0, activation_bytes=5 << 30,
+                    notes=["no optimizer state was seen"], regime="mixed-precision Adam",
+                    regimes=[RegimeCheck("fp32 Adam", 200e6, 3 << 30, 800 << 20, False)])
     diagnosis = replace(d.diagnosis, verdict=verdict, findings=findings, remedies=remedies,
                         fragmentation=fragmentation, theory=theory)
     return with_diagnosis(a, diagnosis)
@@ -224,10 +222,12 @@ def test_fragmentation_and_theory_views() -> None:
     fr = d.fragmentation
     assert fr.where == "at the out-of-memory" and fr.request_blocked  # 512 MiB > largest 256 MiB, < 1 GiB free
     assert [s["free_bytes"] for s in fr.segments] == [1 << 29, 0] and fr.segments[0]["used_share"] == 0.5
-    assert [x.name for x in fr.other] == ["internal bytes"]
-    rows = {r.name: (r.measured_bytes, r.expected_bytes) for r in d.theory.rows}
-    assert rows == {"parameter": (800 << 20, 832 << 20), "optimizer state": (0, None)}
-    assert d.theory.tables[0].rows == [["fp32 Adam", "3.00 GiB", "no"]]
+    assert [(x.name, x.text) for x in fr.other] == [("internal bytes", "2.00 MiB"), ("external bytes", "512.00 MiB"),
+                                                    ("cached free segments bytes", "0 B"), ("segments recorded", "yes")]
+    rows = {r.name: r.measured_bytes for r in d.theory.rows}
+    assert rows == {"parameter": 800 << 20, "gradient": 0, "optimizer state": 0, "activation": 5 << 30}
+    assert [(x.name, x.text) for x in d.theory.facts] == [("regime", "mixed-precision Adam")]
+    assert d.theory.tables[0].rows == [["fp32 Adam", "200,000,000", "3.00 GiB", "800.00 MiB", "no"]]
     assert d.theory.notes == ["no optimizer state was seen"]
     a = with_diagnosis(a, replace(a.devices[0].diagnosis, fragmentation=None))
     end = build_view(a).devices[0].fragmentation

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import analyzer
+from analyzer.ingest.chrome_copy import copy_of
 from analyzer.report.trace_export import COUNTER_PID, export_trace
 from support.paths import FIXTURES
 
@@ -22,7 +23,7 @@ def test_real_trace_keeps_every_event_and_gains_counters(real_dir: Path, tmp_pat
     source = real_dir / "tracelens" / "gaunernst_bert-small-uncased__1016001.json.gz"
     analysis = analyzer.analyze(source)
     out = tmp_path / "with_memory.json.gz"
-    export_trace(analysis, out)
+    export_trace(analysis, copy_of(analysis.trace), out)
     original, exported = _load_json(source), _load_json(out)
     counters = [e for e in exported["traceEvents"] if e.get("pid") == COUNTER_PID]
     assert len(exported["traceEvents"]) == len(original["traceEvents"]) + len(counters)

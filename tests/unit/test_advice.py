@@ -341,7 +341,7 @@ def test_a_recording_that_runs_out_while_loading_is_offered_quantized_loading_fi
             rec.alloc(GiB, where=f"model.py:{10 + i}")
         rec.oom(2 * GiB, device_free=GiB)
     d = analyzer.analyze(rec.trace(), gpu_memory=12 * GiB, world_size=1).devices[0].diagnosis
-    assert d.workload["kind"] == "unknown"
+    assert d.workload.kind == "unknown"
     first = next(r for r in d.remedies if r["try_first"])
     assert first["id"] == "weight_quantization" and first["fits"]
     assert first["title"].endswith("when loading, if these weights are not trained")

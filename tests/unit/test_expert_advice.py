@@ -48,7 +48,7 @@ def test_a_real_snapshot_without_history_says_what_is_free_and_how_to_record_mor
     assert "that free memory is fragmentation (" in d.verdict
     assert "): set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True." in d.verdict
     assert RECORD_HISTORY in d.verdict
-    assert d.workload["kind"] == "unknown", "nothing in an end state without a model shows a forward"
+    assert d.workload.kind == "unknown", "nothing in an end state without a model shows a forward"
 
 
 def _one_segment(used: int) -> Recording:
@@ -83,13 +83,13 @@ def test_an_end_state_is_forward_only_only_when_it_holds_a_model(parameters, kin
     rec.alloc(parameters, where="model.py:12", name="__init__")
     rec.alloc(100 * MiB - parameters, where="model.py:40", name="forward")
     d = _end_state(rec)
-    assert d.workload["kind"] == kind
-    assert d.workload["summary"].startswith("forward only" if kind == "forward_only" else "unknown (no allocation")
+    assert d.workload.kind == kind
+    assert d.workload.summary.startswith("forward only" if kind == "forward_only" else "unknown (no allocation")
 
 
 def test_a_real_end_state_of_loaded_weights_alone_stays_forward_only():
     d = _real("yiyi-llm-inference/oom_snapshot.pickle").devices[0].diagnosis
-    assert d.workload["kind"] == "forward_only" and "parameters are 100% of the peak" in d.verdict
+    assert d.workload.kind == "forward_only" and "parameters are 100% of the peak" in d.verdict
 
 
 # ---- never offer what is already on: autograd off in the recording -------------------------------------------
@@ -149,8 +149,8 @@ def _forward_keeping_activations(grad_mode: str | None) -> Any:
 def test_no_grad_is_offered_only_where_autograd_may_be_on(grad_mode, offered):
     d = _forward_keeping_activations(grad_mode)
     assert ("no_grad" in [r["id"] for r in d.remedies]) is offered
-    assert d.workload["graph_kept"] is offered
-    assert ("a cache or outputs, not a graph" in d.workload["summary"]) is not offered
+    assert d.workload.graph_kept is offered
+    assert ("a cache or outputs, not a graph" in d.workload.summary) is not offered
 
 
 def test_a_real_trace_recorded_under_inference_mode_is_not_told_to_use_it():
@@ -158,7 +158,7 @@ def test_a_real_trace_recorded_under_inference_mode_is_not_told_to_use_it():
     assert analysis.trace.grad_mode == "inference_mode"
     gpu = next(d for d in analysis.devices if d.device >= 0).diagnosis
     assert "no_grad" not in [r["id"] for r in gpu.remedies]
-    assert "autograd off (inference_mode)" in gpu.workload["summary"]
+    assert "autograd off (inference_mode)" in gpu.workload.summary
 
 
 def test_a_real_training_trace_shows_autograd_on():
@@ -200,8 +200,8 @@ def test_a_small_model_whose_batch_does_not_fit_is_still_offered_parallelism():
 
 def test_a_real_resnet50_that_fits_any_gpu_is_offered_no_sharding_or_offload():
     d = next(x for x in _real("hta/memory_timeline.raw.gz").devices if x.device >= 0).diagnosis
-    assert d.fits is not None and d.workload["kind"] == "training"
-    assert 100 * MiB > d.theory["parameter_bytes"] > 90 * MiB, "ResNet-50's 25.6 M fp32 parameters"
+    assert d.fits is not None and d.workload.kind == "training"
+    assert 100 * MiB > d.theory.parameter_bytes > 90 * MiB, "ResNet-50's 25.6 M fp32 parameters"
     ids = {r["id"] for r in d.remedies}
     assert ids and not BEYOND_ONE_GPU & ids
 

@@ -103,7 +103,7 @@ def test_input_strings_are_interned_visible() -> None:
 def test_allocator_pictures_hold_the_json_numbers() -> None:
     a = analysis(SIM / "fragmentation.pickle")
     dev = a.devices[0]
-    peak, oom = allocator_pictures(a, dev)
+    peak, oom = allocator_pictures(dev)
     measured = a.to_json()["devices"][0]["fragmentation"]
     assert oom.event_index == dev.oom.event_index == measured["event_index"]
     assert oom.request_bytes == dev.oom.requested_bytes == measured["request_bytes"]
@@ -119,7 +119,7 @@ def test_allocator_pictures_hold_the_json_numbers() -> None:
 
 def test_a_profiler_trace_records_no_segments() -> None:
     a = analysis(FIXTURES / "kineto" / "train.pt.trace.json.gz")
-    assert all(allocator_pictures(a, d) is None for d in a.devices)
+    assert all(allocator_pictures(d) is None for d in a.devices)
 
 
 def test_segment_gradient_buckets_past_its_run_limit() -> None:

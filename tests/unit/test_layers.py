@@ -78,22 +78,8 @@ NEVER = {("analyzer.ingest", "analyzer.diagnose"), ("analyzer.ingest", "analyzer
          ("analyzer.diagnose", "analyzer.ingest"), ("analyzer.diagnose", "analyzer.report"),
          ("analyzer.report", "analyzer.ingest"), ("analyzer.report", "analyzer.diagnose"),
          ("analyzer.job", "analyzer.report")}
-#: the imports that still cross a "never" pair (issue 30), and why each is not yet gone
-STILL_CROSSING = {
-    # the job of ranks builds each rank's report view and allocator pictures on its worker (only what renders
-    # travels back, never a trace): moving that to commands needs the worker's result to carry the pictures' data
-    ("analyzer.job", "analyzer.report.job_report"), ("analyzer.job", "analyzer.report.interactive"),
-    ("analyzer.job", "analyzer.report.view"),
-    # the HTML explorer's allocator pictures measure segments at the peak and the OOMs from the trace
-    ("analyzer.report.interactive", "analyzer.diagnose.context"),
-    ("analyzer.report.interactive", "analyzer.diagnose.fragmentation"),
-    # the log of runs reads the remedy registry (what a remedy's saving is measured in, which config variable it
-    # changes): the registry is data, but it lives in diagnose
-    ("analyzer.report.run_log", "analyzer.diagnose.remedies"),
-    ("analyzer.report.run_pairs", "analyzer.diagnose.remedies"),
-    # --export-trace streams the original Chrome trace again (too large to hold in the analysis)
-    ("analyzer.report.trace_export", "analyzer.ingest.sniff"),
-}
+#: the imports that still cross a "never" pair, and why each is not yet gone (issue 30 removed the last)
+STILL_CROSSING: set[tuple[str, str]] = set()
 
 
 def _package(module: str) -> str:

@@ -134,7 +134,7 @@ def test_fragmentation_at_the_peak_is_a_warning_from_95_percent_of_the_device_re
     reserved = ALLOCATED + 2 * PIECE
     d = analyzer.analyze(rec.trace(), gpu_memory=_near_capacity(reserved) + extra).devices[0]
     picture = d.diagnosis.fragmentation
-    assert (picture["reserved_bytes"], picture["external_bytes"], picture["cached_free_segments_bytes"]) == \
+    assert (picture.reserved_bytes, picture.external_bytes, picture.cached_free_segments_bytes) == \
         (reserved, PIECE, 0)
     found = [f for f in d.diagnosis.findings if f["kind"] == "fragmentation"]
     assert [f["bytes"] for f in found] == ([PIECE] if warned else [])
@@ -149,7 +149,7 @@ def test_cache_is_not_fragmentation_however_much_of_the_device_it_reserves():
     assert PIECE < RECOVERY_THRESHOLD * reserved
     d = analyzer.analyze(rec.trace(), gpu_memory=math.floor(reserved / 0.99)).devices[0]
     picture = d.diagnosis.fragmentation
-    assert (picture["external_bytes"], picture["cached_free_segments_bytes"]) == (PIECE, 10 * PIECE)
+    assert (picture.external_bytes, picture.cached_free_segments_bytes) == (PIECE, 10 * PIECE)
     assert not [f for f in d.diagnosis.findings if f["kind"] == "fragmentation"]
 
 
@@ -161,5 +161,5 @@ def test_the_picture_is_the_allocated_peak_not_the_reserved_peak():
         rec.release(early)
         rec.alloc(ALLOCATED)
     d = analyzer.analyze(rec.trace()).devices[0]
-    assert d.diagnosis.fragmentation["event_index"] == d.peak.event_index
-    assert d.diagnosis.fragmentation["reserved_bytes"] == ALLOCATED
+    assert d.diagnosis.fragmentation.event_index == d.peak.event_index
+    assert d.diagnosis.fragmentation.reserved_bytes == ALLOCATED

@@ -145,7 +145,7 @@ def test_a_formula_change_composed_with_a_replay_that_alone_ran_out_still_fits()
     (a formula) leave 7.5 GiB; together they fit: the replay's OOM, which ran without the formula's saving, does
     not refute the composition; its allocated peak less that saving is judged."""
     dx = _forward_only(5 * GiB).devices[0].diagnosis
-    assert dx.workload["kind"] == "forward_only"
+    assert dx.workload.kind == "forward_only"
     assert not any(r["fits"] for r in dx.remedies)
     steps = dx.plan["steps"]
     assert [(s["remedy"], s["value"]) for s in steps] == [("micro_batch", 2), ("weight_quantization_4bit", None)]

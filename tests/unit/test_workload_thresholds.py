@@ -9,13 +9,14 @@ Sizes sit one allocator block (512 bytes) either side of a boundary, the closest
 from __future__ import annotations
 
 import analyzer
+from analyzer.result import WorkloadFacts
 from support.snapshots import BLOCK, MiB, Recording
 
 GRAPH_KEPT_SHARE = 0.05
 FROZEN_SHARE = 0.5
 
 
-def _forward_only(weights: int, activations: int, **options) -> dict:
+def _forward_only(weights: int, activations: int, **options) -> WorkloadFacts:
     """Weights loaded, then one forward whose activations are alive at the peak (weights + activations)."""
     rec = Recording()
     with rec.step(1):
@@ -24,27 +25,27 @@ def _forward_only(weights: int, activations: int, **options) -> dict:
         with rec.phase("forward"):
             rec.alloc(activations, where="model.py:40")
     d = analyzer.analyze(rec.trace(), world_size=1, **options).devices[0]
-    assert d.diagnosis.workload["kind"] == "forward_only"
+    assert d.diagnosis.workload.kind == "forward_only"
     return d.diagnosis.workload
 
 
 def test_activations_just_above_the_share_of_the_peak_are_a_kept_graph():
     peak = 100 * MiB
     over = int(GRAPH_KEPT_SHARE * peak) + BLOCK
-    assert _forward_only(peak - over, over)["graph_kept"]
+    assert _forward_only(peak - over, over).graph_kept
 
 
 def test_activations_just_under_the_share_of_the_peak_are_not():
     peak = 100 * MiB
     under = int(GRAPH_KEPT_SHARE * peak) - BLOCK
-    assert not _forward_only(peak - under, under)["graph_kept"]
+    assert not _forward_only(peak - under, under).graph_kept
 
 
 def test_the_share_is_a_threshold_of_the_python_api():
     peak = 100 * MiB
     under = int(GRAPH_KEPT_SHARE * peak) - BLOCK
     tuned = analyzer.Thresholds(graph_kept_share=0.02)
-    assert _forward_only(peak - under, under, thresholds=tuned)["graph_kept"]
+    assert _forward_only(peak - under, under, thresholds=tuned).graph_kept
     assert analyzer.Thresholds().graph_kept_share == GRAPH_KEPT_SHARE
 
 
