@@ -143,9 +143,7 @@ class AnalyzeCommand:
         """One file (a .tar.gz of ranks included): read and analysed here."""
         from analyzer.commands.progress import reading_progress
         from analyzer.ingest import load_with_companion
-        from analyzer.job import job_of, job_report
         from analyzer.pipeline import analyze
-        from analyzer.report.trace_export import export_trace
         from analyzer.result import RankSetAnalysis
 
         with reading_progress(Console(stderr=True), enabled=sys.stderr.isatty() and not args.quiet):
@@ -156,10 +154,16 @@ class AnalyzeCommand:
             if isinstance(result, RankSetAnalysis):
                 raise UnsupportedFormat(args.file, "--export-trace takes one profiler trace, not a set of ranks",
                                         "Pass one rank's .json(.gz) trace.")
+            from analyzer.report.trace_export import export_trace  # imported only when asked for (as below)
+
             for path in write_report(partial(export_trace, result), args.export_trace, False,
                                      [args.file]):
                 _written(console, "trace with memory counters written to", path)
-        return job_report(job_of(result)) if isinstance(result, RankSetAnalysis) else result
+        if not isinstance(result, RankSetAnalysis):
+            return result
+        from analyzer.job import job_of, job_report  # a set of ranks only: its reader imports ijson and asyncio
+
+        return job_report(job_of(result))
 
     @staticmethod
     def _job(args: argparse.Namespace, console: Console) -> Report:
