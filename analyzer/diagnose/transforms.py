@@ -84,10 +84,11 @@ def _step_windows(rows: pd.DataFrame) -> list[tuple[float, float]]:
     """Per step: from its first forward-or-input allocation to its last forward or backward event (before
     its optimizer step), the part of a step gradient accumulation repeats."""
     work = rows[rows["phase"].isin(STEP_WORK) & (rows["step"] >= 1) & (rows["at"] >= 0)]
+    optimizer = rows.loc[rows["phase"] == Phase.OPTIMIZER.value].groupby("step")["at"]
+    first_optimizer, optimizer_rows = optimizer.min(), optimizer.size()
     windows = []
     for step, part in work.groupby("step"):
-        optimizer = rows.loc[(rows["step"] == step) & (rows["phase"] == Phase.OPTIMIZER.value), "at"]
-        end = float(optimizer.min()) - NUDGE / 2 if len(optimizer) else float(part["at"].max())
+        end = float(first_optimizer[step]) - NUDGE / 2 if optimizer_rows.get(step, 0) else float(part["at"].max())
         if part["phase"].isin((Phase.FORWARD.value, Phase.BACKWARD.value)).any():
             windows.append((float(part["at"].min()) - NUDGE / 2, end))
     return windows
@@ -100,16 +101,17 @@ def accumulation(stream: Stream, k: int) -> Stream:
     freed at the end of that copy, except the last copy's, which keeps its recorded free. Frees inside the
     window of what was made before it happen in the first copy."""
     rows = _scaled(stream.rows, batch_scaled(stream.rows), 1 / k)
+    at, recorded = rows["at"].to_numpy(), rows["until"].to_numpy()
+    made_in, freed_in = _Ordered(at), _Ordered(recorded)   # a mask over every row per step was quadratic
     keep = np.ones(len(rows), dtype=bool)
-    until = rows["until"].copy()
+    until = recorded.copy()
     copies = []
     for start, end in _step_windows(rows):
-        inside = ((rows["at"] > start) & (rows["at"] < end)).to_numpy()
-        keep &= ~inside
-        freed_inside = ~inside & (rows["at"] <= start).to_numpy() & (rows["until"] > start).to_numpy() \
-            & (rows["until"] < end).to_numpy()
-        until[freed_inside] = start + (rows.loc[freed_inside, "until"] - start) / k
-        made = rows[inside]
+        inside = made_in.between(start, end)
+        keep[inside] = False
+        freed_inside = (ending := freed_in.between(start, end))[at[ending] <= start]
+        until[freed_inside] = start + (recorded[freed_inside] - start) / k
+        made = rows.iloc[inside]
         span = (end - start) / k
         within = made["until"] < end
         gradient = made["category"] == Category.GRADIENT.value
@@ -125,6 +127,21 @@ def accumulation(stream: Stream, k: int) -> Stream:
                 copy.loc[gradient, "until"] = copy.loc[gradient, "at"] + span * NUDGE
             copies.append(copy)
     return stream.with_rows(pd.concat([rows.assign(until=until)[keep], *copies]))
+
+
+class _Ordered:
+    """Positions sorted once, so that the rows whose position lies strictly between two others are found by two
+    binary searches, in row order."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.order = np.argsort(values, kind="stable")
+        self.sorted = values[self.order]
+
+    def between(self, low: float, high: float) -> np.ndarray:
+        if not low < high:
+            return np.array([], dtype=np.int64)
+        span = self.order[np.searchsorted(self.sorted, low, "right"):np.searchsorted(self.sorted, high, "left")]
+        return np.sort(span)
 
 
 def block_key(module: str) -> str | None:
@@ -321,12 +338,13 @@ def zero3(stream: Stream, shards: int) -> Stream:
             shard_at.append(np.full(len(grads), end + 2 * NUDGE / 8))
             until[grads] = end + 3 * NUDGE / 8
 
+    parameters, parameter_units = rows[parameter], units[parameter]   # the step loop reads only these
     for step, part in calls.groupby("step"):
         if step not in forward.index:
             continue
         first = float(forward[step])
-        alive = parameter & (rows["at"] < first) & (rows["until"] > first)
-        size = rows.loc[alive, "bytes"].groupby(units[alive]).sum()
+        alive = (parameters["at"] < first) & (parameters["until"] > first)
+        size = parameters.loc[alive, "bytes"].groupby(parameter_units[alive]).sum()
         for call in part.itertuples():
             if call.phase == Phase.FORWARD.value:
                 gathered(call.first, call.last, call.unit, int(size.get(call.unit, 0)), call.phase, step, np.array([]))
