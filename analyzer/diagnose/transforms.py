@@ -150,13 +150,21 @@ def block_key(module: str) -> str | None:
     return None if match is None else (match.group(1) or match.group(2))
 
 
+def _blocks(rows: pd.DataFrame) -> pd.Series:
+    """Each row's repeated block (block_key of its module; None outside one), matched once per distinct module:
+    matching every row took 2 s of a 1M-entry run's checkpointing."""
+    codes, modules = pd.factorize(rows["module"].astype(str))
+    keys = np.array([block_key(m) for m in modules] + [None], dtype=object)     # code -1 (none here): None
+    return pd.Series(keys[codes], index=rows.index, name="module", dtype=object)
+
+
 def checkpointing(stream: Stream) -> Stream:
     """Every repeated block checkpointed: in the forward, its activations other than its output (the latest it
     made, the next block's input) live only until the block's forward ends; just before the block's backward
     (its first backward allocation, or the first free of what it saved) its forward runs again, its activations
     and temporaries in their recorded order, and the recomputed activations live to their recorded frees."""
     rows = stream.rows
-    blocks = rows["module"].astype(str).map(block_key)
+    blocks = _blocks(rows)
     if blocks.nunique() < 2:
         return stream
     forward = (rows["phase"] == Phase.FORWARD.value) & blocks.notna() & (rows["at"] >= 0)
@@ -310,7 +318,7 @@ def zero3(stream: Stream, shards: int) -> Stream:
     parameters no module owns (made before the recording) shows no place to gather, or no unit to gather: it is
     returned as it is, for the formula to judge."""
     rows = stream.rows
-    blocks = rows["module"].astype(str).map(block_key)
+    blocks = _blocks(rows)
     calls, call_of_gradient = _calls(rows, blocks)
     parameter = rows["category"] == Category.PARAMETER.value
     owners = rows.loc[parameter, "module"].astype(str)
