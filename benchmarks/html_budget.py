@@ -1,6 +1,8 @@
 """The HTML report's budgets (issue 19): the report of a 1M-entry snapshot stays under 5 MB and becomes
 interactive in under 2 s in headless Chromium; and the chart's category colours stay apart for a reader with
-deuteranopia. Measured, not asserted: `python benchmarks/html_budget.py [--entries N] [--repeats K]`.
+deuteranopia. Measured, not asserted: `python benchmarks/html_budget.py [--entries N] [--repeats K] [--case C]`
+(C: synthetic, make_large_snapshot.py's snapshot, the default; or a real-derived case of make_real_snapshot.py,
+built into benchmarks/data/ as bench_real.py builds it).
 
 Time to interactive is what the page itself records when its script has drawn every chart and listed the live
 set at the peak (`document.documentElement.dataset.interactiveMs`, `performance.now()` since navigation start),
@@ -22,7 +24,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
+from bench_real import build  # noqa: E402
 from make_large_snapshot import make  # noqa: E402
+from make_real_snapshot import CASES  # noqa: E402
 
 import analyzer  # noqa: E402
 from analyzer.core.vocabulary import Category, category_color  # noqa: E402
@@ -60,6 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--entries", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--case", default="synthetic", choices=["synthetic", *CASES])
     args = parser.parse_args()
     # tests/support/chromium.py hands the browser fds 3 and 4: they must exist and its pipes must lie above them
     keep = [os.open(os.devnull, os.O_RDONLY) for _ in range(4)]  # noqa: F841 - held open until the end
@@ -68,9 +73,12 @@ def main() -> None:
         sys.exit("chromium is not installed (apt-get install chromium)")
     with tempfile.TemporaryDirectory() as folder:
         snapshot, page = Path(folder) / "large.pickle", Path(folder) / "large.html"
-        import pickle
+        if args.case == "synthetic":
+            import pickle
 
-        snapshot.write_bytes(pickle.dumps(make(args.entries), protocol=4))
+            snapshot.write_bytes(pickle.dumps(make(args.entries), protocol=4))
+        else:
+            snapshot = build(args.case, args.entries)
         start = time.perf_counter()
         analysis = analyzer.analyze(snapshot)
         analysed = time.perf_counter() - start
@@ -87,7 +95,7 @@ def main() -> None:
                 exact = browser.evaluate("document.querySelector('section.explore').dataset.liveBytes")
     d = analysis.devices[0]
     normal, deuteranopia, pair = colour_distances()
-    print(f"snapshot: {args.entries:,} entries, {len(analysis.trace.allocations):,} allocations; "
+    print(f"snapshot ({args.case}): {args.entries:,} entries, {len(analysis.trace.allocations):,} allocations; "
           f"analysis {analysed:.1f} s, HTML written in {rendered:.1f} s")
     print(f"HTML size: {size / 2**20:.2f} MiB (budget {MAX_BYTES / 2**20:.0f} MiB) "
           f"{'OK' if size < MAX_BYTES else 'OVER'}")

@@ -141,13 +141,9 @@ class AnalyzeCommand:
     @staticmethod
     def _recording(args: argparse.Namespace, console: Console) -> Report:
         """One file (a .tar.gz of ranks included): read and analysed here."""
-        from analyzer.commands.job_view import job_report, rank_shown
         from analyzer.commands.progress import reading_progress
         from analyzer.ingest import load_with_companion
-        from analyzer.ingest.chrome_copy import copy_of
-        from analyzer.job import job_of
         from analyzer.pipeline import analyze
-        from analyzer.report.trace_export import export_trace
         from analyzer.result import RankSetAnalysis
 
         with reading_progress(Console(stderr=True), enabled=sys.stderr.isatty() and not args.quiet):
@@ -158,11 +154,19 @@ class AnalyzeCommand:
             if isinstance(result, RankSetAnalysis):
                 raise UnsupportedFormat(args.file, "--export-trace takes one profiler trace, not a set of ranks",
                                         "Pass one rank's .json(.gz) trace.")
+            from analyzer.ingest.chrome_copy import copy_of  # imported only when asked for (as below)
+            from analyzer.report.trace_export import export_trace
+
             original = copy_of(result.trace)
             for path in write_report(partial(export_trace, result, original), args.export_trace, False,
                                      [args.file]):
                 _written(console, "trace with memory counters written to", path)
-        return job_report(job_of(result, rank_shown)) if isinstance(result, RankSetAnalysis) else result
+        if not isinstance(result, RankSetAnalysis):
+            return result
+        from analyzer.commands.job_view import job_report, rank_shown
+        from analyzer.job import job_of  # a set of ranks only: its reader imports ijson and asyncio
+
+        return job_report(job_of(result, rank_shown))
 
     @staticmethod
     def _job(args: argparse.Namespace, console: Console) -> Report:

@@ -46,7 +46,6 @@ from analyzer.diagnose.remedies import (
     fits_any_gpu,
     fits_as_is,
     rank_remedies,
-    zero_shards,
 )
 from analyzer.diagnose.theory import explain_model_states
 from analyzer.diagnose.thresholds import Thresholds
@@ -99,11 +98,11 @@ def diagnose(ctx: DeviceContext, thresholds: Thresholds = Thresholds()) -> Diagn
                          frozen_below=thresholds.frozen_below)
     demand = _demand(ctx, findings, theory, triaged["verdict"], picture, workload, tuned)
     offered = [] if host else [r["id"] for r in rank_remedies(demand)]
-    demand.replayed = counterfactual.replayed(ctx, demand, offered)   # only what is offered is replayed
+    replayer = counterfactual.replayer_for(ctx, demand)
+    demand.replayed = counterfactual.replayed(ctx, replayer, offered)   # only what is offered is replayed
     remedies = [] if host else [r for r in rank_remedies(demand) if ctx.device >= 0 or r["id"] not in LAYOUT_ONLY]
     fits = _fits(demand)
-    found = None if host or ctx.device < 0 else plan.for_recording(
-        demand, remedies, counterfactual.Replayer(ctx.trace, ctx.device, ctx.capacity_bytes, zero_shards(demand)))
+    found = None if host or ctx.device < 0 else plan.for_recording(demand, remedies, replayer.again())
     plan.agree(remedies, found)
     return Diagnosis(findings=findings, remedies=remedies, theory=theory, fragmentation=picture, triage=triaged, plan=found,
                      demand_bytes=demand.total, verdict=verdict(ctx, findings, remedies, demand, triaged, fits, found),

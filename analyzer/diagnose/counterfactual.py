@@ -14,6 +14,7 @@ to edit: the remedies keep their formula there.
 from __future__ import annotations
 
 from collections.abc import Callable
+from copy import copy
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -105,6 +106,13 @@ class Replayer:
             self._acts[key] = _acts_on(self.stream, changed, made[1] and not self.settings.expandable_segments)
             self._last = (key, changed)
         return self._acts[key]
+
+    def again(self) -> Replayer:
+        """A replayer of the same recording that counts its own replays: the stream and what `can` found are
+        shared, not read and transformed again (the remedy list's replays and the plan's use one recording)."""
+        twin = copy(self)
+        twin.replays = 0
+        return twin
 
     def run(self, changes: list[tuple[str, int | None]]) -> Prediction:
         """The run with each change's transform applied to the result of the previous one."""
@@ -214,15 +222,20 @@ def predict(trace: MemoryTrace, device: int, remedy_ids: list[str], capacity: in
     without a history); `shards`: the GPU count of each ZeRO remedy, or one count for all."""
     counts = shards if isinstance(shards, dict) else {r.id.value: shards or 0 for r in REMEDIES
                                                       if r.replay is not None and r.replay.sharded}
-    replayer = Replayer(trace, device, capacity, counts)
+    return _single(Replayer(trace, device, capacity, counts), remedy_ids)
+
+
+def _single(replayer: Replayer, remedy_ids: list[str]) -> dict[str, Prediction]:
     return {remedy: replayer.run([(remedy, None)]) for remedy in remedy_ids if replayer.can(remedy, None)}
 
 
-def replayed(ctx: DeviceContext, demand: Demand, offered: list[str]) -> dict[str, Replayed]:
-    """The replayed predictions of the offered remedies, as the remedy list carries them; a ZeRO remedy is
-    replayed over the GPU count its title names."""
+def replayer_for(ctx: DeviceContext, demand: Demand) -> Replayer:
+    """The device's replayer; a ZeRO remedy is replayed over the GPU count its title names."""
+    return Replayer(ctx.trace, ctx.device, ctx.capacity_bytes, zero_shards(demand))
+
+
+def replayed(ctx: DeviceContext, replayer: Replayer, offered: list[str]) -> dict[str, Replayed]:
+    """The replayed predictions of the offered remedies, as the remedy list carries them."""
     if ctx.device < 0:
         return {}
-    shards = zero_shards(demand)
-    return {remedy: p.to_dict() for remedy, p in predict(ctx.trace, ctx.device, offered, ctx.capacity_bytes,
-                                                          shards).items()}
+    return {remedy: p.to_dict() for remedy, p in _single(replayer, offered).items()}

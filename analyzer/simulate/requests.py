@@ -182,8 +182,17 @@ class _Skipper:
         while i < n:
             here = (i, model.state(), self._freed_next(i, blocks))
             last, self.last = self.last, here
-            if (last is None or last[0] != i - length or last[1:] != here[1:] or i + length > n
-                    or self.period.unchanged[i] != self.period.unchanged[i - length]):
+            if last is None or last[0] != i - length or last[1] != here[1]:
+                return i
+            if i + length > n:
+                # the last, partial period: from the same state, the same requests as the start of the period
+                # before (whose frees of earlier blocks it makes, in order, as far as it goes) make the same
+                # decisions, so its peaks were reached already and it cannot fail where that one did not
+                tail = n - i
+                same = (last[2][:len(here[2])] == here[2]
+                        and self.period.unchanged[i - length + tail] == self.period.unchanged[i - length])
+                return n if same else i
+            if last[2] != here[2] or self.period.unchanged[i] != self.period.unchanged[i - length]:
                 return i
             # the period from i repeats the one before it, from the same state: what it makes and keeps is where
             # the one before made and kept its own; what it frees it does not use again

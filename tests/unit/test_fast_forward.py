@@ -15,7 +15,7 @@ from analyzer.diagnose.counterfactual import Replayer, replay, transform_for
 from analyzer.ingest import load
 from analyzer.simulate.allocator import AllocatorSettings, CachingAllocator
 from analyzer.simulate.device import DeviceMemory
-from analyzer.simulate.requests import Requests, feed
+from analyzer.simulate.requests import ALLOC, Requests, feed
 from tests.support.paths import REAL, ROOT
 from tests.support.snapshots import MiB
 
@@ -73,6 +73,39 @@ def test_a_run_that_fails_part_way_fails_at_the_same_request():
     capacity = slow.peak_reserved - 20 * MiB          # not enough for the run's peak: the first failure moves
     fast, short = both(requests, capacity)
     assert short.oom_at is not None and outcome(fast) == outcome(short)
+
+
+def cut(requests: Requests, events: int) -> Requests:
+    """The run stopped after its first `events` events (what it made later is never made, nor freed)."""
+    return Requests(requests.kind[:events], requests.ordinal[:events], requests.position[:events], requests.size,
+                    requests.stream)
+
+
+def _stopped_within_a_period() -> tuple[Requests, Requests]:
+    """steps(200) stopped at a period's start (150 periods in) and half a period after it."""
+    whole = steps(200)
+    period = whole.period()
+    assert period is not None
+    boundary = period.first + 150 * period.length
+    return cut(whole, boundary), cut(whole, boundary + period.length // 2)
+
+
+def test_a_last_partial_period_that_repeats_the_one_before_is_skipped_too():
+    at_boundary, within = _stopped_within_a_period()
+    fast, slow = both(within, None)
+    assert outcome(fast) == outcome(slow) and slow.fed == len(within.kind)
+    assert fast.fed == both(at_boundary, None)[0].fed     # not one event of the half period is fed
+
+
+def test_a_last_partial_period_that_differs_is_fed():
+    at_boundary, within = _stopped_within_a_period()
+    last = int(within.ordinal[np.flatnonzero(within.kind == ALLOC)[-1]])
+    size = within.size.copy()
+    size[last] += 64 * MiB                             # its last allocation is larger than the one a period before
+    changed = Requests(within.kind, within.ordinal, within.position, size, within.stream)
+    fast, slow = both(changed, None)
+    assert outcome(fast) == outcome(slow) and fast.fed > both(at_boundary, None)[0].fed
+    assert fast.peak_allocated > both(within, None)[1].peak_allocated     # the change shows in the peak
 
 
 def test_a_run_that_never_repeats_is_fed_whole():
