@@ -30,7 +30,7 @@ from analyzer.diagnose.imbalance import PeakSummary, find_imbalance, summarise
 from analyzer.diagnose.thresholds import Thresholds
 from analyzer.errors import AnalyzerError
 from analyzer.ingest.ranks import RankFile, find_rank_files
-from analyzer.result import Analysis, Claim, Finding, RankSetAnalysis, not_one_job, ranks_document
+from analyzer.result import Analysis, Claim, ImbalanceFinding, RankSetAnalysis, not_one_job, ranks_document
 
 SCHEDULER_VARIABLE = "ANALYZER_DASK_SCHEDULER"
 #: seconds to reach a scheduler given (a silent or wrong endpoint is told this soon)
@@ -70,7 +70,7 @@ class JobAnalysis(Generic[S]):
 
     source_path: str
     ranks: list[RankResult[S]]                  # in rank order
-    imbalance: Finding | None
+    imbalance: ImbalanceFinding | None
     warnings: list[str] = field(default_factory=list)
     separate: str | None = None                 # why the files are not the ranks of one job (None: they are)
 
@@ -80,7 +80,7 @@ class JobAnalysis(Generic[S]):
         document = ranks_document(self.source_path, [r.rank for r in self.ranks],
                                   [(r.rank, r.label, r.document) for r in self.ranks if r.document is not None],
                                   [*self.warnings, *(f"{r.label}: not analysed: {r.error}" for r in failed)])
-        document["job"] = {"imbalance": self.imbalance, "separate": self.separate,
+        document["job"] = {"imbalance": None if self.imbalance is None else self.imbalance.to_json(), "separate": self.separate,
                            "failed_ranks": [{"label": r.label, "path": r.path, "error": r.error} for r in failed]}
         return document
 

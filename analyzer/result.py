@@ -10,7 +10,7 @@ import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, TypedDict
+from typing import Any, ClassVar, Generic, Protocol, Sequence, TypedDict, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -19,7 +19,7 @@ from analyzer.core.breakdown import SiteRow, SplitRow, StepPeak
 from analyzer.core.module_tree import ModuleNode, module_in_sentence
 from analyzer.core.timeline import Peak, allocated_by, live_at
 from analyzer.core.trace import MemoryTrace
-from analyzer.core.vocabulary import UNATTRIBUTED, category_plural, names_module, phase_noun
+from analyzer.core.vocabulary import UNATTRIBUTED, FindingKind, category_plural, names_module, phase_noun
 
 SCHEMA = "analyzer/1"
 TOP_ALLOCATIONS = 10
@@ -131,47 +131,288 @@ class LeakStack(TypedDict):
     steps_seen: int
 
 
-class Evidence(TypedDict, total=False):
-    """What shows a finding: when (µs, first and last), which events, the allocations involved, the numbers."""
+class Details(Protocol):
+    """A finding's own numbers (its evidence's `details`), named in the JSON reference."""
 
-    time_us: list[int | None]
-    event_index: list[int]
-    allocations: list[TopAllocation]
-    details: dict[str, Any]               # the detector's own numbers, named in the JSON reference
+    def to_json(self) -> dict[str, Any]: ...
 
 
-class _Found(TypedDict):
-    """What every finding has."""
+class _Details:
+    """Details written field by field, in their declared order."""
 
-    kind: str                             # a FindingKind
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+
+D = TypeVar("D", bound=Details)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evidence(Generic[D]):
+    """What shows a finding: when (µs, first and last), which events, the allocations involved, the numbers;
+    None: the finding has none of that kind (the JSON leaves it out)."""
+
+    details: D
+    time_us: list[int | None] | None = None
+    event_index: list[int] | None = None
+    allocations: list[TopAllocation] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {key: value for key, value in (("time_us", self.time_us), ("event_index", self.event_index),
+                                                             ("allocations", self.allocations)) if value is not None}
+        return out | {"details": self.details.to_json()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finding(Generic[D]):
+    """One finding (a detector's): what every finding has; each kind is a subclass with its own fields, keyed by
+    KIND, written by `to_json` in JSON_KEYS' order (the analyzer/1 contract)."""
+
+    KIND: ClassVar[FindingKind]
+    JSON_KEYS: ClassVar[tuple[str, ...]]   # "kind", then every field, in the JSON's order
+
     severity: str                         # critical | warning | info
     bytes: int
     summary: str
+    evidence: Evidence[D]
+
+    @property
+    def kind(self) -> FindingKind:
+        return self.KIND
+
+    def to_json(self) -> dict[str, Any]:
+        return {key: self.kind.value if key == "kind" else _finding_value(getattr(self, key)) for key in self.JSON_KEYS}
 
 
-class Finding(_Found, total=False):
-    """One finding (a detector's), as the JSON carries it: the common keys, then each kind's own."""
+def _finding_value(value: Any) -> Any:
+    return value.to_json() if isinstance(value, Evidence) else value
 
-    evidence: Evidence
-    verdict: str                          # oom: capacity | fragmentation | outside_pytorch
-    phase: str | None                     # oom: where it happened
+
+F = TypeVar("F", bound=Finding[Any])
+
+
+def first_of(findings: Sequence[Finding[Any]], kind: type[F]) -> F | None:
+    """The first finding of this kind, or None."""
+    return next((f for f in findings if isinstance(f, kind)), None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OomDetails(_Details):
+    requested_bytes: int
+    device_free_bytes: int | None
+    reserved_bytes: int
+    allocated_bytes: int
+    reserved_unallocated_bytes: int
+    largest_free_block_bytes: int | None
+    outside_pytorch_bytes: int | None
+    capacity_bytes: int | None
+    capacity_source: str
+    expandable_segments: bool | None
+    oom_top_user_frame: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class OomFinding(Finding[OomDetails]):
+    """The device's out-of-memory and its cause (analyzer.diagnose.oom)."""
+
+    KIND = FindingKind.OOM
+    JSON_KEYS = ("kind", "severity", "bytes", "verdict", "phase", "module", "step", "summary", "evidence")
+    verdict: str                          # capacity | fragmentation | outside_pytorch
+    phase: str | None                     # where it happened
     module: str | None
     step: int | None
-    bytes_per_step: int                   # leak, reserved_growth: the rate
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeakDetails(_Details):
+    measured_steps: list[int]
+    levels: list[dict[str, int]]
+    level_growth_per_step: int
+    capacity_bytes: int | None
+    largest_step_peak_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeakFinding(Finding[LeakDetails]):
+    """Memory every step keeps (analyzer.diagnose.leak)."""
+
+    KIND = FindingKind.LEAK
+    JSON_KEYS = ("kind", "severity", "summary", "bytes", "bytes_per_step", "steps_to_oom", "oom_step", "stacks",
+                 "stack_count", "evidence")
+    bytes_per_step: int                   # the rate
     steps_to_oom: int | None
-    oom_step: int | None                  # leak
-    stacks: list[LeakStack]               # leak: where the leaked memory was allocated
+    oom_step: int | None
+    stacks: list[LeakStack]               # where the leaked memory was allocated
     stack_count: int
-    significant: bool                     # outside_pytorch: the first thing to explain
-    recoverable_bytes: int                # fragmentation
-    optimizer: str                        # optimizer_spike
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReservedGrowthDetails(_Details):
+    measured_steps: list[int]
+    levels: list[dict[str, int]]
+    unused_reserve_growth_per_step: int
+    reserved_peak_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReservedGrowthFinding(Finding[ReservedGrowthDetails]):
+    """The reserve growing step after step beyond what is kept (analyzer.diagnose.reserved_growth)."""
+
+    KIND = FindingKind.RESERVED_GROWTH
+    JSON_KEYS = ("kind", "severity", "bytes", "bytes_per_step", "steps_to_oom", "summary", "evidence")
+    bytes_per_step: int
+    steps_to_oom: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActivationPeakDetails(_Details):
+    share: float
+    modules: list[SplitRow]
+    steps: list[int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActivationPeakFinding(Finding[ActivationPeakDetails]):
+    """Activations are the largest category at the peak (analyzer.diagnose.activation_peak)."""
+
+    KIND = FindingKind.ACTIVATION_PEAK
+    JSON_KEYS = ("kind", "severity", "bytes", "summary", "evidence")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerSpikeDetails(_Details):
+    optimizer_peak_bytes: int
+    peak_elsewhere_bytes: int
+    lazy_state_bytes: int
+    temporary_bytes: int
+    parameter_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerSpikeFinding(Finding[OptimizerSpikeDetails]):
+    """The optimizer step raises the peak (analyzer.diagnose.optimizer_spike)."""
+
+    KIND = FindingKind.OPTIMIZER_SPIKE
+    JSON_KEYS = ("kind", "severity", "bytes", "optimizer", "lazy_state_bytes", "temporary_bytes", "first_step",
+                 "first_step_excess_bytes", "oom_in_first_step", "summary", "evidence")
+    optimizer: str
     lazy_state_bytes: int
     temporary_bytes: int
     first_step: int | None
     first_step_excess_bytes: int | None
     oom_in_first_step: bool
-    gathered_bytes: int                   # checkpoint_gather
-    remedies: list[str]                   # imbalance: what evens the load
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointGatherDetails(_Details):
+    save_peak_bytes: int
+    training_peak_bytes: int
+    gathered_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointGatherFinding(Finding[CheckpointGatherDetails]):
+    """Saving a checkpoint peaks above training (analyzer.diagnose.checkpoint_gather)."""
+
+    KIND = FindingKind.CHECKPOINT_GATHER
+    JSON_KEYS = ("kind", "severity", "bytes", "gathered_bytes", "summary", "evidence")
+    gathered_bytes: int
+
+
+@dataclass(frozen=True)
+class FragmentationDetails:
+    """The picture at the peak, as a finding's details (its segments aside)."""
+
+    picture: FragmentationPicture
+
+    def to_json(self) -> dict[str, Any]:
+        return self.picture.details()
+
+
+@dataclass(frozen=True, kw_only=True)
+class FragmentationFinding(Finding[FragmentationDetails]):
+    """Fragmentation that nearly caused an OOM (analyzer.diagnose.fragmentation)."""
+
+    KIND = FindingKind.FRAGMENTATION
+    JSON_KEYS = ("kind", "severity", "bytes", "summary", "evidence", "recoverable_bytes")
+    recoverable_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutsidePytorchDetails(_Details):
+    outside_bytes_at_peak: int
+    outside_bytes_max: int
+    unseen_bytes_at_oom: int | None
+    clock_offset_us: int
+    outside_allocations: int
+    notes: list[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutsidePytorchFinding(Finding[OutsidePytorchDetails]):
+    """Device memory outside PyTorch, measured by a second recording (analyzer.diagnose.outside)."""
+
+    KIND = FindingKind.OUTSIDE_PYTORCH
+    JSON_KEYS = ("kind", "severity", "bytes", "significant", "summary", "evidence")
+    significant: bool                     # the first thing to explain
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvWorkspaceDetails(_Details):
+    unknown_bytes: int
+    share: float
+    largest_bytes: int
+    lived_us: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvWorkspaceFinding(Finding[ConvWorkspaceDetails]):
+    """A transient no tensor holds, most likely cuDNN's workspace (analyzer.diagnose.conv_workspace)."""
+
+    KIND = FindingKind.CONV_WORKSPACE
+    JSON_KEYS = ("kind", "severity", "bytes", "summary", "evidence")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVCacheDetails(_Details):
+    share: float
+    tensors: int
+    layers: int
+    quantized: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVCacheFinding(Finding[KVCacheDetails]):
+    """A KV cache kept across the forward (analyzer.diagnose.kv_cache)."""
+
+    KIND = FindingKind.KV_CACHE
+    JSON_KEYS = ("kind", "severity", "bytes", "summary", "evidence")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImbalanceDetails(_Details):
+    worst: str
+    median: str
+    ratio: float
+    worst_peak_bytes: int
+    median_peak_bytes: int
+    category: str | None
+    category_gap_bytes: int
+    module: str | None
+    module_gap_bytes: int
+    step: int | None
+    median_at_that_step_bytes: int | None
+    cause: str | None
+    peaks: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImbalanceFinding(Finding[ImbalanceDetails]):
+    """One GPU or rank peaks far above the others (analyzer.diagnose.imbalance)."""
+
+    KIND = FindingKind.IMBALANCE
+    JSON_KEYS = ("kind", "severity", "bytes", "summary", "evidence", "remedies")
+    remedies: list[str]                   # what evens the load
 
 
 class _Fits(TypedDict):
@@ -372,7 +613,7 @@ class WorkloadFacts:
 class Diagnosis:
     """What the detectors, the triage, the theory check and the remedies made of one device's measures."""
 
-    findings: list[Finding]
+    findings: list[Finding[Any]]
     remedies: list[ListedRemedy]
     verdict: str                          # one sentence: what ran out, where, why, what to try first
     theory: Theory                        # measured model states vs 16Ψ
@@ -407,7 +648,7 @@ class Analysis:
     trace: MemoryTrace
     devices: list[DeviceAnalysis]
     warnings: list[str] = field(default_factory=list)  # the reader's warnings, then the analysis's
-    imbalance: Finding | None = None      # one GPU peaks far above the others (analyzer.diagnose.imbalance)
+    imbalance: ImbalanceFinding | None = None      # one GPU peaks far above the others (analyzer.diagnose.imbalance)
 
     def device(self, device: int) -> DeviceAnalysis:
         return next(d for d in self.devices if d.device == device)
@@ -499,7 +740,7 @@ class Analysis:
             "allocator_settings": _jsonable(self.trace.allocator_settings),
             "warnings": list(self.warnings),
             "devices": [_device_json(d) for d in self.devices],
-            "imbalance": self.imbalance,
+            "imbalance": None if self.imbalance is None else self.imbalance.to_json(),
         }
 
     def to_json_text(self) -> str:
@@ -611,7 +852,7 @@ def _device_json(d: DeviceAnalysis) -> dict[str, Any]:
         "fits": dx.fits,
         "fragmentation": None if dx.fragmentation is None else dx.fragmentation.to_json(),
         "theory": dx.theory.to_json(),
-        "findings": dx.findings,
+        "findings": [f.to_json() for f in dx.findings],
         "remedies": dx.remedies,
         "plan": dx.plan,
     }

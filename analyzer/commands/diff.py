@@ -16,12 +16,12 @@ from typing import Any
 from analyzer.commands.estimate import device_memory
 from analyzer.core.printable import printable
 from analyzer.core.units import format_bytes
-from analyzer.core.vocabulary import FindingKind, RemedyId
+from analyzer.core.vocabulary import RemedyId
 from analyzer.diagnose.remedies import BY_ID, LAYOUT_ONLY
 from analyzer.diagnose.remedy_names import remedy_help, resolve_remedy
 from analyzer.errors import UnsupportedFormat
 from analyzer.pipeline import analyze
-from analyzer.result import Analysis, DeviceAnalysis, ListedRemedy
+from analyzer.result import Analysis, DeviceAnalysis, LeakFinding, ListedRemedy, first_of
 
 SHRANK = 0.05   # a category shrank when it lost at least this share of its bytes
 UNCHANGED = 0.01  # of the memory needed before: an allocator setting leaves the need this close to what it was
@@ -75,8 +75,8 @@ def compare_device(before: DeviceAnalysis, after: DeviceAnalysis, remedy_id: str
         "peak_before_bytes": before.peak.allocated_bytes, "peak_after_bytes": after.peak.allocated_bytes,
         "needed_before_bytes": needed_before, "needed_after_bytes": needed_after,
         "saving_bytes": measured, "by_category": categories,
-        "findings_before": sorted({f["kind"] for f in before.diagnosis.findings}),
-        "findings_after": sorted({f["kind"] for f in after.diagnosis.findings}),
+        "findings_before": sorted({f.kind.value for f in before.diagnosis.findings}),
+        "findings_after": sorted({f.kind.value for f in after.diagnosis.findings}),
         "oom_before": before.oom is not None, "oom_after": after.oom is not None, "remedy_check": check,
         "unexplained": None if check else _unexplained(remedy_id, measured, categories, leak_gone, listed),
     }
@@ -101,7 +101,7 @@ def _unexplained(remedy_id: str | None, measured: int, categories: dict[str, dic
 
 
 def _has_leak(d: DeviceAnalysis) -> bool:
-    return any(f["kind"] == FindingKind.LEAK for f in d.diagnosis.findings)
+    return first_of(d.diagnosis.findings, LeakFinding) is not None
 
 
 def _shrank(remedy_id: str, before: dict[str, int], after: dict[str, int]) -> bool:

@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from analyzer.core.units import gib, human_bytes, rate_bytes
-from analyzer.core.vocabulary import RECORD_HISTORY, UNATTRIBUTED, Category, FindingKind, Phase
+from analyzer.core.vocabulary import RECORD_HISTORY, UNATTRIBUTED, Category, Phase
 from analyzer.diagnose import (
     activation_peak,
     checkpoint_gather,
@@ -52,16 +52,22 @@ from analyzer.diagnose.thresholds import Thresholds
 from analyzer.diagnose.triage import triage
 from analyzer.diagnose.workload import Workload, recognise
 from analyzer.result import (
+    ConvWorkspaceFinding,
     DeviceMeasures,
     Diagnosis,
     Finding,
     Fits,
     FragmentationPicture,
+    KVCacheFinding,
+    LeakFinding,
     ListedRemedy,
+    OomFinding,
+    OptimizerSpikeFinding,
     Plan,
     RegimeCheck,
     Theory,
     Triage,
+    first_of,
 )
 
 #: memory alive before the recording began, unattributed, at this share of the peak or more leads the verdict
@@ -89,7 +95,7 @@ def diagnose(ctx: DeviceContext, thresholds: Thresholds = Thresholds()) -> Diagn
     thresholds."""
     host = ctx.device < 0 and beside_a_gpu(ctx)
     tuned = _tuned(thresholds)
-    findings = [f for detector in DETECTORS if not (ctx.device < 0 and detector is fragmentation)
+    findings: list[Finding[Any]] = [f for detector in DETECTORS if not (ctx.device < 0 and detector is fragmentation)
                 for f in detector.detect(ctx, **tuned.get(detector, {}))]
     picture = fragmentation_picture(ctx)
     theory = theory_check(ctx)
@@ -161,20 +167,20 @@ def theory_check(ctx: DeviceContext) -> Theory:
                             for r in regimes])
 
 
-def _demand(ctx: DeviceContext, findings: list[Finding], theory: Theory, triaged: str,
+def _demand(ctx: DeviceContext, findings: list[Finding[Any]], theory: Theory, triaged: str,
             fragmentation: FragmentationPicture | None, workload: Workload, tuned: dict[ModuleType, dict[str, Any]]) -> Demand:
     """What the run needed: at an OOM, what was allocated plus the failed request; else the peak."""
     d = ctx.d
-    oom_finding = next((f for f in findings if f["kind"] == FindingKind.OOM), None)
-    leak_finding = next((f for f in findings if f["kind"] == FindingKind.LEAK), None)
-    spike = next((f for f in findings if f["kind"] == FindingKind.OPTIMIZER_SPIKE), None)
+    oom_finding = first_of(findings, OomFinding)
+    leak_finding = first_of(findings, LeakFinding)
+    spike = first_of(findings, OptimizerSpikeFinding)
     oom_event = d.oom if oom_finding is not None else None
     worst = oom_event.event_index if oom_event is not None else d.peak.event_index
     live = ctx.live_at(oom_event.event_index) if oom_event is not None else d.peak.live
     if oom_finding is not None:
         assert oom_event is not None  # the oom detector makes its finding only from the device's OOM
         by_category = live.groupby("category", observed=True)["allocated_bytes"].sum().to_dict()
-        extra = _REQUEST_CATEGORY.get(oom_finding.get("phase") or "", Category.OTHER.value)
+        extra = _REQUEST_CATEGORY.get(oom_finding.phase or "", Category.OTHER.value)
         by_category[extra] = by_category.get(extra, 0) + oom_event.requested_bytes
         total = int(live["allocated_bytes"].sum()) + oom_event.requested_bytes
     else:
@@ -184,28 +190,28 @@ def _demand(ctx: DeviceContext, findings: list[Finding], theory: Theory, triaged
     allocations = ctx.allocations
     scores = score_tensors(allocations, ctx.trace.stacks, "allocated_bytes")
     at_worst = live[live["alloc_id"].isin(allocations.loc[scores, "alloc_id"])]
-    cache = kv_cache_at_peak(ctx) if FindingKind.KV_CACHE in {f["kind"] for f in findings} else None
+    cache = kv_cache_at_peak(ctx) if first_of(findings, KVCacheFinding) else None
     return Demand(
         total=total, by_category={k: int(v) for k, v in by_category.items()}, capacity=ctx.capacity_bytes,
         world_size=workload.gpus, oomed=d.oom is not None, reserved_peak=d.reserved_peak_bytes,
-        oom_phase=oom_finding.get("phase") if oom_finding else None,
+        oom_phase=oom_finding.phase if oom_finding else None,
         workload=workload.kind, frozen_share=workload.frozen_share, graph_kept=workload.graph_kept,
         graph_bytes=max(0, _graph_bytes(live) - (cache.bytes if cache else 0)) if workload.graph_kept else 0, autocast=workload.mixed_precision_on,
         layers=count_layers([r["name"] for r in d.by_module] +
                                                        [str(m) for m in ctx.allocations["module"].unique()]),
         split_blocks=blocks_alive([str(m) for m in live["module"].unique()]), scatter_excess=ctx.scatter_excess,
-        findings={f["kind"] for f in findings}, oom_verdict=oom_finding["verdict"] if oom_finding else None,
+        findings={f.kind.value for f in findings}, oom_verdict=oom_finding.verdict if oom_finding else None,
         mixed_precision=None if regime is None else regime.startswith("mixed"), checkpointable=checkpointable_bytes(live),
-        first_step_excess=spike.get("first_step_excess_bytes") if spike else None,
-        lazy_state_trouble=bool(spike and spike["lazy_state_bytes"] and (
-            spike["oom_in_first_step"] or (spike.get("first_step_excess_bytes") or 0) > 0)),
+        first_step_excess=spike.first_step_excess_bytes if spike else None,
+        lazy_state_trouble=bool(spike and spike.lazy_state_bytes and (
+            spike.oom_in_first_step or (spike.first_step_excess_bytes or 0) > 0)),
         expandable_segments=ctx.expandable_segments(),
         recoverable_fragmentation=(0 if fragmentation is None else fragmentation.inactive_bytes
-                                   if oom_finding and oom_finding["verdict"] == "fragmentation"
+                                   if oom_finding and oom_finding.verdict == "fragmentation"
                                    else fragmentation.external_bytes or 0),
         triage=triaged, leak_bytes=leak.leaked_bytes_at(ctx, worst, **tuned[leak]),
         leak_stacks=[] if leak_finding is None else
-        [f"{leak.place(s)}: +{rate_bytes(s['bytes_per_step'])} per step" for s in leak_finding["stacks"]],
+        [f"{leak.place(s)}: +{rate_bytes(s['bytes_per_step'])} per step" for s in leak_finding.stacks],
         attention_scores={str(c): int(b) for c, b in
                           at_worst.groupby("category", observed=True)["allocated_bytes"].sum().items() if b},
         attention=attention_seen(allocations, ctx.trace.stacks, scores),
@@ -223,7 +229,7 @@ def _graph_bytes(live: Any) -> int:
     return int(activations["allocated_bytes"].sum() - latest)
 
 
-def verdict(ctx: DeviceContext, findings: list[Finding], remedies: list[ListedRemedy], demand: Demand,
+def verdict(ctx: DeviceContext, findings: list[Finding[Any]], remedies: list[ListedRemedy], demand: Demand,
             triaged: Triage, fits: Fits | None = None, found: Plan | None = None) -> str:
     """One sentence: what ran out, where, why, what to try first (nothing to try when the run fits); when no
     single change fits, the plan's changes in order."""
@@ -244,7 +250,7 @@ def _lower_bound(ctx: DeviceContext) -> str:
             "made earlier are not in it): every peak here is a lower bound.")
 
 
-def _sentence(ctx: DeviceContext, findings: list[Finding], remedies: list[ListedRemedy], demand: Demand,
+def _sentence(ctx: DeviceContext, findings: list[Finding[Any]], remedies: list[ListedRemedy], demand: Demand,
               triaged: Triage, fits: Fits | None, found: Plan | None) -> str:
     """The verdict's sentence for a GPU, from what the recording holds."""
     d = ctx.d
@@ -263,10 +269,9 @@ def _sentence(ctx: DeviceContext, findings: list[Finding], remedies: list[Listed
     elif first is not None and demand.capacity is None and d.oom is None:
         advice = (f" The device's memory is not known (pass --gpu-memory); to lower the peak, try first: "
                   f"{describe(first, None)}.")
-    oom_finding = next((f for f in findings if f["kind"] == FindingKind.OOM), None)
-    where = "" if oom_finding is None else oom_where(oom_finding.get("phase"), oom_finding.get("module"),
-                                                     oom_finding.get("step"))
-    leak_finding = next((f for f in findings if f["kind"] == FindingKind.LEAK), None)
+    oom_finding = first_of(findings, OomFinding)
+    where = "" if oom_finding is None else oom_where(oom_finding.phase, oom_finding.module, oom_finding.step)
+    leak_finding = first_of(findings, LeakFinding)
     if leak_finding is not None and triaged["verdict"] == "leak":
         opening = f"Out of memory on {ctx.trace.device_label(d.device)}{' ' + where if where else ''}" if oom_finding else \
             f"Memory grows on {ctx.trace.device_label(d.device)}"
@@ -311,21 +316,21 @@ def _record_earlier(ctx: DeviceContext) -> str:
     return f" To see what the {gib(_unseen_bytes(ctx))} is, {how}."
 
 
-def _composition(d: DeviceMeasures, findings: list[Finding], demand: Demand | None = None) -> str:
+def _composition(d: DeviceMeasures, findings: list[Finding[Any]], demand: Demand | None = None) -> str:
     """What the peak is made of, in words: the largest known category, or the transient no tensor holds that
     the conv_workspace finding names; then what the kv_cache finding names, and eager attention's s x s tensors
     where they hold RELEVANT_SHARE of the peak or more."""
-    workspace = next((f for f in findings if f["kind"] == FindingKind.CONV_WORKSPACE), None)
+    workspace = first_of(findings, ConvWorkspaceFinding)
     if workspace is not None:
-        return (f"{workspace['evidence']['details']['share']:.0%} of it is a transient no tensor holds, most likely "
+        return (f"{workspace.evidence.details.share:.0%} of it is a transient no tensor holds, most likely "
                 "cuDNN's convolution workspace")
     words = [d.composition()]
-    cache = next((f for f in findings if f["kind"] == FindingKind.KV_CACHE), None)
+    cache = first_of(findings, KVCacheFinding)
     top = next((r for r in d.by_category if r["name"] != UNATTRIBUTED), None)
-    if cache is not None and top is not None and top["name"] == Category.ACTIVATION and cache["bytes"] >= 0.9 * top["bytes"]:
+    if cache is not None and top is not None and top["name"] == Category.ACTIVATION and cache.bytes >= 0.9 * top["bytes"]:
         words = []          # the activations are the cache: said once
     if cache is not None:
-        words.append(f"a KV cache holds {gib(cache['bytes'])} of it ({cache['evidence']['details']['share']:.0%})")
+        words.append(f"a KV cache holds {gib(cache.bytes)} of it ({cache.evidence.details.share:.0%})")
     scores = sum(demand.attention_scores.values()) if demand is not None else 0
     if demand is not None and scores and scores >= RELEVANT_SHARE * demand.total:
         words.append(f"eager attention's s x s scores and probabilities hold {gib(scores)} of it "
@@ -377,22 +382,22 @@ def _plan_clause(found: Plan, remedies: list[ListedRemedy], demand: Demand) -> s
             f"{gib(steps[-1]['predicted_peak_allocated_bytes'])}, fits in {gib(demand.capacity)}); {why}")
 
 
-def _oom_reason(finding: Finding) -> str:
+def _oom_reason(finding: OomFinding) -> str:
     """Why the OOM happened, with the numbers that show it (story 4: plenty of free memory, still OOM)."""
-    facts = finding["evidence"]["details"]
-    if finding["verdict"] == "fragmentation":
-        setting = facts.get("expandable_segments")
+    facts = finding.evidence.details
+    if finding.verdict == "fragmentation":
+        setting = facts.expandable_segments
         expandable = "on" if setting is True else "off" if setting is False else "not recorded"
-        return (f"fragmentation, not capacity (reserved {gib(facts['reserved_bytes'])}, allocated "
-                f"{gib(facts['allocated_bytes'])}, largest free block {gib(facts['largest_free_block_bytes'])} < the "
-                f"{gib(facts['requested_bytes'])} request; expandable_segments {expandable})")
-    if finding["verdict"] == "outside_pytorch":
-        return f"memory outside PyTorch ({gib(facts['outside_pytorch_bytes'])} neither free nor PyTorch's)"
+        return (f"fragmentation, not capacity (reserved {gib(facts.reserved_bytes)}, allocated "
+                f"{gib(facts.allocated_bytes)}, largest free block {gib(facts.largest_free_block_bytes)} < the "
+                f"{gib(facts.requested_bytes)} request; expandable_segments {expandable})")
+    if finding.verdict == "outside_pytorch":
+        return f"memory outside PyTorch ({gib(facts.outside_pytorch_bytes)} neither free nor PyTorch's)"
     return "the work does not fit"
 
 
-def _leak_clause(finding: Finding) -> str:
+def _leak_clause(finding: LeakFinding) -> str:
     """'+500.0 MiB per step, allocated at train.py:88 (…) and 2 more places; out of memory in about 34 more
     steps at this rate (step 40); a smaller batch only delays it'."""
-    return (f"+{rate_bytes(finding['bytes_per_step'])} per step, {leak.origin(finding)}"
-            f"{leak.runway(finding['steps_to_oom'], finding['oom_step'])}; a smaller batch only delays it")
+    return (f"+{rate_bytes(finding.bytes_per_step)} per step, {leak.origin(finding.stacks, finding.stack_count)}"
+            f"{leak.runway(finding.steps_to_oom, finding.oom_step)}; a smaller batch only delays it")

@@ -13,14 +13,14 @@ from __future__ import annotations
 import pandas as pd
 
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import UNATTRIBUTED, FindingKind, phase_in_sentence
+from analyzer.core.vocabulary import UNATTRIBUTED, phase_in_sentence
 from analyzer.diagnose.context import DeviceContext
-from analyzer.result import Finding
+from analyzer.result import ConvWorkspaceDetails, ConvWorkspaceFinding, Evidence
 
 UNKNOWN_SHARE = 0.5   # torch's "unknown" memory at the peak from this share of it: worth naming its likely owner
 
 
-def detect(ctx: DeviceContext) -> list[Finding]:
+def detect(ctx: DeviceContext) -> list[ConvWorkspaceFinding]:
     """The finding, when the peak is mostly a transient in torch's unknown category (only a recording whose rows
     carry torch's own categories says "unknown": an export_memory_timeline file)."""
     if not ctx.trace.records_categories:
@@ -35,13 +35,14 @@ def detect(ctx: DeviceContext) -> list[Finding]:
         return []
     when = f" in {phase_in_sentence(ctx.d.peak_phase)}" if ctx.d.peak_phase and ctx.d.peak_phase != UNATTRIBUTED else ""
     lived_ms = (int(largest["t_free_us"]) - int(largest["t_alloc_us"])) / 1000
-    return [{
-        "kind": FindingKind.CONV_WORKSPACE, "severity": "warning", "bytes": total,
-        "summary": (f"{gib(total)} of the {gib(peak)} peak ({total / peak:.0%}) is memory no tensor holds (torch's "
+    return [ConvWorkspaceFinding(
+        severity="warning", bytes=total,
+        summary=(f"{gib(total)} of the {gib(peak)} peak ({total / peak:.0%}) is memory no tensor holds (torch's "
                     f"'unknown' category), made and freed{when} ({gib(int(largest['allocated_bytes']))} lived "
                     f"{lived_ms:.1f} ms): most likely cuDNN's convolution workspace, large when its autotuner "
                     "(torch.backends.cudnn.benchmark = True) tries algorithms"),
-        "evidence": {"time_us": [ctx.d.peak.time_us, ctx.d.peak.time_us], "event_index": [ctx.d.peak.event_index] * 2,
-                     "details": {"unknown_bytes": total, "share": total / peak,
-                                 "largest_bytes": int(largest["allocated_bytes"]), "lived_us": int(lived_ms * 1000)}},
-    }]
+        evidence=Evidence(time_us=[ctx.d.peak.time_us, ctx.d.peak.time_us], event_index=[ctx.d.peak.event_index] * 2,
+                          details=ConvWorkspaceDetails(unknown_bytes=total, share=total / peak,
+                                                       largest_bytes=int(largest["allocated_bytes"]),
+                                                       lived_us=int(lived_ms * 1000))),
+    )]

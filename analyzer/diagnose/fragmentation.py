@@ -23,9 +23,15 @@ import numpy as np
 import pandas as pd
 
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import FindingKind
 from analyzer.diagnose.context import DeviceContext
-from analyzer.result import Finding, FragmentationPicture, FreeInSegment, SegmentsAt
+from analyzer.result import (
+    Evidence,
+    FragmentationDetails,
+    FragmentationFinding,
+    FragmentationPicture,
+    FreeInSegment,
+    SegmentsAt,
+)
 
 OOMS_PICTURED = 4          # the HTML report's allocator pictures: the peak and the last OOMs
 SEGMENTS_PICTURED = 40     # segments drawn per picture (those with the largest free blocks)
@@ -141,7 +147,7 @@ def nearly_out_of_memory(picture: FragmentationPicture, capacity: int | None, ne
 
 
 def detect(ctx: DeviceContext, *, near_oom_share: float = NEAR_OOM_SHARE,
-           recovery_share: float = RECOVERY_THRESHOLD) -> list[Finding]:
+           recovery_share: float = RECOVERY_THRESHOLD) -> list[FragmentationFinding]:
     """Fragmentation at the allocated peak, warned about only when it nearly caused an OOM (an OOM it caused is
     the oom detector's verdict): `nearly_out_of_memory`."""
     seq = ctx.d.peak.event_index
@@ -151,13 +157,13 @@ def detect(ctx: DeviceContext, *, near_oom_share: float = NEAR_OOM_SHARE,
     reserved, fragmented = picture.reserved_bytes, picture.external_bytes
     assert ctx.capacity_bytes is not None and fragmented is not None  # nearly_out_of_memory needs them
     largest = picture.largest_free_block_bytes
-    return [{
-        "kind": FindingKind.FRAGMENTATION.value, "severity": "warning", "bytes": fragmented,
-        "summary": (f"At the peak {gib(reserved)} of the {gib(ctx.capacity_bytes)} device was reserved, "
+    return [FragmentationFinding(
+        severity="warning", bytes=fragmented,
+        summary=(f"At the peak {gib(reserved)} of the {gib(ctx.capacity_bytes)} device was reserved, "
                     f"{gib(fragmented)} of it free in pieces inside used segments"
                     + ("" if largest is None else f" (the largest {gib(largest)})")
                     + f": a request larger than the largest piece would have failed; "
                       f"{gib(picture.cached_free_segments_bytes or 0)} more was cache (whole free segments)"),
-        "evidence": {"event_index": [seq, seq], "details": picture.details()},
-        "recoverable_bytes": fragmented,
-    }]
+        evidence=Evidence(event_index=[seq, seq], details=FragmentationDetails(picture)),
+        recoverable_bytes=fragmented,
+    )]

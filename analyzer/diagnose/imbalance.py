@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 from analyzer.core.module_tree import module_in_sentence
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import UNATTRIBUTED, Category, FindingKind, category_plural
+from analyzer.core.vocabulary import UNATTRIBUTED, Category, category_plural
 from analyzer.diagnose.remedies import PIPELINE_MIN_LAYERS, count_layers
-from analyzer.result import DeviceMeasures, Finding
+from analyzer.result import DeviceMeasures, Evidence, ImbalanceDetails, ImbalanceFinding
 
 #: the worst peak over the median peak from which the spread is a finding, and the least gap in bytes (two small
 #: devices that differ by 2x are no story)
@@ -74,7 +74,7 @@ def worst_first(peaks: Sequence[PeakSummary]) -> list[PeakSummary]:
 
 
 def find_imbalance(peaks: Sequence[PeakSummary], *, ratio: float = IMBALANCE_RATIO, min_gap_bytes: int = MIN_GAP_BYTES,
-                   idle_share: float = IDLE_SHARE) -> Finding | None:
+                   idle_share: float = IDLE_SHARE) -> ImbalanceFinding | None:
     """The `imbalance` finding, or None when the peaks are even (or there is only one): the worst peak is at
     least `ratio` times the median one and `min_gap_bytes` above it, among the devices whose peak is at least
     `idle_share` of the largest."""
@@ -100,29 +100,29 @@ def find_imbalance(peaks: Sequence[PeakSummary], *, ratio: float = IMBALANCE_RAT
     same_step = median.step_peaks.get(worst.peak_step) if worst.peak_step is not None else None
     if same_step is not None:
         why += f"{'; ' if why else ''}in step {worst.peak_step} {median.label} peaked at {gib(same_step)}"
-    return {
-        "kind": FindingKind.IMBALANCE.value, "severity": "warning", "bytes": int(gap),
-        "summary": (f"{worst.label} peaks at {gib(worst.peak_bytes)}, {ratio:.1f}x the median "
-                    f"({median.label}, {gib(median.peak_bytes)}){': ' + why if why else ''}"),
-        "evidence": {"details": {
-            "worst": worst.label, "median": median.label, "ratio": ratio,
-            "worst_peak_bytes": worst.peak_bytes, "median_peak_bytes": int(median.peak_bytes),
-            "category": category, "category_gap_bytes": category_gap,
-            "module": module, "module_gap_bytes": module_gap,
-            "step": worst.peak_step, "median_at_that_step_bytes": same_step,
-            "cause": SCATTER if scattered else None,
-            "peaks": [{"label": p.label, "peak_bytes": p.peak_bytes, "oom": p.oom, "peak_step": p.peak_step,
-                       "peak_phase": p.peak_phase} for p in worst_first(peaks)]}},
-        "remedies": _remedies(category, category_gap, worst, median, module, data_parallel),
-    }
+    return ImbalanceFinding(
+        severity="warning", bytes=int(gap),
+        summary=(f"{worst.label} peaks at {gib(worst.peak_bytes)}, {ratio:.1f}x the median "
+                 f"({median.label}, {gib(median.peak_bytes)}){': ' + why if why else ''}"),
+        evidence=Evidence(details=ImbalanceDetails(
+            worst=worst.label, median=median.label, ratio=ratio,
+            worst_peak_bytes=worst.peak_bytes, median_peak_bytes=int(median.peak_bytes),
+            category=category, category_gap_bytes=category_gap,
+            module=module, module_gap_bytes=module_gap,
+            step=worst.peak_step, median_at_that_step_bytes=same_step,
+            cause=SCATTER if scattered else None,
+            peaks=[{"label": p.label, "peak_bytes": p.peak_bytes, "oom": p.oom, "peak_step": p.peak_step,
+                    "peak_phase": p.peak_phase} for p in worst_first(peaks)])),
+        remedies=_remedies(category, category_gap, worst, median, module, data_parallel),
+    )
 
 
-def scatter_excess(finding: Finding | None, peaks: Sequence[PeakSummary]) -> dict[str, int]:
+def scatter_excess(finding: ImbalanceFinding | None, peaks: Sequence[PeakSummary]) -> dict[str, int]:
     """Each device's batch memory (activations, inputs, temporaries at its peak) above the mean of the devices in
     the job, where the imbalance is nn.DataParallel's scatter by count: what an even split would take off it."""
-    if finding is None or finding["evidence"]["details"].get("cause") != SCATTER:
+    if finding is None or finding.evidence.details.cause != SCATTER:
         return {}
-    labels = {p["label"] for p in finding["evidence"]["details"]["peaks"]}
+    labels = {p["label"] for p in finding.evidence.details.peaks}
     batch = {p.label: sum(p.by_category.get(c, 0) for c in _BATCH) for p in peaks if p.label in labels}
     mean = sum(batch.values()) / len(batch)
     return {label: int(b - mean) for label, b in batch.items() if b > mean}

@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import Category, FindingKind, GradMode, Phase
+from analyzer.core.vocabulary import Category, GradMode, Phase
 from analyzer.diagnose.attention import block_of, cache_tensors, quantized_cache
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import top_allocations
-from analyzer.result import Finding
+from analyzer.result import Evidence, KVCacheDetails, KVCacheFinding
 
 KV_CACHE_SHARE = 0.05   # a cache under this share of the peak is not worth naming
 _TRAINING_PHASES = (Phase.BACKWARD.value, Phase.OPTIMIZER.value)
@@ -51,7 +51,7 @@ def kv_cache_at_peak(ctx: DeviceContext) -> KVCache:
     return ctx.memo("kv_cache", measure)
 
 
-def detect(ctx: DeviceContext, share: float = KV_CACHE_SHARE) -> list[Finding]:
+def detect(ctx: DeviceContext, share: float = KV_CACHE_SHARE) -> list[KVCacheFinding]:
     if ctx.device < 0:
         return []           # host memory holds no KV cache a GPU remedy acts on
     found = kv_cache_at_peak(ctx)
@@ -61,12 +61,12 @@ def detect(ctx: DeviceContext, share: float = KV_CACHE_SHARE) -> list[Finding]:
     live = ctx.d.peak.live
     what = f"K and V of {found.layers} layers" if found.layers >= 2 else f"{found.tensors} tensors"
     what += ", quantized already," if found.quantized else ""
-    return [{
-        "kind": FindingKind.KV_CACHE.value, "severity": "warning", "bytes": cache,
-        "summary": (f"A KV cache holds {cache / peak:.0%} of the peak ({gib(cache)} of {gib(peak)}: {what} kept "
+    return [KVCacheFinding(
+        severity="warning", bytes=cache,
+        summary=(f"A KV cache holds {cache / peak:.0%} of the peak ({gib(cache)} of {gib(peak)}: {what} kept "
                     "across the forward, growing with the batch and the context)"),
-        "evidence": {"time_us": [ctx.d.peak.time_us, ctx.d.peak.time_us], "event_index": [ctx.d.peak.event_index] * 2,
-                     "allocations": top_allocations(ctx.trace, live[live["category"] == Category.ACTIVATION]),
-                     "details": {"share": cache / peak, "tensors": found.tensors, "layers": found.layers,
-                                 "quantized": found.quantized}},
-    }]
+        evidence=Evidence(time_us=[ctx.d.peak.time_us, ctx.d.peak.time_us], event_index=[ctx.d.peak.event_index] * 2,
+                          allocations=top_allocations(ctx.trace, live[live["category"] == Category.ACTIVATION]),
+                          details=KVCacheDetails(share=cache / peak, tensors=found.tensors, layers=found.layers,
+                                                 quantized=found.quantized)),
+    )]

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import pandas as pd
 
 from analyzer.core.units import rate_bytes
-from analyzer.core.vocabulary import FindingKind, names_module
+from analyzer.core.vocabulary import names_module
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import top_allocations
 from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, MODEL_STATES, StepLevel, as_json, measured
-from analyzer.result import Finding, LeakStack
+from analyzer.result import Evidence, LeakDetails, LeakFinding, LeakStack
 
 MIN_SHARE_OF_PEAK = 0.001   # a rate below this share of the largest step peak is noise, not a leak
 LEVEL_AGREEMENT = 0.5       # the step-start levels must grow by at least this share of the kept rate
@@ -92,7 +92,7 @@ def _find(ctx: DeviceContext, level_agreement: float, min_share_of_peak: float) 
 
 
 def detect(ctx: DeviceContext, *, level_agreement: float = LEVEL_AGREEMENT,
-           min_share_of_peak: float = MIN_SHARE_OF_PEAK) -> list[Finding]:
+           min_share_of_peak: float = MIN_SHARE_OF_PEAK) -> list[LeakFinding]:
     """A leak: lines that keep memory in most measured steps, at a rate of at least `min_share_of_peak` of the
     largest step peak, the step-start levels growing by at least `level_agreement` of that rate."""
     found = find(ctx, level_agreement=level_agreement, min_share_of_peak=min_share_of_peak)
@@ -105,20 +105,19 @@ def detect(ctx: DeviceContext, *, level_agreement: float = LEVEL_AGREEMENT,
     oom_step = None if steps_to_oom is None else levels[-1].step + steps_to_oom
     stacks: list[LeakStack] = [{"top_user_frame": g.frame, "module": g.module, "bytes_per_step": int(g.bytes_per_step),
                "steps_seen": int(g.steps_seen)} for g in groups.head(TOP_STACKS).itertuples()]
-    finding: Finding = {
-        "kind": FindingKind.LEAK.value, "severity": "critical", "summary": "",
-        "bytes": int(leaked["allocated_bytes"].sum()), "bytes_per_step": int(rate), "steps_to_oom": steps_to_oom,
-        "oom_step": oom_step, "stacks": stacks, "stack_count": len(groups),
-        "evidence": {
-            "event_index": [window[0].start_seq, levels[-1].start_seq],
-            "allocations": top_allocations(ctx.trace, leaked),
-            "details": {"measured_steps": steps, "levels": as_json(levels), "level_growth_per_step": int(growth),
-                        "capacity_bytes": ctx.capacity_bytes, "largest_step_peak_bytes": largest_peak},
-        },
-    }
-    finding["summary"] = (f"Memory grows by {rate_bytes(rate)} every step (steps {steps[0]}-{steps[-1]}) and is never "
-                          f"freed: {origin(finding)}{runway(steps_to_oom, oom_step)}")
-    return [finding]
+    return [LeakFinding(
+        severity="critical",
+        summary=(f"Memory grows by {rate_bytes(rate)} every step (steps {steps[0]}-{steps[-1]}) and is never "
+                 f"freed: {origin(stacks, len(groups))}{runway(steps_to_oom, oom_step)}"),
+        bytes=int(leaked["allocated_bytes"].sum()), bytes_per_step=int(rate), steps_to_oom=steps_to_oom,
+        oom_step=oom_step, stacks=stacks, stack_count=len(groups),
+        evidence=Evidence(
+            event_index=[window[0].start_seq, levels[-1].start_seq],
+            allocations=top_allocations(ctx.trace, leaked),
+            details=LeakDetails(measured_steps=steps, levels=as_json(levels), level_growth_per_step=int(growth),
+                                capacity_bytes=ctx.capacity_bytes, largest_step_peak_bytes=largest_peak),
+        ),
+    )]
 
 
 def place(stack: LeakStack) -> str:
@@ -127,10 +126,10 @@ def place(stack: LeakStack) -> str:
     return stack["top_user_frame"] + (f" ({stack['module']})" if known else "")
 
 
-def origin(finding: Finding) -> str:
+def origin(stacks: list[LeakStack], stack_count: int) -> str:
     """'allocated at train.py:88 forward (layers.0.mlp) and 5 more places'."""
-    more = finding["stack_count"] - 1
-    return f"allocated at {place(finding['stacks'][0])}" + (f" and {more} more place{'s' * (more > 1)}" if more else "")
+    more = stack_count - 1
+    return f"allocated at {place(stacks[0])}" + (f" and {more} more place{'s' * (more > 1)}" if more else "")
 
 
 def runway(steps_to_oom: int | None, oom_step: int | None) -> str:

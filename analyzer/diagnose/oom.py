@@ -13,17 +13,17 @@ from __future__ import annotations
 
 from analyzer.core.breakdown import labels_at
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import FindingKind, names_module
+from analyzer.core.vocabulary import names_module
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import oom_where, top_allocations
 from analyzer.diagnose.fragmentation import RECOVERY_THRESHOLD, fragmentation_at
-from analyzer.result import Finding
+from analyzer.result import Evidence, OomDetails, OomFinding
 
 OUTSIDE_THRESHOLD = 0.10  # share of the device that must be outside PyTorch before we blame it
 
 
 def detect(ctx: DeviceContext, *, outside_share: float = OUTSIDE_THRESHOLD,
-           recovery_share: float = RECOVERY_THRESHOLD) -> list[Finding]:
+           recovery_share: float = RECOVERY_THRESHOLD) -> list[OomFinding]:
     """The device's out-of-memory and its cause: outside PyTorch when more than `outside_share` of the device is
     neither free nor reserved by it; fragmentation when the cache (at least `recovery_share` of the reserve)
     would cover the request but no free block is large enough; else capacity."""
@@ -56,22 +56,21 @@ def detect(ctx: DeviceContext, *, outside_share: float = OUTSIDE_THRESHOLD,
                                     f"exceeds the {gib(free + reserved)} PyTorch could use (free {gib(free)}, reserved "
                                     f"{gib(reserved)})")
     where = oom_where(phase, module, step)
-    return [{
-        "kind": FindingKind.OOM.value, "severity": "critical", "bytes": oom.requested_bytes, "verdict": verdict,
-        "phase": phase, "module": module, "step": step,
-        "summary": f"Out of memory{' ' + where if where else ''}: {why}",
-        "evidence": {
-            "time_us": [oom.time_us, oom.time_us], "event_index": [seq, seq],
-            "allocations": top_allocations(ctx.trace, live),
-            "details": {"requested_bytes": oom.requested_bytes, "device_free_bytes": oom.device_free_bytes,
-                        "reserved_bytes": reserved, "allocated_bytes": picture.allocated_bytes,
-                        "reserved_unallocated_bytes": cached, "largest_free_block_bytes": largest,
-                        "outside_pytorch_bytes": outside, "capacity_bytes": ctx.capacity_bytes,
-                        "capacity_source": ctx.capacity_source,
-                        "expandable_segments": picture.expandable_segments,
-                        "oom_top_user_frame": oom.top_user_frame},
-        },
-    }]
+    return [OomFinding(
+        severity="critical", bytes=oom.requested_bytes, verdict=verdict, phase=phase, module=module, step=step,
+        summary=f"Out of memory{' ' + where if where else ''}: {why}",
+        evidence=Evidence(
+            time_us=[oom.time_us, oom.time_us], event_index=[seq, seq],
+            allocations=top_allocations(ctx.trace, live),
+            details=OomDetails(requested_bytes=oom.requested_bytes, device_free_bytes=oom.device_free_bytes,
+                               reserved_bytes=reserved, allocated_bytes=picture.allocated_bytes,
+                               reserved_unallocated_bytes=cached, largest_free_block_bytes=largest,
+                               outside_pytorch_bytes=outside, capacity_bytes=ctx.capacity_bytes,
+                               capacity_source=ctx.capacity_source,
+                               expandable_segments=picture.expandable_segments,
+                               oom_top_user_frame=oom.top_user_frame),
+        ),
+    )]
 
 
 def _module_at(ctx: DeviceContext, seq: int) -> str | None:

@@ -8,11 +8,11 @@ import pandas as pd
 
 from analyzer.core.breakdown import labels_at
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import OPTIMIZER_STEP_PREFIX, Category, FindingKind, Phase
+from analyzer.core.vocabulary import OPTIMIZER_STEP_PREFIX, Category, Phase
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import top_allocations
 from analyzer.diagnose.phase_peaks import phase_peak
-from analyzer.result import Finding
+from analyzer.result import Evidence, OptimizerSpikeDetails, OptimizerSpikeFinding
 
 _OPTIMIZER_ANNOTATION = re.compile(rf"^{re.escape(OPTIMIZER_STEP_PREFIX)}(\w+)\.step$")
 _OPTIMIZER_FRAME = re.compile(r"torch[\\/]optim[\\/](\w+)\.py$")
@@ -30,7 +30,7 @@ def optimizer_name(ctx: DeviceContext) -> str | None:
     return None
 
 
-def detect(ctx: DeviceContext) -> list[Finding]:
+def detect(ctx: DeviceContext) -> list[OptimizerSpikeFinding]:
     peak = phase_peak(ctx, Phase.OPTIMIZER, ignore=(Phase.CHECKPOINT_SAVE,))
     oom = ctx.d.oom
     oom_step, oom_phase = labels_at(ctx.labels, oom.event_index) if oom is not None else (None, None)
@@ -46,20 +46,20 @@ def detect(ctx: DeviceContext) -> list[Finding]:
     lazy_bytes, temp_bytes = int(lazy["allocated_bytes"].sum()), int(temporaries["allocated_bytes"].sum())
     parameters = ctx.category_bytes(Category.PARAMETER)
     raise_bytes = max(0, peak.bytes - peak.elsewhere)
-    return [{
-        "kind": FindingKind.OPTIMIZER_SPIKE.value, "severity": "warning", "bytes": raise_bytes, "optimizer": name,
-        "lazy_state_bytes": lazy_bytes, "temporary_bytes": temp_bytes, "first_step": first_step,
-        "first_step_excess_bytes": _first_step_excess(ctx, first_step),
-        "oom_in_first_step": bool(oom_in_optimizer and oom_step == first_step),
-        "summary": (f"{name}.step raises the peak by {gib(raise_bytes)} (to {gib(peak.bytes)}; {gib(peak.elsewhere)} "
+    return [OptimizerSpikeFinding(
+        severity="warning", bytes=raise_bytes, optimizer=name,
+        lazy_state_bytes=lazy_bytes, temporary_bytes=temp_bytes, first_step=first_step,
+        first_step_excess_bytes=_first_step_excess(ctx, first_step),
+        oom_in_first_step=bool(oom_in_optimizer and oom_step == first_step),
+        summary=(f"{name}.step raises the peak by {gib(raise_bytes)} (to {gib(peak.bytes)}; {gib(peak.elsewhere)} "
                     f"elsewhere): {gib(lazy_bytes)} of state created lazily at step {first_step} (persistent"
                     + (f", {lazy_bytes / parameters:.1f}x the parameters" if parameters else "")
                     + f") and {gib(temp_bytes)} of per-step temporaries"),
-        "evidence": {"event_index": [peak.seq, peak.seq], "allocations": top_allocations(ctx.trace, in_optimizer),
-                     "details": {"optimizer_peak_bytes": peak.bytes, "peak_elsewhere_bytes": peak.elsewhere,
-                                 "lazy_state_bytes": lazy_bytes, "temporary_bytes": temp_bytes,
-                                 "parameter_bytes": parameters}},
-    }]
+        evidence=Evidence(event_index=[peak.seq, peak.seq], allocations=top_allocations(ctx.trace, in_optimizer),
+                          details=OptimizerSpikeDetails(optimizer_peak_bytes=peak.bytes, peak_elsewhere_bytes=peak.elsewhere,
+                                                        lazy_state_bytes=lazy_bytes, temporary_bytes=temp_bytes,
+                                                        parameter_bytes=parameters)),
+    )]
 
 
 def _first_step_excess(ctx: DeviceContext, first_step: int | None) -> int | None:

@@ -4,17 +4,16 @@ extensions), measured by analyzer.diagnose.outside_pytorch, at the OOM (else the
 from __future__ import annotations
 
 from analyzer.core.units import gib
-from analyzer.core.vocabulary import FindingKind
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.outside_pytorch import outside_pytorch
-from analyzer.result import Finding
+from analyzer.result import Evidence, OutsidePytorchDetails, OutsidePytorchFinding
 
 OUTSIDE_SHARE = 0.01  # of the device (or of PyTorch's reserved memory): less is noise (a few workspaces)
 SIGNIFICANT_SHARE = 0.10  # above this share of the device it is the first thing to explain
 
 
 def detect(ctx: DeviceContext, *, share: float = OUTSIDE_SHARE,
-           significant_share: float = SIGNIFICANT_SHARE) -> list[Finding]:
+           significant_share: float = SIGNIFICANT_SHARE) -> list[OutsidePytorchFinding]:
     """Memory outside PyTorch of at least `share` of the device (or of the reserve), critical from
     `significant_share` on."""
     companion = ctx.device_usage
@@ -27,17 +26,18 @@ def detect(ctx: DeviceContext, *, share: float = OUTSIDE_SHARE,
         return []
     unseen = measured["unseen_bytes_at_oom"]
     significant = outside >= significant_share * reference
-    return [{
-        "kind": FindingKind.OUTSIDE_PYTORCH.value, "severity": "critical" if significant else "info", "bytes": outside,
-        "significant": significant,
-        "summary": (f"{gib(outside)} of device memory is outside PyTorch at the {measured['at']} (Nsight saw "
+    return [OutsidePytorchFinding(
+        severity="critical" if significant else "info", bytes=outside, significant=significant,
+        summary=(f"{gib(outside)} of device memory is outside PyTorch at the {measured['at']} (Nsight saw "
                     f"{gib(measured['device_bytes_at_peak'])} in use, PyTorch reserved "
                     f"{gib(measured['pytorch_reserved_bytes_at_peak'])})"
                     + (f"; a further {gib(unseen)} neither tool sees (CUDA context, kernel images, other processes)"
                        if unseen else "")),
-        "evidence": {"time_us": [measured["t_us"], measured["t_us"]],
-                     "details": {"outside_bytes_at_peak": outside, "outside_bytes_max": measured["outside_bytes_max"],
-                                 "unseen_bytes_at_oom": unseen, "clock_offset_us": measured["clock_offset_us"],
-                                 "outside_allocations": int(len(measured["outside_segments"])),
-                                 "notes": measured["notes"]}},
-    }]
+        evidence=Evidence(time_us=[measured["t_us"], measured["t_us"]],
+                          details=OutsidePytorchDetails(outside_bytes_at_peak=outside,
+                                                        outside_bytes_max=measured["outside_bytes_max"],
+                                                        unseen_bytes_at_oom=unseen,
+                                                        clock_offset_us=measured["clock_offset_us"],
+                                                        outside_allocations=int(len(measured["outside_segments"])),
+                                                        notes=measured["notes"])),
+    )]

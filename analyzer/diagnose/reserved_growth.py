@@ -15,15 +15,14 @@ import math
 import numpy as np
 
 from analyzer.core.units import rate_bytes
-from analyzer.core.vocabulary import FindingKind
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, as_json, measured
-from analyzer.result import Finding
+from analyzer.result import Evidence, ReservedGrowthDetails, ReservedGrowthFinding
 
 MIN_SHARE_OF_RESERVED = 0.005   # growth per step below this share of the reserved peak is noise
 
 
-def detect(ctx: DeviceContext, *, min_share: float = MIN_SHARE_OF_RESERVED) -> list[Finding]:
+def detect(ctx: DeviceContext, *, min_share: float = MIN_SHARE_OF_RESERVED) -> list[ReservedGrowthFinding]:
     """The reserve growing step after step beyond what is kept, by at least `min_share` of the reserved peak."""
     levels = ctx.step_levels
     window = measured(levels)
@@ -43,13 +42,13 @@ def detect(ctx: DeviceContext, *, min_share: float = MIN_SHARE_OF_RESERVED) -> l
         max(0, math.ceil((ctx.capacity_bytes - reserved_peak) / reserved_rate))
     steps = [lv.step for lv in window]
     runway = "" if steps_to_oom is None else f"; the reserve reaches the device in about {steps_to_oom} more steps"
-    return [{
-        "kind": FindingKind.RESERVED_GROWTH.value, "severity": "warning", "bytes": int(excess[-1] - excess[0]),
-        "bytes_per_step": int(reserved_rate), "steps_to_oom": steps_to_oom,
-        "summary": (f"Reserved memory grows by {rate_bytes(reserved_rate)} every step (steps {steps[0]}-{steps[-1]}) while "
-                    f"the highest allocation does not: the caching allocator keeps segments it cannot reuse "
-                    f"(fragmentation, not a leak of tensors){runway}"),
-        "evidence": {"event_index": [starts[0].start_seq, starts[-1].start_seq],
-                     "details": {"measured_steps": steps, "levels": as_json(levels),
-                                 "unused_reserve_growth_per_step": int(rate), "reserved_peak_bytes": reserved_peak}},
-    }]
+    return [ReservedGrowthFinding(
+        severity="warning", bytes=int(excess[-1] - excess[0]), bytes_per_step=int(reserved_rate), steps_to_oom=steps_to_oom,
+        summary=(f"Reserved memory grows by {rate_bytes(reserved_rate)} every step (steps {steps[0]}-{steps[-1]}) while "
+                 f"the highest allocation does not: the caching allocator keeps segments it cannot reuse "
+                 f"(fragmentation, not a leak of tensors){runway}"),
+        evidence=Evidence(event_index=[starts[0].start_seq, starts[-1].start_seq],
+                          details=ReservedGrowthDetails(measured_steps=steps, levels=as_json(levels),
+                                                        unused_reserve_growth_per_step=int(rate),
+                                                        reserved_peak_bytes=reserved_peak)),
+    )]

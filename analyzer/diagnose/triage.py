@@ -9,39 +9,41 @@
 """
 from __future__ import annotations
 
+from typing import Any
+
 from analyzer.core.vocabulary import FindingKind, Phase
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, measured
-from analyzer.result import Finding, Triage
+from analyzer.result import Finding, OomFinding, OutsidePytorchFinding, Triage, first_of
 
-PHASE_SPIKES: dict[str, Phase] = {FindingKind.OPTIMIZER_SPIKE: Phase.OPTIMIZER, FindingKind.CHECKPOINT_GATHER: Phase.CHECKPOINT_SAVE}  # finding -> its phase
+PHASE_SPIKES: dict[FindingKind, Phase] = {FindingKind.OPTIMIZER_SPIKE: Phase.OPTIMIZER, FindingKind.CHECKPOINT_GATHER: Phase.CHECKPOINT_SAVE}  # finding -> its phase
 
 
-def triage(ctx: DeviceContext, findings: list[Finding]) -> Triage:
+def triage(ctx: DeviceContext, findings: list[Finding[Any]]) -> Triage:
     """{"verdict": outside_pytorch | leak | phase_spike | steady_state, "reason": one sentence}."""
-    first: dict[str, Finding] = {}
+    first: dict[FindingKind, Finding[Any]] = {}
     for f in findings:
-        first.setdefault(f["kind"], f)
-    oom = first.get(FindingKind.OOM)
-    measured = first.get(FindingKind.OUTSIDE_PYTORCH)
-    outside = oom if oom is not None and oom["verdict"] == "outside_pytorch" else \
-        (measured if measured is not None and measured.get("significant") else None)
+        first.setdefault(f.kind, f)
+    oom = first_of(findings, OomFinding)
+    measured = first_of(findings, OutsidePytorchFinding)
+    outside: Finding[Any] | None = oom if oom is not None and oom.verdict == "outside_pytorch" else \
+        (measured if measured is not None and measured.significant else None)
     if outside is not None:
-        return {"verdict": "outside_pytorch", "reason": outside["summary"]}
+        return {"verdict": "outside_pytorch", "reason": outside.summary}
     if FindingKind.LEAK in first:
-        return {"verdict": "leak", "reason": f"{first[FindingKind.LEAK]['summary']}; a smaller batch only delays the out of memory"}
+        return {"verdict": "leak", "reason": f"{first[FindingKind.LEAK].summary}; a smaller batch only delays the out of memory"}
     spikes = [first[k] for k in PHASE_SPIKES if k in first]
     if spikes:
-        worst_phase = oom["phase"] if oom is not None else ctx.d.peak_phase
-        spike = next((f for f in spikes if PHASE_SPIKES[f["kind"]] == worst_phase), spikes[0])
-        return {"verdict": "phase_spike", "reason": spike["summary"]}
+        worst_phase = oom.phase if oom is not None else ctx.d.peak_phase
+        spike = next((f for f in spikes if PHASE_SPIKES[f.kind] == worst_phase), spikes[0])
+        return {"verdict": "phase_spike", "reason": spike.summary}
     return {"verdict": "steady_state", "reason": _steady_reason(ctx, oom)}
 
 
-def _steady_reason(ctx: DeviceContext, oom: Finding | None) -> str:
+def _steady_reason(ctx: DeviceContext, oom: OomFinding | None) -> str:
     levels = ctx.step_levels
     count = f"{len(levels)} training step{'s' if len(levels) != 1 else ''} recorded"
     growth = (f"memory does not grow across steps {levels[1].step}-{levels[-1].step}" if measured(levels) else
               f"growth across steps cannot be measured ({count}; {MIN_MEASURED_STEPS + 2} or more are needed)")
-    what = oom["summary"] if oom is not None else "the peak is what each step needs"
+    what = oom.summary if oom is not None else "the peak is what each step needs"
     return f"No sign of memory outside PyTorch, {growth} and no phase spikes above the rest of the step: {what}"

@@ -22,7 +22,7 @@ from analyzer.core.trace import MemoryTrace
 from analyzer.core.units import human_bytes, relative_seconds
 from analyzer.core.vocabulary import UNATTRIBUTED, category_color, category_rank, phase_color
 from analyzer.report.shown import shown
-from analyzer.result import Analysis, DeviceAnalysis, EndState, Finding, ListedRemedy, Plan, Theory
+from analyzer.result import Analysis, DeviceAnalysis, EndState, Finding, ImbalanceFinding, ListedRemedy, Plan, Theory
 
 LIVE_SHOWN = 25          # allocations live at the peak listed with their stacks
 FRAMES_SHOWN = 40        # frames of one stack, innermost first
@@ -294,19 +294,19 @@ class ReportView:
         return [d for d in self.devices if self.sections is None or d.device in self.sections]
 
 
-def with_imbalance(verdict: str, imbalance: Finding | None, lead: str) -> str:
+def with_imbalance(verdict: str, imbalance: ImbalanceFinding | None, lead: str) -> str:
     """The verdict about the lead device, told that this device is the one far above the others."""
-    if imbalance is None or imbalance["evidence"]["details"]["worst"] != lead:
+    if imbalance is None or imbalance.evidence.details.worst != lead:
         return verdict
-    details = imbalance["evidence"]["details"]
-    return (f"{verdict} {lead} peaks at {details['ratio']:.1f}x the median device ({details['median']}): "
+    details = imbalance.evidence.details
+    return (f"{verdict} {lead} peaks at {details.ratio:.1f}x the median device ({details.median}): "
             f"an imbalance, see below.")
 
 
-def comparison_view(imbalance: Finding | None) -> ComparisonView | None:
+def comparison_view(imbalance: ImbalanceFinding | None) -> ComparisonView | None:
     if imbalance is None:
         return None
-    return ComparisonView(summary=str(imbalance["summary"]), remedies=[str(r) for r in imbalance["remedies"]])
+    return ComparisonView(summary=imbalance.summary, remedies=list(imbalance.remedies))
 
 
 def build_view(analysis: Analysis) -> ReportView:
@@ -499,16 +499,15 @@ def _detail_text(name: str, value: Any) -> str:
     return f"{value:.3g}"
 
 
-def _finding_view(f: Finding, origin: int | None) -> FindingView:
-    evidence = f.get("evidence") or {}
-    allocations = [EvidenceAllocation(int(a.get("bytes") or 0), a.get("top_user_frame"), a.get("op"), a.get("module"),
-                                      a.get("category")) for a in evidence.get("allocations") or []]
-    details = [Detail(words(str(k)), _detail_text(str(k), v)) for k, v in (evidence.get("details") or {}).items()]
+def _finding_view(f: Finding[Any], origin: int | None) -> FindingView:
+    evidence = f.evidence
+    allocations = [EvidenceAllocation(a["bytes"], a["top_user_frame"], a["op"], a["module"], a["category"])
+                   for a in evidence.allocations or []]
+    details = [Detail(words(k), _detail_text(k, v)) for k, v in evidence.details.to_json().items()]
     return FindingView(
-        kind=str(f.get("kind", "finding")), severity=str(f.get("severity", "info")),
-        bytes=None if f.get("bytes") is None else int(f["bytes"]), summary=str(f.get("summary", "")),
-        when=_span(evidence.get("time_us"), lambda t: relative_seconds(int(t), origin)),
-        events=_span(evidence.get("event_index"), lambda e: str(int(e))),
+        kind=f.kind.value, severity=f.severity, bytes=f.bytes, summary=f.summary,
+        when=_span(evidence.time_us, lambda t: relative_seconds(int(t), origin)),
+        events=_span(evidence.event_index, lambda e: str(int(e))),
         allocations=allocations, details=details,
     )
 

@@ -75,7 +75,7 @@ def test_the_advice_holds(path: Path):
             assert d.oom is None and dx.fits["peak_bytes"] <= 0.8 * dx.fits["capacity_bytes"]
         assert all(r["saved_bytes"] is None or r["saved_bytes"] > 0 for r in remedies)
         # cost order (allocator settings lead only at a fragmentation OOM), ranks as listed
-        layout_first = any(f["kind"] == "oom" and f["verdict"] == "fragmentation" for f in dx.findings)
+        layout_first = any(f.kind == "oom" and f.verdict == "fragmentation" for f in dx.findings)
         key = [(layout_first and r["id"] not in LAYOUT_ONLY, ORDER.index(r["id"])) for r in remedies]
         assert key == sorted(key) and [r["rank"] for r in remedies] == list(range(1, len(remedies) + 1))
         first = [r for r in remedies if r["try_first"]]
@@ -96,10 +96,10 @@ def test_the_advice_holds(path: Path):
         if workload.gpus == 1:
             assert not SHARDING & ids
         for f in dx.findings:
-            if f["kind"] == "fragmentation":
-                details = f["evidence"]["details"]
-                assert details["event_index"] == d.peak.event_index
-                assert details["reserved_bytes"] >= NEAR_OOM_SHARE * d.capacity_bytes
+            if f.kind == "fragmentation":
+                details = f.evidence.details.picture
+                assert details.event_index == d.peak.event_index
+                assert details.reserved_bytes >= NEAR_OOM_SHARE * d.capacity_bytes
         if not segmented and dx.fragmentation is not None:
             assert dx.fragmentation.largest_free_block_bytes is None
             assert dx.fragmentation.external_bytes is None and dx.fragmentation.segments == []
@@ -138,7 +138,7 @@ def test_a_run_under_autocast_is_not_offered_bf16_nor_warned_of_its_cache():
     d = _one("wedsonlin-cs336-a2/medium_1024_training_memory_snapshot.pickle")
     assert d.diagnosis.workload.mixed_precision_on is True
     assert "bf16" not in {r["id"] for r in d.diagnosis.remedies}
-    assert not [f for f in d.diagnosis.findings if f["kind"] == "fragmentation"]
+    assert not [f for f in d.diagnosis.findings if f.kind == "fragmentation"]
     picture = d.diagnosis.fragmentation
     assert picture.event_index == d.peak.event_index
     assert picture.allocated_bytes >= 0.9 * picture.reserved_bytes   # at the peak the reserve is used

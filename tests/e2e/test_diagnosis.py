@@ -82,7 +82,7 @@ def expected(name: str) -> dict[str, str | None]:
 
 def reported(name: str) -> dict[str, str | None]:
     """Finding kind -> OOM verdict (None for other kinds) that `analyze` reports."""
-    return {f["kind"]: f.get("verdict") for f in analysis(name).devices[0].diagnosis.findings}
+    return {f.kind.value: getattr(f, "verdict", None) for f in analysis(name).devices[0].diagnosis.findings}
 
 
 def score(name: str) -> dict[str, set[str]]:

@@ -18,12 +18,12 @@ def test_oom_in_the_first_optimizer_step(tmp_path: Path) -> None:
     out = tmp_path / "first_step.pickle"
     simulate_to_files(run, out, 9 * GiB, scenario.settings, scenario="adam_first_step_oom", findings={})
     d = analyzer.analyze(out).devices[0]
-    oom = next(f for f in d.diagnosis.findings if f["kind"] == "oom")
-    assert (oom["phase"], oom["step"]) == ("optimizer", 1)
-    spike = next(f for f in d.diagnosis.findings if f["kind"] == "optimizer_spike")
-    assert spike["oom_in_first_step"] and spike["optimizer"] == "Adam"
+    oom = next(f for f in d.diagnosis.findings if f.kind == "oom")
+    assert (oom.phase, oom.step) == ("optimizer", 1)
+    spike = next(f for f in d.diagnosis.findings if f.kind == "optimizer_spike")
+    assert spike.oom_in_first_step and spike.optimizer == "Adam"
     # the lazily created state is Adam's two fp32 moments of every parameter seen so far
-    assert spike["lazy_state_bytes"] > 0
+    assert spike.lazy_state_bytes > 0
     remedies = [r["id"] for r in d.diagnosis.remedies]
     assert remedies[0] == "init_optimizer_state"
     assert {"optimizer_8bit", "zero1"} <= set(remedies)

@@ -56,11 +56,11 @@ def test_the_worst_rank_comes_first_with_why(job):
 
     # the report leads with the worst rank's device; the bad rank has none and appears among the warnings
     assert [d.name for d in job_report(job).view.devices] == ["rank 1 cuda:0", "rank 2 cuda:0", "rank 0 cuda:0"]
-    details = job.imbalance["evidence"]["details"]
-    assert details["worst"] == "rank 1 cuda:0" and details["median"] == "rank 2 cuda:0"
+    details = job.imbalance.evidence.details
+    assert details.worst == "rank 1 cuda:0" and details.median == "rank 2 cuda:0"
     peaks = {p.label: p.peak_bytes for r in job.ranks for p in r.peaks}
-    assert details["ratio"] == round(peaks["rank 1 cuda:0"] / peaks["rank 2 cuda:0"], 3)
-    assert details["category"] == "activation"
+    assert details.ratio == round(peaks["rank 1 cuda:0"] / peaks["rank 2 cuda:0"], 3)
+    assert details.category == "activation"
 
 
 def test_a_cluster_the_user_runs_is_used(job_dir, job, monkeypatch):
@@ -79,11 +79,11 @@ def test_the_gpus_of_one_snapshot_are_compared():
     from analyzer.pipeline import analyze
 
     analysis = analyze(REAL / "constructor-sun-code_location" / "memory_snapshot.pickle")
-    details = analysis.imbalance["evidence"]["details"]
+    details = analysis.imbalance.evidence.details
     # TRUTH.md: cuda:1 78.29 GiB at the OOM, cuda:2 20 GiB, cuda:0 7.9 GiB (torch_geometric DataParallel)
-    assert (details["worst"], details["median"], details["category"]) == ("cuda:1", "cuda:2", "activation")
-    assert round(details["worst_peak_bytes"] / 2**30, 2) == 78.29
-    assert [p["label"] for p in details["peaks"]] == ["cuda:1", "cuda:2", "cuda:0"]
+    assert (details.worst, details.median, details.category) == ("cuda:1", "cuda:2", "activation")
+    assert round(details.worst_peak_bytes / 2**30, 2) == 78.29
+    assert [p["label"] for p in details.peaks] == ["cuda:1", "cuda:2", "cuda:0"]
 
 
 def test_analyze_a_folder_writes_one_report_for_the_job(job_dir, tmp_path, capsys):

@@ -41,7 +41,7 @@ def analyses() -> dict[str, analyzer.Analysis]:
 
 
 def _kinds(analysis: analyzer.Analysis, kind: str) -> list[dict]:
-    return [f for d in analysis.devices for f in d.diagnosis.findings if f["kind"] == kind]
+    return [f for d in analysis.devices for f in d.diagnosis.findings if f.kind == kind]
 
 
 def _truth_growth(name: str) -> float:

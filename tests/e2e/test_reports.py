@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -23,7 +24,20 @@ from analyzer.report.html import render_html, write_html
 from analyzer.report.markdown import md_code, md_text, render_markdown, write_markdown
 from analyzer.report.text import print_summary
 from analyzer.report.view import CHART_POINTS, FRAMES_SHOWN, LIVE_SHOWN, build_view
-from analyzer.result import Analysis, Diagnosis, FragmentationPicture, FreeInSegment, RegimeCheck, Theory
+from analyzer.result import (
+    Analysis,
+    Diagnosis,
+    Evidence,
+    Finding,
+    FragmentationPicture,
+    FreeInSegment,
+    KVCacheDetails,
+    KVCacheFinding,
+    OomDetails,
+    OomFinding,
+    RegimeCheck,
+    Theory,
+)
 from support.chromium import Chromium, chromium_binary
 from support.paths import FIXTURES, REAL
 
@@ -96,14 +110,22 @@ def realistic(a: Analysis) -> Analysis:
     d = a.devices[0]
     t0 = a.trace.time_origin_us
     verdict = "Out of memory in the forward pass of step 1 (layers.4.attn): activations are 85% of the peak."
-    findings = [
-        {"kind": "fragmentation", "severity": "info", "bytes": 512 << 20, "summary": "512 MiB cached but free",
-         "evidence": {"event_index": [380, 380], "details": {"inactive_bytes": 512 << 20, "free_share": 0.02}}},
-        {"kind": "oom", "severity": "critical", "bytes": 2 << 30, "summary": "2 GiB asked, 1.8 GiB free",
-         "evidence": {"time_us": [t0 + 2000, t0 + 4000], "event_index": [200, 418],
-                      "allocations": [{"bytes": 2 << 30, "top_user_frame": "gpt.py:39 forward",
-                                       "module": "layers.0.attn", "category": "activation"}],
-                      "details": {"requested_bytes": 2 << 30, "capacity_source": "reserved + free", "retries": 1}}},
+    findings: list[Finding[Any]] = [
+        KVCacheFinding(severity="info", bytes=512 << 20, summary="512 MiB kept across the forward",
+                       evidence=Evidence(event_index=[380, 380],
+                                         details=KVCacheDetails(share=0.02, tensors=48, layers=24, quantized=False))),
+        OomFinding(severity="critical", bytes=2 << 30, summary="2 GiB asked, 1.8 GiB free", verdict="capacity",
+                   phase="forward", module="layers.0.attn", step=1,
+                   evidence=Evidence(time_us=[t0 + 2000, t0 + 4000], event_index=[200, 418],
+                                     allocations=[{"bytes": 2 << 30, "top_user_frame": "gpt.py:39 forward",
+                                                   "module": "layers.0.attn", "category": "activation",
+                                                   "phase": "forward", "op": None}],
+                                     details=OomDetails(requested_bytes=2 << 30, device_free_bytes=None,
+                                                        reserved_bytes=22 << 30, allocated_bytes=21 << 30,
+                                                        reserved_unallocated_bytes=1 << 30,
+                                                        largest_free_block_bytes=None, outside_pytorch_bytes=None,
+                                                        capacity_bytes=None, capacity_source="reserved + free",
+                                                        expandable_segments=None, oom_top_user_frame=None))),
     ]
     remedies = [
         {"id": "activation_checkpointing", "rank": 4, "title": "Activation checkpointing", "saved_bytes": 15 << 30,
@@ -205,13 +227,14 @@ def test_the_verdict_of_several_devices_is_about_the_one_that_ran_out(real_dir: 
 
 def test_findings_and_remedies_are_ordered_and_their_evidence_reads_well() -> None:
     d = build_view(realistic(analysis(SIM / "capacity_oom.pickle"))).devices[0]
-    assert [f.kind for f in d.findings] == ["oom", "fragmentation"]  # critical first
+    assert [f.kind for f in d.findings] == ["oom", "kv_cache"]  # critical first
     oom = d.findings[0]
     assert oom.when == "0.002 s – 0.004 s" and oom.events == "200 – 418"
-    assert {x.name: x.text for x in oom.details} == {"requested bytes": "2.00 GiB",
-                                                     "capacity source": "reserved + free", "retries": "1"}
+    said = {x.name: x.text for x in oom.details}
+    assert (said["requested bytes"], said["capacity source"], said["device free bytes"]) == \
+        ("2.00 GiB", "reserved + free", "unknown")
     assert oom.allocations[0].where == "gpt.py:39 forward"
-    assert {x.name: x.text for x in d.findings[1].details}["free share"] == "2%"
+    assert {x.name: x.text for x in d.findings[1].details}["share"] == "2%"
     assert [r.rank for r in d.remedies] == [1, 4] and d.remedies[0].try_first
     assert d.remedies[1].how == "x = checkpoint(block, x, use_reentrant=False)"
 

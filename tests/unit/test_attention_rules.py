@@ -140,8 +140,8 @@ def test_a_forward_only_runs_kv_cache_is_named_with_its_remedies():
     24 layers, kept past each layer's call."""
     per_layer = 2 * (16 * 16 * 559 * 64 * 2)
     d = _gpu(QWEN)
-    finding = next(f for f in d.findings if f["kind"] == FindingKind.KV_CACHE)
-    assert finding["bytes"] == 24 * per_layer and finding["evidence"]["details"]["layers"] == 24
+    finding = next(f for f in d.findings if f.kind == FindingKind.KV_CACHE)
+    assert finding.bytes == 24 * per_layer and finding.evidence.details.layers == 24
     remedies = _remedies(d)
     assert remedies[RemedyId.KV_CACHE_OFF]["saved_bytes"] == 24 * per_layer
     assert remedies[RemedyId.KV_CACHE_QUANTIZED]["saved_bytes"] == 12 * per_layer
@@ -152,8 +152,8 @@ def test_a_forward_only_runs_kv_cache_is_named_with_its_remedies():
 
 def test_a_cache_the_frames_show_quantized_is_not_offered_quantization():
     d = _gpu(SKETCHKV)
-    finding = next(f for f in d.findings if f["kind"] == FindingKind.KV_CACHE)
-    assert finding["evidence"]["details"]["quantized"] is True
+    finding = next(f for f in d.findings if f.kind == FindingKind.KV_CACHE)
+    assert finding.evidence.details.quantized is True
     remedies = _remedies(d)
     assert RemedyId.KV_CACHE_QUANTIZED not in remedies and RemedyId.KV_CACHE_OFF in remedies
     assert RemedyId.NO_GRAD not in remedies, "the activations kept are the cache, not a graph"

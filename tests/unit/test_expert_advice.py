@@ -218,16 +218,16 @@ def _device(label: str, activations: int, replicas: bool = False, layers: int | 
 def test_a_heavy_dataparallel_replica_is_told_of_the_uneven_scatter_not_of_the_master_copy():
     found = find_imbalance([_device("cuda:0", 5 * GiB), _device("cuda:1", 78 * GiB, replicas=True, layers=8),
                             _device("cuda:2", 19 * GiB, replicas=True, layers=8)])
-    assert found["remedies"][0].startswith("Split each batch by size, not by count: cuda:1 holds 59.00 GiB more "
+    assert found.remedies[0].startswith("Split each batch by size, not by count: cuda:1 holds 59.00 GiB more "
                                            "activations than cuda:2 in the same code (model.py:231 forward)")
-    assert not any("master copy" in r or "pipeline" in r for r in found["remedies"])
+    assert not any("master copy" in r or "pipeline" in r for r in found.remedies)
 
 
 def test_a_heavy_dataparallel_source_is_told_of_its_master_copy():
     found = find_imbalance([_device("cuda:0", 78 * GiB), _device("cuda:1", 19 * GiB, replicas=True),
                             _device("cuda:2", 19 * GiB, replicas=True)])
-    assert "master copy of the model on the GPU it scatters from (cuda:0)" in found["remedies"][0]
-    assert not any("by size, not by count" in r for r in found["remedies"])
+    assert "master copy of the model on the GPU it scatters from (cuda:0)" in found.remedies[0]
+    assert not any("by size, not by count" in r for r in found.remedies)
 
 
 @pytest.mark.parametrize(("layers", "pipelined"), [(PIPELINE_MIN_LAYERS, True), (PIPELINE_MIN_LAYERS - 1, False),
@@ -235,15 +235,15 @@ def test_a_heavy_dataparallel_source_is_told_of_its_master_copy():
 def test_pipeline_stages_are_advised_only_where_there_are_blocks_to_split(layers, pipelined):
     found = find_imbalance([_device(f"rank {i}", 10 * GiB, layers=layers) for i in range(3)]
                            + [_device("rank 3", 40 * GiB, layers=layers)])
-    assert any("pipeline stages" in r for r in found["remedies"]) is pipelined
+    assert any("pipeline stages" in r for r in found.remedies) is pipelined
 
 
 def test_a_real_dataparallel_graph_network_is_told_which_device_is_heavy_and_why():
     found = _real("constructor-sun-code_location/memory_snapshot.pickle").imbalance
-    assert found["evidence"]["details"]["worst"] == "cuda:1"
-    assert found["remedies"][0].startswith("Split each batch by size, not by count: cuda:1 holds 59.45 GiB more "
+    assert found.evidence.details.worst == "cuda:1"
+    assert found.remedies[0].startswith("Split each batch by size, not by count: cuda:1 holds 59.45 GiB more "
                                            "activations than cuda:2 in the same code (models.py:231 forward)")
-    assert not any("master copy" in r or "pipeline" in r for r in found["remedies"])
+    assert not any("master copy" in r or "pipeline" in r for r in found.remedies)
 
 
 # ---- every offload says how much host memory it needs --------------------------------------------------------
@@ -306,14 +306,14 @@ def _timeline(tmp_path, unknown: int, freed: bool = True) -> Any:
                          ids=["half the peak", "one block under"])
 def test_a_transient_of_half_the_peak_in_torchs_unknown_category_is_named_cudnns_workspace(tmp_path, unknown, named):
     d = _timeline(tmp_path, unknown)
-    found = next((f for f in d.findings if f["kind"] == "conv_workspace"), None)
+    found = next((f for f in d.findings if f.kind == "conv_workspace"), None)
     assert (found is not None) is named
     assert ("cudnn_benchmark_off" in [r["id"] for r in d.remedies]) is named
     if named:
-        assert found["summary"].startswith("0.29 GiB of the 0.59 GiB peak (50%) is memory no tensor holds")
-        assert "cuDNN's convolution workspace" in found["summary"] and "lived 2.0 ms" in found["summary"]
+        assert found.summary.startswith("0.29 GiB of the 0.59 GiB peak (50%) is memory no tensor holds")
+        assert "cuDNN's convolution workspace" in found.summary and "lived 2.0 ms" in found.summary
     assert ("50% of it is a transient no tensor holds, most likely cuDNN's convolution workspace" in d.verdict) is named
 
 
 def test_unknown_memory_kept_to_the_end_is_no_workspace(tmp_path):
-    assert not [f for f in _timeline(tmp_path, 400 * MiB, freed=False).findings if f["kind"] == "conv_workspace"]
+    assert not [f for f in _timeline(tmp_path, 400 * MiB, freed=False).findings if f.kind == "conv_workspace"]

@@ -32,7 +32,7 @@ def test_the_ratio_threshold_on_each_side():
     over = int(IMBALANCE_RATIO * median) + 1
     assert find_imbalance([peak("a", median), peak("b", median), peak("c", under)]) is None
     found = find_imbalance([peak("a", median), peak("b", median), peak("c", over)])
-    assert found is not None and found["evidence"]["details"]["worst"] == "c"
+    assert found is not None and found.evidence.details.worst == "c"
 
 
 def test_small_devices_that_differ_twofold_are_no_story():
@@ -47,7 +47,7 @@ def test_an_idle_device_is_not_the_median():
     idle_under, idle_at = int(IDLE_SHARE * largest) - 1, int(IDLE_SHARE * largest) + 1
     assert find_imbalance([peak("a", idle_under), peak("b", largest)]) is None      # one device left: no spread
     found = find_imbalance([peak("a", idle_at), peak("b", largest)])
-    assert found is not None and found["evidence"]["details"]["median"] == "a"
+    assert found is not None and found.evidence.details.median == "a"
 
 
 def test_the_thresholds_are_keyword_arguments_and_part_of_the_api():
@@ -67,20 +67,20 @@ def test_the_category_and_module_that_make_the_difference():
              peak("rank 1", 21 * GiB, parameter=10 * GiB, activation=11 * GiB),
              peak("rank 2", 60 * GiB, oom=True, parameter=12 * GiB, activation=48 * GiB)]
     found = find_imbalance(ranks)
-    details = found["evidence"]["details"]
-    assert (details["worst"], details["median"]) == ("rank 2", "rank 1")
-    assert details["category"] == "activation" and details["category_gap_bytes"] == 37 * GiB
-    assert details["module"] == "rank 2.blocks" and details["module_gap_bytes"] == 48 * GiB
-    assert found["bytes"] == 39 * GiB and details["ratio"] == round(60 / 21, 3)
-    assert "same share of the batch" in found["remedies"][0]
-    assert [p["label"] for p in details["peaks"]] == ["rank 2", "rank 1", "rank 0"]
+    details = found.evidence.details
+    assert (details.worst, details.median) == ("rank 2", "rank 1")
+    assert details.category == "activation" and details.category_gap_bytes == 37 * GiB
+    assert details.module == "rank 2.blocks" and details.module_gap_bytes == 48 * GiB
+    assert found.bytes == 39 * GiB and details.ratio == round(60 / 21, 3)
+    assert "same share of the batch" in found.remedies[0]
+    assert [p["label"] for p in details.peaks] == ["rank 2", "rank 1", "rank 0"]
 
 
 def test_model_states_point_at_the_split_of_the_model_and_replicas_at_ddp():
     # DataParallel replicates onto cuda:1 and cuda:2; cuda:0, which it scatters from, holds the model's own copy
     states = [peak("cuda:1", 10 * GiB, replicas=True, parameter=8 * GiB),
               peak("cuda:2", 10 * GiB, replicas=True, parameter=8 * GiB), peak("cuda:0", 30 * GiB, parameter=28 * GiB)]
-    remedies = find_imbalance(states)["remedies"]
+    remedies = find_imbalance(states).remedies
     assert remedies[0].startswith("Use DistributedDataParallel") and "(cuda:0)" in remedies[0]
     assert any("Shard the model states" in r for r in remedies)
 
@@ -97,13 +97,13 @@ def test_an_idle_gpu_is_not_part_of_the_comparison():
     assert find_imbalance([peak("cuda:0", 0), peak("cuda:1", busy)]) is None
     assert find_imbalance([peak("cuda:0", int(IDLE_SHARE * busy) - 1), peak("cuda:1", busy)]) is None
     found = find_imbalance([peak("cuda:0", int(IDLE_SHARE * busy) + 1), peak("cuda:1", busy)])
-    assert found is not None and found["evidence"]["details"]["median"] == "cuda:0"
+    assert found is not None and found.evidence.details.median == "cuda:0"
 
 
 def test_the_median_is_a_devices_own_peak():
     found = find_imbalance([peak("a", 4 * GiB), peak("b", 6 * GiB), peak("c", 8 * GiB), peak("d", 30 * GiB)])
-    details = found["evidence"]["details"]
-    assert details["median"] == "b" and details["median_peak_bytes"] == 6 * GiB and details["ratio"] == 5.0
+    details = found.evidence.details
+    assert details.median == "b" and details.median_peak_bytes == 6 * GiB and details.ratio == 5.0
 
 
 def test_ranks_are_lined_up_by_step():
@@ -112,13 +112,13 @@ def test_ranks_are_lined_up_by_step():
     others = [PeakSummary(f"rank {i}", 21 * GiB, False, {"activation": 21 * GiB}, peak_step=3,
                           step_peaks={3: 21 * GiB, 7: 19 * GiB}) for i in range(3)]
     found = find_imbalance([worst, *others])
-    assert found["evidence"]["details"]["step"] == 7
-    assert found["evidence"]["details"]["median_at_that_step_bytes"] == 19 * GiB
-    assert "in step 7 rank 0 peaked at 19.00 GiB" in found["summary"]
+    assert found.evidence.details.step == 7
+    assert found.evidence.details.median_at_that_step_bytes == 19 * GiB
+    assert "in step 7 rank 0 peaked at 19.00 GiB" in found.summary
     unaligned = [PeakSummary(o.label, o.peak_bytes, False, o.by_category, peak_step=3, step_peaks={3: o.peak_bytes})
                  for o in others]
     without = find_imbalance([worst, *unaligned])   # the median rank recorded no step 7
-    assert without["evidence"]["details"]["median_at_that_step_bytes"] is None and "in step" not in without["summary"]
+    assert without.evidence.details.median_at_that_step_bytes is None and "in step" not in without.summary
 
 
 def test_the_ratio_reads_the_same_in_every_sentence():
@@ -131,4 +131,4 @@ def test_the_ratio_reads_the_same_in_every_sentence():
                             PeakSummary(label="cuda:1", peak_bytes=median, oom=False)])
     assert found is not None
     said = f"{found['evidence']['details']['ratio']:.1f}x"
-    assert said in found["summary"] and said in with_imbalance("v.", found, "cuda:0")
+    assert said in found.summary and said in with_imbalance("v.", found, "cuda:0")

@@ -51,7 +51,7 @@ def diagnosis(rec: Recording):
 
 
 def leaks(rec: Recording) -> list[dict]:
-    return [f for f in diagnosis(rec).findings if f["kind"] == "leak"]
+    return [f for f in diagnosis(rec).findings if f.kind == "leak"]
 
 
 # ---- LEVEL_AGREEMENT -------------------------------------------------------------------------------------------
@@ -60,15 +60,15 @@ GIVEN_BACK_AT = math.floor((1 - LEVEL_AGREEMENT) * KEPT)   # the step starts gro
 
 def test_a_leak_whose_step_starts_grow_by_half_its_rate_is_reported():
     d = diagnosis(recording(given_back=GIVEN_BACK_AT))
-    (leak,) = [f for f in d.findings if f["kind"] == "leak"]
-    assert leak["bytes_per_step"] == KEPT
-    assert leak["evidence"]["details"]["level_growth_per_step"] == KEPT - GIVEN_BACK_AT
+    (leak,) = [f for f in d.findings if f.kind == "leak"]
+    assert leak.bytes_per_step == KEPT
+    assert leak.evidence.details.level_growth_per_step == KEPT - GIVEN_BACK_AT
     assert d.triage["verdict"] == "leak" and d.remedies[0]["id"] == "fix_leak"
 
 
 def test_kept_memory_offset_by_frees_so_the_step_starts_grow_by_less_than_half_is_no_leak():
     d = diagnosis(recording(given_back=GIVEN_BACK_AT + BLOCK))
-    assert not [f for f in d.findings if f["kind"] == "leak"]
+    assert not [f for f in d.findings if f.kind == "leak"]
     assert d.triage["verdict"] == "steady_state"
 
 
@@ -80,18 +80,18 @@ PEAK_AT = math.floor(KEPT / MIN_SHARE_OF_PEAK)    # the rate is exactly 0.1% of 
 def test_a_rate_below_a_thousandth_of_the_largest_step_peak_is_noise(peak, found):
     assert MIN_SHARE_OF_PEAK * PEAK_AT <= KEPT < MIN_SHARE_OF_PEAK * (PEAK_AT + BLOCK)
     got = leaks(recording(peak=peak))
-    assert [f["evidence"]["details"]["largest_step_peak_bytes"] for f in got] == ([peak] if found else [])
+    assert [f.evidence.details.largest_step_peak_bytes for f in got] == ([peak] if found else [])
 
 
 # ---- MIN_MEASURED_STEPS ----------------------------------------------------------------------------------------
 def test_two_measured_steps_give_a_rate():
     (leak,) = leaks(recording(steps=MIN_MEASURED_STEPS + 2))
-    assert leak["evidence"]["details"]["measured_steps"] == [2, 3]
+    assert leak.evidence.details.measured_steps == [2, 3]
 
 
 def test_one_measured_step_is_an_event_not_a_rate():
     d = diagnosis(recording(steps=MIN_MEASURED_STEPS + 1))
-    assert not [f for f in d.findings if f["kind"] == "leak"]
+    assert not [f for f in d.findings if f.kind == "leak"]
     assert "growth across steps cannot be measured (3 training steps recorded; 4 or more are needed)" \
         in d.triage["reason"]
 

@@ -14,14 +14,15 @@ import math
 import pytest
 
 import analyzer
+from analyzer.result import OomFinding
 from support.snapshots import GiB, MiB, Recording
 
 OUTSIDE_THRESHOLD = 0.10
 RECOVERY_THRESHOLD = 0.05
 
 
-def _oom(analysis: analyzer.Analysis) -> dict:
-    return next(f for f in analysis.devices[0].diagnosis.findings if f["kind"] == "oom")
+def _oom(analysis: analyzer.Analysis) -> OomFinding:
+    return next(f for f in analysis.devices[0].diagnosis.findings if f.kind == "oom")
 
 
 # ---- OUTSIDE_THRESHOLD -----------------------------------------------------------------------------------------
@@ -38,21 +39,21 @@ def _oom_with_outside(outside: int) -> analyzer.Analysis:
         free = DEVICE - rec.reserved - outside
         rec.oom(free + 64 * MiB, device_free=free)
     analysis = analyzer.analyze(rec.trace(), gpu_memory=DEVICE)
-    assert _oom(analysis)["evidence"]["details"]["outside_pytorch_bytes"] == outside
+    assert _oom(analysis).evidence.details.outside_pytorch_bytes == outside
     return analysis
 
 
 def test_ten_percent_of_the_device_outside_pytorch_is_still_a_capacity_oom():
     analysis = _oom_with_outside(LIMIT)
     d = analysis.devices[0].diagnosis
-    assert _oom(analysis)["verdict"] == "capacity"
+    assert _oom(analysis).verdict == "capacity"
     assert d.triage["verdict"] == "steady_state" and "the work does not fit" in d.verdict
 
 
 def test_a_byte_more_than_ten_percent_outside_pytorch_is_blamed_on_it():
     analysis = _oom_with_outside(LIMIT + 1)
     d = analysis.devices[0].diagnosis
-    assert _oom(analysis)["verdict"] == "outside_pytorch"
+    assert _oom(analysis).verdict == "outside_pytorch"
     assert d.triage["verdict"] == "outside_pytorch" and "memory outside PyTorch" in d.verdict
 
 
@@ -83,16 +84,16 @@ def _oom_with_cached(cached: int) -> analyzer.Analysis:
         rec.reserve(cached - cached // 2)
         rec.oom(8 * MiB, device_free=4 * MiB)
     analysis = analyzer.analyze(rec.trace())
-    details = _oom(analysis)["evidence"]["details"]
-    assert (details["reserved_bytes"], details["reserved_unallocated_bytes"]) == (ALLOCATED + cached, cached)
-    assert details["largest_free_block_bytes"] < 8 * MiB
+    details = _oom(analysis).evidence.details
+    assert (details.reserved_bytes, details.reserved_unallocated_bytes) == (ALLOCATED + cached, cached)
+    assert details.largest_free_block_bytes < 8 * MiB
     return analysis
 
 
 def test_free_cached_memory_of_5_percent_of_the_reserve_makes_a_fragmentation_oom():
     analysis = _oom_with_cached(CACHED_AT)
     d = analysis.devices[0].diagnosis
-    assert _oom(analysis)["verdict"] == "fragmentation"
+    assert _oom(analysis).verdict == "fragmentation"
     # listed first; whether it is tried first is the replay's call: on this 194 MiB device, expandable segments
     # map the large pool in 20 MiB granules (200 MiB), so the replay says it still runs out (the fragmentation
     # fixture, on a realistic device, has it as try-first: tests/e2e/test_diagnosis.py)
@@ -102,7 +103,7 @@ def test_free_cached_memory_of_5_percent_of_the_reserve_makes_a_fragmentation_oo
 def test_a_byte_less_free_cached_memory_is_a_capacity_oom():
     analysis = _oom_with_cached(CACHED_AT - 1)
     d = analysis.devices[0].diagnosis
-    assert _oom(analysis)["verdict"] == "capacity"
+    assert _oom(analysis).verdict == "capacity"
     assert "expandable_segments" not in {r["id"] for r in d.remedies}
 
 
@@ -136,8 +137,8 @@ def test_fragmentation_at_the_peak_is_a_warning_from_95_percent_of_the_device_re
     picture = d.diagnosis.fragmentation
     assert (picture.reserved_bytes, picture.external_bytes, picture.cached_free_segments_bytes) == \
         (reserved, PIECE, 0)
-    found = [f for f in d.diagnosis.findings if f["kind"] == "fragmentation"]
-    assert [f["bytes"] for f in found] == ([PIECE] if warned else [])
+    found = [f for f in d.diagnosis.findings if f.kind == "fragmentation"]
+    assert [f.bytes for f in found] == ([PIECE] if warned else [])
     assert ("expandable_segments" in {r["id"] for r in d.diagnosis.remedies}) == warned
 
 
@@ -150,7 +151,7 @@ def test_cache_is_not_fragmentation_however_much_of_the_device_it_reserves():
     d = analyzer.analyze(rec.trace(), gpu_memory=math.floor(reserved / 0.99)).devices[0]
     picture = d.diagnosis.fragmentation
     assert (picture.external_bytes, picture.cached_free_segments_bytes) == (PIECE, 10 * PIECE)
-    assert not [f for f in d.diagnosis.findings if f["kind"] == "fragmentation"]
+    assert not [f for f in d.diagnosis.findings if f.kind == "fragmentation"]
 
 
 def test_the_picture_is_the_allocated_peak_not_the_reserved_peak():

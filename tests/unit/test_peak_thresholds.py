@@ -25,7 +25,7 @@ WEIGHTS = 32 * MiB
 
 
 def _kinds(d) -> list[str]:
-    return [f["kind"] for f in d.diagnosis.findings]
+    return [f.kind for f in d.diagnosis.findings]
 
 
 # ---- outside PyTorch (OUTSIDE_SHARE, SIGNIFICANT_SHARE) --------------------------------------------------------
@@ -37,8 +37,8 @@ def _with_outside(outside: int):
     with rec.step(1), rec.phase("forward"):
         rec.alloc(64 * MiB, "model.py:10")
     d = analyzer.analyze(rec.trace(), gpu_memory=DEVICE, device_usage=rec.device_usage(outside)).devices[0]
-    found = [f for f in d.diagnosis.findings if f["kind"] == "outside_pytorch"]
-    assert [f["bytes"] for f in found] in ([], [outside])
+    found = [f for f in d.diagnosis.findings if f.kind == "outside_pytorch"]
+    assert [f.bytes for f in found] in ([], [outside])
     return d, found
 
 
@@ -94,8 +94,8 @@ def test_an_optimizer_step_peaking_as_high_as_the_rest_of_the_run_is_a_spike(in_
         with rec.range("Optimizer.step#Adam.step"):
             rec.free(rec.alloc(in_optimizer, "train.py:30"))
     d = analyzer.analyze(rec.trace()).devices[0]
-    spikes = [f for f in d.diagnosis.findings if f["kind"] == "optimizer_spike"]
-    assert [(f["optimizer"], f["evidence"]["details"]["peak_elsewhere_bytes"]) for f in spikes] == \
+    spikes = [f for f in d.diagnosis.findings if f.kind == "optimizer_spike"]
+    assert [(f.optimizer, f.evidence.details.peak_elsewhere_bytes) for f in spikes] == \
         ([("Adam", WEIGHTS + FORWARD)] if reported else [])
     assert (d.diagnosis.triage["verdict"] == "phase_spike") is reported
 

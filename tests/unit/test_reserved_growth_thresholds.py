@@ -9,6 +9,7 @@ Each step makes a 64 MiB activation in a new segment and frees it, the segment k
 from __future__ import annotations
 
 import analyzer
+from analyzer.result import ReservedGrowthFinding
 from support.snapshots import BLOCK, MiB, Recording
 
 MIN_SHARE_OF_RESERVED = 0.005
@@ -17,7 +18,7 @@ STEPS = 6
 AT = int(GROWTH / MIN_SHARE_OF_RESERVED) - STEPS * GROWTH   # weights that put the growth at the boundary
 
 
-def _findings(weights: int, **options) -> list[dict]:
+def _findings(weights: int, **options) -> list[ReservedGrowthFinding]:
     rec = Recording()
     with rec.step(0), rec.phase("load"):
         rec.alloc(weights, where="model.py:10")
@@ -26,12 +27,12 @@ def _findings(weights: int, **options) -> list[dict]:
             rec.free(rec.alloc(GROWTH, where="model.py:40"))
     d = analyzer.analyze(rec.trace(), **options).devices[0]
     assert d.reserved_peak_bytes == weights + STEPS * GROWTH
-    return [f for f in d.diagnosis.findings if f["kind"] == "reserved_growth"]
+    return [f for f in d.diagnosis.findings if f.kind == "reserved_growth"]
 
 
 def test_growth_at_the_share_of_the_reserved_peak_is_a_finding():
     (finding,) = _findings(AT - BLOCK)
-    assert finding["bytes_per_step"] == GROWTH
+    assert finding.bytes_per_step == GROWTH
 
 
 def test_growth_under_the_share_is_noise():

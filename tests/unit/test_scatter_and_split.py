@@ -34,7 +34,7 @@ def test_only_dataparallels_scatter_gives_a_device_an_excess_to_even_out(replica
     assert found is not None
     excess = scatter_excess(found, peaks)
     assert excess == ({"cuda:1": 78 * GiB - (5 + 78 + 19) * GiB // 3} if replicas else {})
-    assert found["evidence"]["details"]["cause"] == ("uneven_scatter" if replicas else None)
+    assert found.evidence.details.cause == ("uneven_scatter" if replicas else None)
 
 
 def _oomed(scatter: int = 0, layers: int | None = 28, split_blocks: int | None = 0) -> Demand:
