@@ -144,7 +144,7 @@ class _Details:
         return asdict(self)  # type: ignore[call-overload]
 
 
-D = TypeVar("D", bound=Details)
+D = TypeVar("D", bound=Details, covariant=True)   # an OomFinding is a Finding[Details]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,10 +188,10 @@ def _finding_value(value: Any) -> Any:
     return value.to_json() if isinstance(value, Evidence) else value
 
 
-F = TypeVar("F", bound=Finding[Any])
+F = TypeVar("F", bound=Finding[Details])
 
 
-def first_of(findings: Sequence[Finding[Any]], kind: type[F]) -> F | None:
+def first_of(findings: Sequence[Finding[Details]], kind: type[F]) -> F | None:
     """The first finding of this kind, or None."""
     return next((f for f in findings if isinstance(f, kind)), None)
 
@@ -389,6 +389,16 @@ class KVCacheFinding(Finding[KVCacheDetails]):
     JSON_KEYS = ("kind", "severity", "bytes", "summary", "evidence")
 
 
+class ImbalancePeak(TypedDict):
+    """One device's peak as the imbalance finding lists it, worst first."""
+
+    label: str
+    peak_bytes: int
+    oom: bool
+    peak_step: int | None
+    peak_phase: str | None
+
+
 @dataclass(frozen=True, kw_only=True)
 class ImbalanceDetails(_Details):
     worst: str
@@ -403,7 +413,7 @@ class ImbalanceDetails(_Details):
     step: int | None
     median_at_that_step_bytes: int | None
     cause: str | None
-    peaks: list[dict[str, Any]]
+    peaks: list[ImbalancePeak]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -613,7 +623,7 @@ class WorkloadFacts:
 class Diagnosis:
     """What the detectors, the triage, the theory check and the remedies made of one device's measures."""
 
-    findings: list[Finding[Any]]
+    findings: list[Finding[Details]]
     remedies: list[ListedRemedy]
     verdict: str                          # one sentence: what ran out, where, why, what to try first
     theory: Theory                        # measured model states vs 16Ψ

@@ -53,6 +53,7 @@ from analyzer.diagnose.triage import triage
 from analyzer.diagnose.workload import Workload, recognise
 from analyzer.result import (
     ConvWorkspaceFinding,
+    Details,
     DeviceMeasures,
     Diagnosis,
     Finding,
@@ -95,8 +96,9 @@ def diagnose(ctx: DeviceContext, thresholds: Thresholds = Thresholds()) -> Diagn
     thresholds."""
     host = ctx.device < 0 and beside_a_gpu(ctx)
     tuned = _tuned(thresholds)
-    findings: list[Finding[Any]] = [f for detector in DETECTORS if not (ctx.device < 0 and detector is fragmentation)
-                for f in detector.detect(ctx, **tuned.get(detector, {}))]
+    findings: list[Finding[Details]] = [
+        f for detector in DETECTORS if not (ctx.device < 0 and detector is fragmentation)
+        for f in detector.detect(ctx, **tuned.get(detector, {}))]
     picture = fragmentation_picture(ctx)
     theory = theory_check(ctx)
     triaged = triage(ctx, findings)
@@ -167,7 +169,7 @@ def theory_check(ctx: DeviceContext) -> Theory:
                             for r in regimes])
 
 
-def _demand(ctx: DeviceContext, findings: list[Finding[Any]], theory: Theory, triaged: str,
+def _demand(ctx: DeviceContext, findings: list[Finding[Details]], theory: Theory, triaged: str,
             fragmentation: FragmentationPicture | None, workload: Workload, tuned: dict[ModuleType, dict[str, Any]]) -> Demand:
     """What the run needed: at an OOM, what was allocated plus the failed request; else the peak."""
     d = ctx.d
@@ -229,7 +231,7 @@ def _graph_bytes(live: Any) -> int:
     return int(activations["allocated_bytes"].sum() - latest)
 
 
-def verdict(ctx: DeviceContext, findings: list[Finding[Any]], remedies: list[ListedRemedy], demand: Demand,
+def verdict(ctx: DeviceContext, findings: list[Finding[Details]], remedies: list[ListedRemedy], demand: Demand,
             triaged: Triage, fits: Fits | None = None, found: Plan | None = None) -> str:
     """One sentence: what ran out, where, why, what to try first (nothing to try when the run fits); when no
     single change fits, the plan's changes in order."""
@@ -250,7 +252,7 @@ def _lower_bound(ctx: DeviceContext) -> str:
             "made earlier are not in it): every peak here is a lower bound.")
 
 
-def _sentence(ctx: DeviceContext, findings: list[Finding[Any]], remedies: list[ListedRemedy], demand: Demand,
+def _sentence(ctx: DeviceContext, findings: list[Finding[Details]], remedies: list[ListedRemedy], demand: Demand,
               triaged: Triage, fits: Fits | None, found: Plan | None) -> str:
     """The verdict's sentence for a GPU, from what the recording holds."""
     d = ctx.d
@@ -316,7 +318,7 @@ def _record_earlier(ctx: DeviceContext) -> str:
     return f" To see what the {gib(_unseen_bytes(ctx))} is, {how}."
 
 
-def _composition(d: DeviceMeasures, findings: list[Finding[Any]], demand: Demand | None = None) -> str:
+def _composition(d: DeviceMeasures, findings: list[Finding[Details]], demand: Demand | None = None) -> str:
     """What the peak is made of, in words: the largest known category, or the transient no tensor holds that
     the conv_workspace finding names; then what the kv_cache finding names, and eager attention's s x s tensors
     where they hold RELEVANT_SHARE of the peak or more."""

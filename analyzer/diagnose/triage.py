@@ -9,24 +9,22 @@
 """
 from __future__ import annotations
 
-from typing import Any
-
 from analyzer.core.vocabulary import FindingKind, Phase
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.step_levels import MIN_MEASURED_STEPS, measured
-from analyzer.result import Finding, OomFinding, OutsidePytorchFinding, Triage, first_of
+from analyzer.result import Details, Finding, OomFinding, OutsidePytorchFinding, Triage, first_of
 
 PHASE_SPIKES: dict[FindingKind, Phase] = {FindingKind.OPTIMIZER_SPIKE: Phase.OPTIMIZER, FindingKind.CHECKPOINT_GATHER: Phase.CHECKPOINT_SAVE}  # finding -> its phase
 
 
-def triage(ctx: DeviceContext, findings: list[Finding[Any]]) -> Triage:
+def triage(ctx: DeviceContext, findings: list[Finding[Details]]) -> Triage:
     """{"verdict": outside_pytorch | leak | phase_spike | steady_state, "reason": one sentence}."""
-    first: dict[FindingKind, Finding[Any]] = {}
+    first: dict[FindingKind, Finding[Details]] = {}
     for f in findings:
         first.setdefault(f.kind, f)
     oom = first_of(findings, OomFinding)
     measured = first_of(findings, OutsidePytorchFinding)
-    outside: Finding[Any] | None = oom if oom is not None and oom.verdict == "outside_pytorch" else \
+    outside: Finding[Details] | None = oom if oom is not None and oom.verdict == "outside_pytorch" else \
         (measured if measured is not None and measured.significant else None)
     if outside is not None:
         return {"verdict": "outside_pytorch", "reason": outside.summary}

@@ -22,7 +22,17 @@ from analyzer.core.trace import MemoryTrace
 from analyzer.core.units import human_bytes, relative_seconds
 from analyzer.core.vocabulary import UNATTRIBUTED, category_color, category_rank, phase_color
 from analyzer.report.shown import shown
-from analyzer.result import Analysis, DeviceAnalysis, EndState, Finding, ImbalanceFinding, ListedRemedy, Plan, Theory
+from analyzer.result import (
+    Analysis,
+    Details,
+    DeviceAnalysis,
+    EndState,
+    Finding,
+    ImbalanceFinding,
+    ListedRemedy,
+    Plan,
+    Theory,
+)
 
 LIVE_SHOWN = 25          # allocations live at the peak listed with their stacks
 FRAMES_SHOWN = 40        # frames of one stack, innermost first
@@ -499,7 +509,7 @@ def _detail_text(name: str, value: Any) -> str:
     return f"{value:.3g}"
 
 
-def _finding_view(f: Finding[Any], origin: int | None) -> FindingView:
+def _finding_view(f: Finding[Details], origin: int | None) -> FindingView:
     evidence = f.evidence
     allocations = [EvidenceAllocation(a["bytes"], a["top_user_frame"], a["op"], a["module"], a["category"])
                    for a in evidence.allocations or []]

@@ -8,6 +8,7 @@ import pickle
 import re
 import statistics
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,7 +41,7 @@ def analyses() -> dict[str, analyzer.Analysis]:
                                    else None) for case in CASES}
 
 
-def _kinds(analysis: analyzer.Analysis, kind: str) -> list[dict]:
+def _kinds(analysis: analyzer.Analysis, kind: str) -> list[Any]:
     return [f for d in analysis.devices for f in d.diagnosis.findings if f.kind == kind]
 
 
@@ -76,8 +77,8 @@ def test_real_snapshots_have_no_leak(real_dir, snapshot):
 def test_bytes_per_step_matches_the_truth(analyses, name):
     (finding,) = _kinds(analyses[f"sim/{name}"], "leak")
     truth = _truth_growth(name)
-    print(f"{name}: measured {finding['bytes_per_step']} bytes per step, truth {truth:.0f}")
-    assert abs(finding["bytes_per_step"] - truth) <= 0.10 * truth
+    print(f"{name}: measured {finding.bytes_per_step} bytes per step, truth {truth:.0f}")
+    assert abs(finding.bytes_per_step - truth) <= 0.10 * truth
 
 
 @pytest.mark.parametrize("name", ["leak", "activation_cache"])
@@ -85,8 +86,8 @@ def test_steps_to_oom_at_the_measured_rate(analyses, name):
     (finding,) = _kinds(analyses[f"sim/{name}"], "leak")
     truth = _truth(name)
     expected = (truth["gpu_memory"] - truth["measures"]["peak_allocated_bytes"]) / _truth_growth(name)
-    assert abs(finding["steps_to_oom"] - expected) <= 0.10 * expected + 1
-    assert finding["oom_step"] == truth["steps"] + finding["steps_to_oom"]
+    assert abs(finding.steps_to_oom - expected) <= 0.10 * expected + 1
+    assert finding.oom_step == truth["steps"] + finding.steps_to_oom
 
 
 # ---- where it comes from -----------------------------------------------------------------------------
@@ -94,20 +95,20 @@ def test_the_leak_points_at_the_line_that_kept_the_metric(analyses):
     source = Path(leak.__file__).parents[1] / "simulate" / "scenarios.py"
     line = next(i for i, text in enumerate(source.read_text().splitlines(), 1) if "forgot .item()" in text)
     (finding,) = _kinds(analyses["sim/leak"], "leak")
-    assert finding["stacks"][0]["top_user_frame"].endswith(f"scenarios.py:{line} __call__")
+    assert finding.stacks[0]["top_user_frame"].endswith(f"scenarios.py:{line} __call__")
 
 
 def test_activations_cached_on_modules_are_grouped_by_module(analyses):
     (finding,) = _kinds(analyses["sim/activation_cache"], "leak")
-    modules = {s["module"] for s in finding["stacks"]}
+    modules = {s["module"] for s in finding.stacks}
     assert modules == {f"layers.{i}.mlp.fc" for i in range(6)}
-    assert len({s["bytes_per_step"] for s in finding["stacks"]}) == 1     # each layer keeps the same tensor
+    assert len({s["bytes_per_step"] for s in finding.stacks}) == 1     # each layer keeps the same tensor
 
 
 def test_the_cpu_profiled_leak_points_at_the_validation_forward(analyses):
     (finding,) = _kinds(analyses["kineto/leak"], "leak")
-    assert finding["bytes_per_step"] > 0 and finding["steps_to_oom"] is None    # a CPU run: no device size
-    assert all(s["top_user_frame"].startswith("record_kineto_fixtures.py:") for s in finding["stacks"])
+    assert finding.bytes_per_step > 0 and finding.steps_to_oom is None    # a CPU run: no device size
+    assert all(s["top_user_frame"].startswith("record_kineto_fixtures.py:") for s in finding.stacks)
 
 
 # ---- triage, verdict and remedies ----------------------------------------------------------------------
@@ -130,7 +131,7 @@ def test_a_leak_gets_fix_the_leak_first_and_no_batch_size_advice(analyses, case)
     (finding,) = _kinds(analyses[case], "leak")
     first = d.diagnosis.remedies[0]
     assert first["id"] == "fix_leak" and first["try_first"] and sum(r["try_first"] for r in d.diagnosis.remedies) == 1
-    assert all(leak.place(s) in first["how"] for s in finding["stacks"])
+    assert all(leak.place(s) in first["how"] for s in finding.stacks)
     assert not BATCH_SIZE_REMEDIES & {r["id"] for r in d.diagnosis.remedies}
     assert "a leak, not the size of the work" in d.diagnosis.verdict and "per step" in d.diagnosis.verdict
     assert "batch" not in re.split("(?i)try first", d.diagnosis.verdict)[1]
@@ -142,7 +143,7 @@ def test_the_story_sentence(analyses):
     (finding,) = _kinds(analyses["sim/leak"], "leak")
     print(d.diagnosis.verdict)
     assert "+500.0 MiB per step" in d.diagnosis.verdict and "scenarios.py" in d.diagnosis.verdict
-    assert f"out of memory in about {finding['steps_to_oom']} more steps at this rate" in d.diagnosis.verdict
+    assert f"out of memory in about {finding.steps_to_oom} more steps at this rate" in d.diagnosis.verdict
 
 
 def test_healthy_runs_keep_their_batch_size_advice(analyses):
@@ -200,9 +201,9 @@ def test_reserved_growth_is_reported_apart_from_a_leak(tmp_path):
     analysis = analyzer.analyze(path, gpu_memory=1 << 30)
     d = analysis.devices[0]
     (finding,) = _kinds(analysis, "reserved_growth")
-    print(finding["summary"])
-    assert finding["bytes_per_step"] == 64 * MiB
-    assert finding["steps_to_oom"] == math.ceil((1024 - 32 - 6 * 64) * MiB / (64 * MiB))
+    print(finding.summary)
+    assert finding.bytes_per_step == 64 * MiB
+    assert finding.steps_to_oom == math.ceil((1024 - 32 - 6 * 64) * MiB / (64 * MiB))
     assert not _kinds(analysis, "leak") and d.diagnosis.triage["verdict"] != "leak"
     assert "expandable_segments" in {r["id"] for r in d.diagnosis.remedies}
 

@@ -11,7 +11,6 @@ import shutil
 import subprocess
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 from rich.console import Console
@@ -26,6 +25,7 @@ from analyzer.report.text import print_summary
 from analyzer.report.view import CHART_POINTS, FRAMES_SHOWN, LIVE_SHOWN, build_view
 from analyzer.result import (
     Analysis,
+    Details,
     Diagnosis,
     Evidence,
     Finding,
@@ -110,7 +110,7 @@ def realistic(a: Analysis) -> Analysis:
     d = a.devices[0]
     t0 = a.trace.time_origin_us
     verdict = "Out of memory in the forward pass of step 1 (layers.4.attn): activations are 85% of the peak."
-    findings: list[Finding[Any]] = [
+    findings: list[Finding[Details]] = [
         KVCacheFinding(severity="info", bytes=512 << 20, summary="512 MiB kept across the forward",
                        evidence=Evidence(event_index=[380, 380],
                                          details=KVCacheDetails(share=0.02, tensors=48, layers=24, quantized=False))),

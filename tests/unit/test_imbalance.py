@@ -130,5 +130,5 @@ def test_the_ratio_reads_the_same_in_every_sentence():
     found = find_imbalance([PeakSummary(label="cuda:0", peak_bytes=worst, oom=False),
                             PeakSummary(label="cuda:1", peak_bytes=median, oom=False)])
     assert found is not None
-    said = f"{found['evidence']['details']['ratio']:.1f}x"
+    said = f"{found.evidence.details.ratio:.1f}x"
     assert said in found.summary and said in with_imbalance("v.", found, "cuda:0")

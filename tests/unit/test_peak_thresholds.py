@@ -50,7 +50,7 @@ SIGNIFICANT = math.ceil(SIGNIFICANT_SHARE * DEVICE)
 def test_memory_outside_pytorch_is_reported_from_1_percent_of_the_device(outside, reported):
     d, found = _with_outside(outside)
     assert bool(found) is reported
-    assert [f["severity"] for f in found] == (["info"] if reported else [])
+    assert [f.severity for f in found] == (["info"] if reported else [])
     assert d.diagnosis.triage["verdict"] == "steady_state"
 
 
@@ -58,8 +58,8 @@ def test_memory_outside_pytorch_is_reported_from_1_percent_of_the_device(outside
                          ids=["at", "below"])
 def test_memory_outside_pytorch_comes_first_from_10_percent_of_the_device(outside, significant):
     d, (finding,) = _with_outside(outside)
-    assert finding["significant"] is significant
-    assert finding["severity"] == ("critical" if significant else "info")
+    assert finding.significant is significant
+    assert finding.severity == ("critical" if significant else "info")
     assert (d.diagnosis.triage["verdict"] == "outside_pytorch") is significant
 
 
