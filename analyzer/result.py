@@ -137,11 +137,12 @@ class Details(Protocol):
     def to_json(self) -> dict[str, Any]: ...
 
 
+@dataclass(frozen=True)
 class _Details:
     """Details written field by field, in their declared order."""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)  # type: ignore[call-overload]
+        return asdict(self)
 
 
 D = TypeVar("D", bound=Details, covariant=True)   # an OomFinding is a Finding[Details]
