@@ -23,7 +23,8 @@ know), and says so in its label source (`structure:…`, confidence below the st
    (`zeros_like` per parameter).
 3. A long-lived tensor made in an optimizer step that replaces a parameter freed in the same step (same
    size) is the parameter (`p.data = new`), not optimizer state, from the old one's free on (the step's
-   temporary until then, `category_from_seq`, as in rule 4).
+   temporary until then, `category_from_seq`, as in rule 4). The parameter freed may itself be the step
+   before's new value, paired first: steps are walked in time order.
 4. The dual of 3: a tensor the lifetime rules call a parameter (made while loading and kept) that is made
    within REPLACE_EVENTS allocator events before an optimizer state of its size is freed, and outlives it, is
    that state's new value (`state = f(state)` out of place: DeComFL's estimator updates its K this way between
@@ -178,9 +179,13 @@ def _replaced_parameters(a: pd.DataFrame, sizes: np.ndarray, t_alloc: np.ndarray
     step = _optimizer_steps(t_alloc[made])
     window = pd.DataFrame({"step": step, "t": t_alloc[made]}).groupby("step")["t"].agg(["min", "max"])
     gap = _step_gap(t_alloc[made])
-    freed = np.flatnonzero((category == PARAMETER) & np.isfinite(t_free))
+    # a parameter freed inside (or just after) an optimizer step; a tensor an earlier step made and kept may be
+    # one too (the replacement of the step before: paired below before its own free comes up in time order)
+    may_be_parameter = category == PARAMETER
+    may_be_parameter[made] = True
+    freed = np.flatnonzero(may_be_parameter & np.isfinite(t_free))
     events = [(t_alloc[r], 1, int(r), int(s)) for r, s in zip(made, step, strict=True)]
-    for r in freed:  # a parameter freed inside (or just after) an optimizer step
+    for r in freed:
         inside = np.flatnonzero((window["min"].to_numpy() <= t_free[r]) & (t_free[r] <= window["max"].to_numpy() + gap))
         if len(inside):
             events.append((t_free[r], 0, int(r), int(window.index[inside[0]])))
@@ -188,7 +193,7 @@ def _replaced_parameters(a: pd.DataFrame, sizes: np.ndarray, t_alloc: np.ndarray
     for _, is_new, row, s in sorted(events):
         if is_new:
             unpaired[(s, int(sizes[row]))].append(row)
-        elif unpaired[(s, int(sizes[row]))]:
+        elif category[row] == PARAMETER and unpaired[(s, int(sizes[row]))]:
             new = unpaired[(s, int(sizes[row]))].pop()
             category[new] = PARAMETER
             source[new] = REPLACES_PARAMETER

@@ -143,6 +143,45 @@ def test_a_tensor_that_replaces_a_parameter_in_the_optimizer_step_is_the_paramet
     assert (timeline.loc[steps, "parameter_bytes"] == sum(SIZES)).all()
 
 
+def _replacing_run(steps: int) -> Recording:
+    """A hand-written optimizer that makes `p.data` and its moment `m` anew every step (out of place), each new
+    value before the old one's free: the step before's replacements are the ones this step replaces."""
+    rec = Recording()
+    with rec.phase("load"):
+        weights = [rec.alloc(size, LINEAR_INIT, name="__init__") for size in SIZES]
+    moments: list[int] = []
+    for step in range(steps):
+        saved = forward(rec)
+        for addr in saved:
+            rec.free(addr)
+        with rec.phase("optimizer"):
+            for i, size in enumerate(SIZES):
+                new_m = rec.alloc(size, OPTIM, name="step")  # m = beta * m + (1 - beta) * g
+                if step:
+                    rec.free(moments[i])
+                    moments[i] = new_m
+                else:
+                    moments.append(new_m)
+                new_p = rec.alloc(size, OPTIM, name="step")  # p.data = p - lr * m
+                rec.free(weights[i])
+                weights[i] = new_p
+    return rec
+
+
+def test_a_parameter_replaced_every_step_stays_a_parameter_in_every_later_step() -> None:
+    """The step before's new `p.data` is the parameter this step frees: each step's replacement pairs with it,
+    so the third forward reads the whole parameter set (it read 0: the second step's new values stayed
+    optimizer state), and a moment made anew every step, of the same sizes, stays optimizer state."""
+    attributed = attribute(_replacing_run(steps=3).trace())
+    a, timeline = attributed.allocations, attributed.timeline
+    ends = a.loc[a["phase"].astype(str) == "forward", "seq_alloc"].sort_values().to_numpy()[2::3]  # each forward's last
+    at = timeline.set_index("seq").loc[ends]
+    assert at["parameter_bytes"].tolist() == [sum(SIZES)] * 3
+    assert at["optimizer_state_bytes"].tolist() == [0, sum(SIZES), sum(SIZES)]
+    kept = a[a["phase"].astype(str) == "optimizer"]
+    assert by_category(kept) == {"parameter": 3 * sum(SIZES), "optimizer_state": 3 * sum(SIZES)}
+
+
 def test_pairing_starts_at_three_quarters_of_the_optimizer_state() -> None:
     """PAIRED_STATE_SHARE: 6 candidates for 8 state tensors (0.75) pair up; 5 (0.625) are parameters."""
     for extra, paired in ((2, True), (1, False)):

@@ -215,3 +215,37 @@ def test_what_is_said_to_be_made_outside_every_module_is(case):
     assert len(outside), case
     wrong = [int(s) for s in outside["seq_alloc"].dropna() if labels[str(int(s))].get("module_class")]
     assert not wrong, (case, wrong[:5])
+
+
+@pytest.mark.parametrize("seq", [4, 64, 128])
+def test_a_script_replacing_p_data_reads_its_parameters_at_every_sequence_length(seq, tmp_path, monkeypatch):
+    """zoo_replace_data for three steps (its peak in the second step's update at 4 tokens, in its backward at 64
+    and 128): every parameter the run made, in each step's `p.data = ...`, is read as one without capture tags
+    (the second and third steps' were optimizer state: the step before's new values were not paired, and the
+    4-token peak counted the new `wte` as state, 961,536 B of it for 699,392)."""
+    pytest.importorskip("transformers")
+    import numpy as np
+
+    from analyzer.attribute import attribute
+    from analyzer.evaluate.accuracy import without_tags
+    from analyzer.simulate import zoo
+    from analyzer.simulate.allocator import AllocatorSettings
+    from analyzer.simulate.runner import simulate_to_files, trace_training
+
+    monkeypatch.setattr(zoo, "SEQ", seq)
+    path = tmp_path / "replace.pickle"
+    simulate_to_files(trace_training(zoo.ZOO["zoo_replace_data"].loop(), steps=3), path, 8 << 30,
+                      AllocatorSettings(), scenario="zoo_replace_data")
+    labels = json.loads(path.with_name("replace.truth.json").read_text())["allocations"]
+    a = attribute(without_tags(analyzer.load(path))).allocations
+    made = a[a["seq_alloc"].notna()]
+    keys = made["seq_alloc"].astype(np.int64).astype(str)
+    truth_parameter = keys.map(lambda k: labels.get(k, {}).get("category") == "parameter").to_numpy(dtype=bool)
+    ours = made["category"].astype(str).to_numpy()
+    in_step = (made["phase"].astype(str) == "optimizer").to_numpy()
+    assert truth_parameter[in_step].sum() == 3 * truth_parameter[~in_step].sum() > 0  # each step replaces them all
+    assert (ours[truth_parameter] == "parameter").all()
+    # the other side: the momentum buffers, made in the step and kept, of the parameters' sizes, stay state
+    truth_state = keys.map(lambda k: labels.get(k, {}).get("category") == "optimizer_state").to_numpy(dtype=bool)
+    assert truth_state.sum() and (ours[in_step & truth_state] == "optimizer_state").all()
+    assert not (ours[in_step & ~truth_parameter] == "parameter").any()
