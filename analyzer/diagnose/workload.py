@@ -55,12 +55,14 @@ class Workload:
     def forward_only(self) -> bool:
         return self.kind == "forward_only"
 
-    def published(self) -> WorkloadFacts:
-        """What the report shows: the workload's facts and its summary."""
+    def published(self, kv_cache: bool = False) -> WorkloadFacts:
+        """What the report shows: the workload's facts and its summary (`kv_cache`: the kv_cache finding named the
+        kept activations, so the summary says what they are)."""
         return WorkloadFacts(kind=self.kind, frozen_share=self.frozen_share, graph_kept=self.graph_kept,
-                             mixed_precision_on=self.mixed_precision_on, gpus=self.gpus, summary=self.describe())
+                             mixed_precision_on=self.mixed_precision_on, gpus=self.gpus,
+                             summary=self.describe(kv_cache))
 
-    def describe(self) -> str:
+    def describe(self, kv_cache: bool = False) -> str:
         """'training, bf16 autocast on, 1 GPU': what the advice was chosen for."""
         parts = {"training": "training", "forward_only": "forward only (no backward, no optimizer)",
                  "unknown": "forward so far (the recording ends before any backward)" if self.history else
@@ -71,10 +73,12 @@ class Workload:
         if self.frozen_share is not None:
             words.append(f"{self.frozen_share:.0%} of the parameters frozen (no gradients, no optimizer state)")
         if self.graph_kept:
-            words.append("activations kept (an autograd graph or a cache: the recording cannot tell)"
-                         if self.grad_mode is None else "activations kept (autograd on: an autograd graph)")
+            words.append("activations kept (autograd on: an autograd graph)" if self.grad_mode is not None else
+                         "activations kept (a KV cache, and maybe an autograd graph: the recording cannot tell)"
+                         if kv_cache else "activations kept (an autograd graph or a cache: the recording cannot tell)")
         if self.cache_kept:
-            words.append(f"activations kept with autograd off ({self.grad_mode}): a cache or outputs, not a graph")
+            words.append(f"activations kept with autograd off ({self.grad_mode}): "
+                         + ("a KV cache, not a graph" if kv_cache else "a cache or outputs, not a graph"))
         if self.mixed_precision_on:
             words.append("autocast (mixed precision) on")
         if self.gpus is not None:

@@ -148,6 +148,7 @@ def test_a_forward_only_runs_kv_cache_is_named_with_its_remedies():
     assert remedies[RemedyId.MODEL_CHANGES]["saved_bytes"] == 24 * per_layer * 3 // 4
     assert RemedyId.NO_GRAD not in remedies
     assert "a KV cache holds 0.82 GiB of it (42%)" in d.verdict
+    assert d.workload.summary.endswith("activations kept with autograd off (inference_mode): a KV cache, not a graph")
 
 
 def test_a_cache_the_frames_show_quantized_is_not_offered_quantization():
@@ -157,6 +158,7 @@ def test_a_cache_the_frames_show_quantized_is_not_offered_quantization():
     remedies = _remedies(d)
     assert RemedyId.KV_CACHE_QUANTIZED not in remedies and RemedyId.KV_CACHE_OFF in remedies
     assert RemedyId.NO_GRAD not in remedies, "the activations kept are the cache, not a graph"
+    assert "activations kept (a KV cache, and maybe an autograd graph: the recording cannot tell)" in d.workload.summary
 
 
 def test_a_training_runs_activations_are_no_kv_cache():
