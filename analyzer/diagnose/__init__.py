@@ -115,7 +115,7 @@ def diagnose(ctx: DeviceContext, thresholds: Thresholds = Thresholds()) -> Diagn
     return Diagnosis(findings=findings, remedies=remedies, theory=theory, fragmentation=picture, triage=triaged, plan=found,
                      demand_bytes=demand.total, verdict=verdict(ctx, findings, remedies, demand, triaged, fits, found),
                      capacity_bytes=ctx.capacity_bytes, capacity_source=ctx.capacity_source,
-                     workload=workload.published(FindingKind.KV_CACHE in {f["kind"] for f in findings}), fits=fits)
+                     workload=workload.published(first_of(findings, KVCacheFinding) is not None), fits=fits)
 
 
 def fragmentation_picture(ctx: DeviceContext) -> FragmentationPicture | None:
