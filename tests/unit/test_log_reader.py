@@ -11,11 +11,11 @@ import sys
 import pytest
 
 from analyzer.core.log_records import Era, OomText, Reading
-from analyzer.diagnose import log_trends
-from analyzer.diagnose.log_cause import CONTEXT_ALLOWANCE, FREE_SLACK, judge
 from analyzer.ingest.log import read_log, read_log_file
 from analyzer.ingest.log.lines import clean
 from analyzer.ingest.log.oom_message import parse
+from analyzer.log_diagnose import trends
+from analyzer.log_diagnose.cause import CONTEXT_ALLOWANCE, FREE_SLACK, judge
 from analyzer.log_result import analyze_log
 from tests.support.paths import ROOT
 
@@ -215,25 +215,25 @@ def _series(values: list[int]) -> list[Reading]:
 
 
 def test_leak_needs_growth_in_every_reading_over_the_minimum() -> None:
-    n, least = log_trends.LEAK_MIN_READINGS, log_trends.LEAK_MIN_GROWTH
+    n, least = trends.LEAK_MIN_READINGS, trends.LEAK_MIN_GROWTH
 
     def rising(total: int, readings: int = n) -> list[int]:  # never down, `total` from the first to the last
         return [g(10) + total * i // (readings - 1) for i in range(readings)]
 
-    assert log_trends.leaks(_series(rising(least)))[0]["growth_bytes"] == least
-    assert log_trends.leaks(_series(rising(least - 1))) == []                 # one byte short of the growth
-    assert log_trends.leaks(_series(rising(least, n - 1))) == []              # one reading short
+    assert trends.leaks(_series(rising(least)))[0]["growth_bytes"] == least
+    assert trends.leaks(_series(rising(least - 1))) == []                 # one byte short of the growth
+    assert trends.leaks(_series(rising(least, n - 1))) == []              # one reading short
     down_once = rising(2 * least)
     down_once[2], down_once[1] = down_once[1], down_once[2]                   # went down once
-    assert log_trends.leaks(_series(down_once)) == []
+    assert trends.leaks(_series(down_once)) == []
 
 
 def test_imbalance_ratio() -> None:
     def ranks(top: int) -> list[Reading]:
         return [Reading(line=r, source="megatron", rank=r, bytes={"allocated_peak": v})
                 for r, v in enumerate([g(10), g(10), top])]
-    assert log_trends.imbalance(ranks(g(12)))["rank"] == 2   # 1.2x the median exactly
-    assert log_trends.imbalance(ranks(g(12) - 1)) is None
+    assert trends.imbalance(ranks(g(12)))["rank"] == 2   # 1.2x the median exactly
+    assert trends.imbalance(ranks(g(12) - 1)) is None
 
 
 # --- lines and the command --------------------------------------------------------------------------------
@@ -519,3 +519,14 @@ def test_gzip_and_crlf_logs(tmp_path) -> None:  # type: ignore[no-untyped-def]
     crlf.write_bytes((LOGS / "cublas_ranks_thunder_1296.log").read_bytes().replace(b"\n", b"\r\n"))
     o = analyze_log(crlf).ooms[0]
     assert (o.phase, o.text.rank) == ("backward", 0) and o.user_frame.endswith("benchmark_litgpt.py:748 in train")
+
+
+def test_a_log_is_analysed_without_pandas_or_numpy(tmp_path) -> None:
+    """`analyze LOG --format json` imports neither (they took 0.5 s, half of a 200 MiB log's whole run): only a
+    recording's tables need them. (The HTML and Markdown reporters still import them through the recording's.)"""
+    probe = ("import sys; from analyzer.commands import main; "
+             "code = main([sys.argv[1], '--format', 'json', '-o', sys.argv[2], '-q']); "
+             "print(code, sorted(m for m in ('pandas', 'numpy', 'analyzer.diagnose', 'analyzer.result') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe, str(LOGS / "reserved_summary_pytorch_35901.log"),
+                           str(tmp_path / "out.json")], capture_output=True, cwd=ROOT, timeout=120)
+    assert done.stdout.decode().split() == ["0", "[]"], done.stderr.decode()[-2000:]
