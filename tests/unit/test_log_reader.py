@@ -268,6 +268,35 @@ def test_what_is_read_back_does_not_depend_on_where_blocks_end(monkeypatch: pyte
     assert whole[0].ooms[0].frames[-1][3] == "amax, _ = torch.max(torch.abs(block_x), dim=-1, keepdim=True)"
 
 
+def test_hyperscan_finds_the_lines_the_bytes_find_passes_find() -> None:
+    """The one-pass search (Hyperscan) and the fallback where it is not installed pick the same lines of every
+    fixture, all of them in one text too (anchors twice on a line, at its start and end, a line without a newline)."""
+    pytest.importorskip("hyperscan")
+    from analyzer.ingest.log import ANCHORS
+    from analyzer.ingest.log.lines import _starts_one_by_one, line_finder
+    texts = [p.read_bytes() + b"\n" for p in sorted(LOGS.glob("*.log"))]
+    texts += [b"".join(texts), b"emory\nMiB lloc MiB emory\nnothing\nLoad weight end\n"]
+    finder = line_finder(ANCHORS)
+    picked = [finder(t) for t in texts]
+    assert picked == [_starts_one_by_one(t, ANCHORS) for t in texts]
+    assert picked[-1] == [0, 6, 33] and sum(map(len, picked[:-2])) == len(picked[-2]) > 50
+
+
+def test_a_log_reads_the_same_without_hyperscan(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+    names = sorted(p.name for p in LOGS.glob("*.log"))
+    fast = [read_log_file(LOGS / n) for n in names]
+    real_import = builtins.__import__
+
+    def no_hyperscan(name: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if name == "hyperscan":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_hyperscan)
+    assert [read_log_file(LOGS / n) for n in names] == fast
+
+
 def test_deepspeed_ma_lines_are_found_by_their_loggers_function_name() -> None:
     # the log is searched for "emory" (not "Max_MA"): DeepSpeed's logger prints see_memory_usage on the MA line
     ma = "MA 4.89 GB         Max_MA 4.89 GB         CA 6.68 GB         Max_CA 7 GB\n"

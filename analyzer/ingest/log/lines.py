@@ -81,9 +81,10 @@ def decode(raw: bytes) -> tuple[str, int | None]:
     return clean(raw.decode("utf-8", errors="replace"))
 
 
-def _starts(region: bytes, anchors: tuple[bytes, ...]) -> list[int]:
-    """Offsets of the lines of `region` that hold an anchor, in order (each anchor found with bytes.find, which
-    runs at memchr speed; a regular expression of alternatives tries each at every byte, ten times slower)."""
+def _starts_one_by_one(region: bytes, anchors: tuple[bytes, ...]) -> list[int]:
+    """Offsets of the lines of `region` that hold an anchor, in order: each anchor found with bytes.find, which
+    runs at memchr speed (a regular expression of alternatives tries each at every byte, ten times slower); the
+    search where Hyperscan is not installed (it has no wheel for Linux on ARM)."""
     starts: set[int] = set()
     for anchor in anchors:
         i = region.find(anchor)
@@ -91,6 +92,35 @@ def _starts(region: bytes, anchors: tuple[bytes, ...]) -> list[int]:
             starts.add(region.rfind(b"\n", 0, i) + 1)
             i = region.find(anchor, region.index(b"\n", i))
     return sorted(starts)
+
+
+def line_finder(anchors: tuple[bytes, ...]) -> Callable[[bytes], list[int]]:
+    """region -> the offsets of its lines that hold one of `anchors`, in order.
+
+    Hyperscan finds every anchor in one pass of SIMD literal matching, 3 GB/s here where the seven bytes.find
+    passes together ran at 0.27 GB/s (and pyahocorasick's automaton at 0.12 GB/s, Python's `re` of the
+    alternatives at 0.15 GB/s): on a large log this search was half of the whole read."""
+    try:
+        import hyperscan
+    except ImportError:
+        return lambda region: _starts_one_by_one(region, anchors)
+    database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    database.compile(expressions=[re.escape(a.decode()).encode() for a in anchors], ids=list(range(len(anchors))),
+                     elements=len(anchors), flags=[0] * len(anchors))
+    scratch = hyperscan.Scratch(database)
+
+    def starts(region: bytes) -> list[int]:
+        ends: list[int] = []
+        database.scan(region, match_event_handler=lambda _id, _from, end, _flags, _context: ends.append(end),
+                      scratch=scratch)
+        found: list[int] = []
+        line_end = -1
+        for end in sorted(ends):
+            if end > line_end:   # the first anchor of its line (an anchor holds no newline)
+                found.append(region.rfind(b"\n", 0, end) + 1)
+                line_end = region.index(b"\n", end - 1)
+        return found
+    return starts
 
 
 class Scan:
@@ -103,7 +133,7 @@ class Scan:
     than BLOCK only its last MAX_LINE bytes are read (an exception's message ends its line)."""
 
     def __init__(self, stream: IO[bytes], anchors: tuple[bytes, ...], wants_next: Callable[[], bool]) -> None:
-        self._stream, self._anchors, self._wants_next = stream, anchors, wants_next
+        self._stream, self._starts, self._wants_next = stream, line_finder(anchors), wants_next
         self.lines = 0            # lines gone through: all of them once the iteration ends
         self._region = b""        # whole lines being read
         self._behind = b""        # up to LOOKBACK bytes of whole lines before the region
@@ -163,7 +193,7 @@ class Scan:
             self._base += len(self._region)
             self._region = region
             pos = 0  # offset of the first line of `region` not yet taken or counted past
-            for start in _starts(region, self._anchors):
+            for start in self._starts(region):
                 if start < pos:
                     continue
                 number += region.count(b"\n", pos, start)
