@@ -19,7 +19,7 @@ from analyzer.core.log_records import AllocatorSetting, LogReading, OomText, Rea
 from analyzer.errors import CorruptInput
 from analyzer.ingest.log import oom_message
 from analyzer.ingest.log.framework_lines import FrameworkLinesReader
-from analyzer.ingest.log.lines import Scan, decode
+from analyzer.ingest.log.lines import Scan, decode, holds_any
 from analyzer.ingest.log.memory_summary import MemorySummaryReader
 from analyzer.ingest.log.nvidia_smi import NvidiaSmiReader
 from analyzer.ingest.log.traceback import TRACEBACK_WORDS, Frame, frames_before
@@ -132,7 +132,7 @@ def read_log(stream: IO[bytes], path: str) -> LogReading:
         if "ALLOC_CONF" in text and not _HINT.search(text) and (m := _SETTING.search(text)):
             settings.append(AllocatorSetting(number, m.group(1)))
         for name, (words, marker) in unseen:
-            if any(map(text.__contains__, words)) and marker.search(text):
+            if holds_any(text, words) and marker.search(text):
                 seen.add(name)
                 unseen = [u for u in unseen if u[0] != name]
         found = summaries.feed(number, text, rank) + smi.feed(number, text, rank, scan.preceding) + \
