@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.core.log_records import GpuPeak, GpuProcess, LogFinding, LogReading, LogRemedy, OomText
-from analyzer.core.vocabulary import phase_in_sentence
-from analyzer.diagnose import log_advice, log_trends
-from analyzer.diagnose.log_cause import UNKNOWN, Cause, judge
+from analyzer.core.vocabulary import SCHEMA, phase_in_sentence
 from analyzer.errors import UnsupportedFormat
 from analyzer.ingest.log import read_log_file
 from analyzer.ingest.log.traceback import INFERENCE, phase_of, user_frame
 from analyzer.ingest.sniff import ACCEPTED, looks_like, open_input
-from analyzer.result import SCHEMA
+from analyzer.log_diagnose import advice, trends
+from analyzer.log_diagnose.cause import UNKNOWN, Cause, judge
 
 #: what a log cannot tell, for readers of the JSON (a recording's capabilities would be true)
 CAPABILITIES = {"has_history": False, "has_stacks": False, "has_categories": False, "has_modules": False}
@@ -104,7 +103,7 @@ class LogAnalysis:
             "gpu_peaks": self.gpu_peaks,
             "gpu_processes": self.gpu_processes,
             "readings": {"count": len(r.readings), "by_source": dict(Counter(x.source for x in r.readings))},
-            "record_next": log_advice.record_next(),
+            "record_next": advice.record_next(),
         }
 
     def to_json_text(self) -> str:
@@ -118,16 +117,16 @@ LOOKED_FOR = ("an out-of-memory message (CUDA/HIP/XPU/MPS, CUBLAS_STATUS_ALLOC_F
 
 def analyze_reading(reading: LogReading) -> LogAnalysis:
     """Judge every OOM of a reading and look across its memory lines."""
-    processes = log_trends.gpu_processes(reading.readings)
+    processes = trends.gpu_processes(reading.readings)
     ooms = []
     for o in reading.ooms:
         cause = judge(o)
         ooms.append(LogOom(o, cause, phase_of(o.frames), user_frame(o.frames),
-                           log_advice.remedies(o, cause, reading.settings, reading.frameworks, processes)))
-    trend = log_trends.leaks(reading.readings)
-    balance = log_trends.imbalance(reading.readings)
-    findings = log_advice.serving_findings(reading.readings) + trend + ([balance] if balance else [])
-    return LogAnalysis(reading, ooms, findings, log_trends.gpu_peaks(reading.readings), processes,
+                           advice.remedies(o, cause, reading.settings, reading.frameworks, processes)))
+    trend = trends.leaks(reading.readings)
+    balance = trends.imbalance(reading.readings)
+    findings = advice.serving_findings(reading.readings) + trend + ([balance] if balance else [])
+    return LogAnalysis(reading, ooms, findings, trends.gpu_peaks(reading.readings), processes,
                        list(reading.warnings))
 
 

@@ -19,9 +19,8 @@ from analyzer.core.breakdown import SiteRow, SplitRow, StepPeak
 from analyzer.core.module_tree import ModuleNode, module_in_sentence
 from analyzer.core.timeline import Peak, allocated_by, live_at
 from analyzer.core.trace import MemoryTrace
-from analyzer.core.vocabulary import UNATTRIBUTED, FindingKind, category_plural, names_module, phase_noun
+from analyzer.core.vocabulary import SCHEMA, UNATTRIBUTED, FindingKind, category_plural, names_module, phase_noun
 
-SCHEMA = "analyzer/1"
 TOP_ALLOCATIONS = 10
 COMPOSITION_SHARE = 0.10  # of the peak: a smaller largest-known category does not describe it
 

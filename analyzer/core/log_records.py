@@ -1,5 +1,5 @@
 """What a text log holds, as typed values: the OOM messages and the memory readings the log readers
-(analyzer.ingest.log) produce and the log's diagnosis (analyzer.diagnose.log_*) judges. Plain data, below both,
+(analyzer.ingest.log) produce and the log's diagnosis (analyzer.log_diagnose) judges. Plain data, below both,
 as the shared tables are for recordings."""
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ class LogReading:
 
 
 class LogRemedy(TypedDict):
-    """One remedy for a log's OOM (analyzer.diagnose.log_advice), cheapest first."""
+    """One remedy for a log's OOM (analyzer.log_diagnose.advice), cheapest first."""
 
     id: str
     title: str
@@ -104,7 +104,7 @@ class _LogFound(TypedDict):
 
 
 class LogFinding(_LogFound, total=False):
-    """What a log's memory lines show across it (analyzer.diagnose.log_trends, log_advice): the common keys,
+    """What a log's memory lines show across it (analyzer.log_diagnose.trends, advice): the common keys,
     then each kind's own."""
 
     source: str                   # leak: the series' reader
@@ -121,7 +121,7 @@ class LogFinding(_LogFound, total=False):
     peak_bytes: int               # imbalance
     median_bytes: int
     ranks: dict[int, int]
-    cause: str                    # serving_*: a log_cause cause
+    cause: str                    # serving_*: a log_diagnose.cause cause
     line: int
     remedy: str
     free_bytes: int               # serving_startup

@@ -184,6 +184,9 @@ AS_OUR_CATEGORY = {"autograd_detail": Category.TEMPORARY.value}
 RECORD_MEMORY_HINT = ("Record device memory next time: nsys profile --cuda-memory-usage=true --trace=cuda,nvtx "
                       "--output run python train.py, then nsys export --type sqlite --output run.sqlite run.nsys-rep")
 
+#: the JSON contract every report writes (a recording's Analysis and a log's alike): later versions add fields and
+#: never rename or drop them
+SCHEMA = "analyzer/1"
 #: the label of what could not be attributed (category, phase or module)
 UNATTRIBUTED = "unattributed"
 #: the root module's name in results (its FQN is the empty string)

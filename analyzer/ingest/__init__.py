@@ -10,14 +10,17 @@ import shlex
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, Union
 
 from analyzer.core.gc_pause import gc_paused
-from analyzer.core.trace import MemoryTrace, MultiRankTrace
 from analyzer.errors import UnsupportedFormat
 from analyzer.ingest import sniff as formats
 from analyzer.ingest.confined import confined
 
-Loaded = MemoryTrace | MultiRankTrace  # one recording, or a set of ranks (a directory or .tar.gz of traces)
+if TYPE_CHECKING:  # the tables import pandas: sniffing a text log (analyzer.ingest.sniff) must not
+    from analyzer.core.trace import MemoryTrace, MultiRankTrace
+
+Loaded = Union["MemoryTrace", "MultiRankTrace"]  # one recording, or a set of ranks (a directory or .tar.gz of traces)
 
 #: kind -> "module:function" of the reader (imported on use, so one format's dependencies never slow another)
 READERS: dict[str, str] = {
@@ -52,6 +55,8 @@ def reader_for(kind: str, path: Path) -> Callable[[Path], Loaded]:
 def load_with_companion(path: str | Path, companion: str | Path | None) -> tuple[Loaded, MemoryTrace | None]:
     """The recording to analyse and, optionally, an Nsight export of the same run that shows the device's
     memory (in either order)."""
+    from analyzer.core.trace import MemoryTrace
+
     first = load(path)
     if companion is None:
         return first, None

@@ -14,29 +14,14 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
-from analyzer.core.units import human_bytes
 from analyzer.report import interactive
 from analyzer.report.interactive import allocator_pictures, embed_json, module_icicle, page_data
 from analyzer.report.job_report import JobReport, Report
+from analyzer.report.page import REPORT_CSS, TEMPLATES
 from analyzer.report.plots import figure_svg, memory_figure
-from analyzer.report.view import ReportView, build_view, reserved, words
-
-#: the reports' Jinja templates, with their filters (shared by the run log's page)
-TEMPLATES = jinja2.Environment(
-    loader=jinja2.PackageLoader("analyzer.report", "templates"),
-    autoescape=True,  # every string from an input file is escaped
-    undefined=jinja2.StrictUndefined,
-)
-TEMPLATES.filters["bytes"] = human_bytes
-TEMPLATES.filters["reserved"] = reserved
-TEMPLATES.filters["pct"] = lambda share: f"{share:.1%}" if share < 0.1 else f"{share:.0%}"
-TEMPLATES.filters["label"] = words
-TEMPLATES.filters["onoff"] = lambda flag: {True: "on", False: "off"}.get(flag, "not recorded")
+from analyzer.report.view import ReportView, build_view
 
 _HERE = Path(__file__).parent
-REPORT_CSS = (_HERE / "templates" / "report.css").read_text(encoding="utf-8")
 _CHART_CSS = (_HERE / "vendor" / "uPlot.min.css").read_text(encoding="utf-8")
 # print.js opens every <details> while printing; uPlot draws the charts; report.js is the explorer
 _SCRIPT = "\n".join([(_HERE / "templates" / "print.js").read_text(encoding="utf-8"),

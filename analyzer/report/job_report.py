@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
-from analyzer.report.interactive import AllocatorPicture, IcicleNode
-from analyzer.report.view import ReportView, build_view
-from analyzer.result import Analysis
+if TYPE_CHECKING:  # pandas and numpy stand behind these: a log's report (json_report) names Report only
+    from analyzer.report.interactive import AllocatorPicture, IcicleNode
+    from analyzer.report.view import ReportView
+    from analyzer.result import Analysis
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,10 @@ class JobReport:
         return json.dumps(self.document, indent=2)
 
 
-Report = Analysis | JobReport
+Report = Union["Analysis", JobReport]
 
 
 def report_view(report: Report) -> ReportView:
+    from analyzer.report.view import build_view
+
     return report.view if isinstance(report, JobReport) else build_view(report)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from analyzer.core.printable import visible
 from analyzer.log_result import LogAnalysis
-from analyzer.report.html import REPORT_CSS, TEMPLATES
 from analyzer.report.log_text import numbers_table
+from analyzer.report.page import REPORT_CSS, TEMPLATES
 
 
 def render_log_html(report: LogAnalysis) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 from analyzer.core.units import human_bytes
 from analyzer.log_result import LogAnalysis
 from analyzer.report.log_text import TOP_REMEDIES, numbers_table
-from analyzer.report.markdown import _code_block, md_code, md_text
+from analyzer.report.md_escape import code_block, md_code, md_text
 
 
 def render_log_markdown(report: LogAnalysis) -> str:
@@ -29,7 +29,7 @@ def render_log_markdown(report: LogAnalysis) -> str:
             saves = f" ({human_bytes(r['bytes'])})" if r["bytes"] else ""
             out.append(f"{j}. **{md_text(r['title'])}**{saves}: {md_text(r['detail'])}")
             if r["code"]:
-                out += _code_block(r["code"], "   ")
+                out += code_block(r["code"], "   ")
         out.append("")
     if doc["findings"] or doc["gpu_peaks"] or doc["gpu_processes"]:
         out += ["### Across the log", ""]
@@ -40,7 +40,7 @@ def render_log_markdown(report: LogAnalysis) -> str:
         out.append("")
     out += [f"- warning: {md_text(w)}" for w in doc["warnings"]]
     out += ["### What to record next", "", "A log holds moments; a snapshot holds the history of every allocation:", ""]
-    out += _code_block(doc["record_next"]["snapshot"], "")
+    out += code_block(doc["record_next"]["snapshot"], "")
     return "\n".join(out) + "\n"
 
 

@@ -14,45 +14,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from analyzer.core.printable import visible
 from analyzer.core.units import binary_unit, human_bytes
 from analyzer.report.job_report import Report, report_view
+from analyzer.report.md_escape import code_block, md_code, md_text
+from analyzer.report.page import reserved, words
 from analyzer.report.plots import memory_figure, save_png
-from analyzer.report.view import DeviceView, RemedyView, ReportView, Share, reserved, words
+from analyzer.report.view import DeviceView, RemedyView, ReportView, Share
 
 TOP_REMEDIES = 3
 TOP_MODULES = 5
-# inline constructs: escapes, code, emphasis, links and images, raw HTML and autolinks, entities, strikethrough,
-# table cells, math, and a colon before a non-space (URL schemes `http:`, `mailto:`, and emoji codes)
-_MARKUP = re.compile(r"([\\`*_\[\]<>!&~|$]|:(?=\S))")
-
-
-def md_text(value: object) -> str:
-    """Plain text on one line: Markdown punctuation backslash-escaped; `www.` broken so that GitHub does not
-    make it a link; a zero-width space after `@` and `#`, and inside `GH-1`, so that no one is mentioned and no
-    issue is linked."""
-    text = _MARKUP.sub(r"\\\1", " ".join(visible(str(value)).split()))
-    text = re.sub(r"(?i)\b(www)\.", r"\1\\.", text)
-    text = re.sub(r"(?i)\b(gh)-(?=\d)", "\\1-\u200b", text)
-    return text.replace("@", "@\u200b").replace("#", "#\u200b")
-
-
-def md_code(value: object, in_table: bool = False) -> str:
-    """An inline code span (nothing inside one is markup or a link); in a table cell `|` is escaped, the one
-    character GitHub's table parser reads inside code."""
-    text = " ".join(visible(str(value)).split())
-    if in_table:
-        text = text.replace("|", "\\|")
-    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def _code_block(code: str, indent: str) -> list[str]:
-    fence = "`" * max(3, max((len(run) for run in re.findall(r"`+", code)), default=0) + 1)
-    return [f"{indent}{fence}", *(f"{indent}{line}" for line in code.splitlines()), f"{indent}{fence}"]
-
-
 def _shares_line(rows: list[Share]) -> str:
     return ", ".join(f"{md_text(r.label)} {human_bytes(r.bytes)} ({r.share:.0%})" for r in rows)
 
@@ -85,7 +55,7 @@ def _cost_and_code(r: RemedyView, lines: list[str]) -> list[str]:
         lines[-1] += "\\"   # a hard line break before the cost
         more.append(f"   Cost: {md_text(r.cost)}.")
     if r.how:
-        more.extend(_code_block(r.how, "   "))
+        more.extend(code_block(r.how, "   "))
     return more
 
 

@@ -16,7 +16,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from analyzer.core.units import binary_unit
-from analyzer.report.view import Chart, words
+from analyzer.report.page import words
+from analyzer.report.view import Chart
 
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType  # matplotlib >= 3.9; only the type checker reads it

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from analyzer.core.printable import printable
 from analyzer.core.units import binary_unit, human_bytes
-from analyzer.report.html import REPORT_CSS, TEMPLATES
+from analyzer.report.page import REPORT_CSS, TEMPLATES
 from analyzer.report.plots import PEAK_COLOR, figure_svg
 from analyzer.report.run_log import Run, RunLog
 from analyzer.report.run_pairs import DevicePair, Pair

@@ -12,8 +12,9 @@ from analyzer.core.printable import printable
 from analyzer.core.stacks import short_frame
 from analyzer.core.units import human_bytes
 from analyzer.report.job_report import Report, report_view
+from analyzer.report.page import reserved, words
 from analyzer.report.terminal import Trimmed, indented
-from analyzer.report.view import DeviceView, RecordingRow, ReportView, Share, reserved, words
+from analyzer.report.view import DeviceView, RecordingRow, ReportView, Share
 
 TOP_MODULES = 5
 TOP_REMEDIES = 3

@@ -21,6 +21,7 @@ from analyzer.core.timeline import downsample
 from analyzer.core.trace import MemoryTrace
 from analyzer.core.units import human_bytes, relative_seconds
 from analyzer.core.vocabulary import UNATTRIBUTED, category_color, category_rank, phase_color
+from analyzer.report.page import words
 from analyzer.report.shown import shown
 from analyzer.result import (
     Analysis,
@@ -397,16 +398,6 @@ def _plan_view(found: Plan | None) -> PlanView | None:
                      "; ".join(c["throughput"] + ("" if c["communication"] == "none" else f", {c['communication']}")
                                for c in a["cost"].values())) for a in found["alternatives"]]
     return PlanView(bool(found["fits"]), steps, alternatives)
-
-
-def reserved(n: int | None) -> str:
-    """`12.00 GiB reserved`, or that the input does not record it (a memory timeline, a 2021 profiler trace)."""
-    return "reserved not recorded" if n is None else f"{human_bytes(n)} reserved"
-
-
-def words(name: str) -> str:
-    """Our own labels (categories, phases, finding kinds) read with spaces: `optimizer_state` -> `optimizer state`."""
-    return name.replace("_", " ")
 
 
 def _shares(rows: list[SplitRow], color: Callable[[str], str], label: Callable[[str], str]) -> list[Share]:

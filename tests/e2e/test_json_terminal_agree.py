@@ -14,8 +14,8 @@ from rich.console import Console
 import analyzer
 from analyzer.core.units import human_bytes
 from analyzer.errors import AnalyzerError
+from analyzer.report.page import reserved
 from analyzer.report.text import TOP_REMEDIES, print_summary
-from analyzer.report.view import reserved
 from analyzer.result import Analysis
 from tests.support.paths import REAL
 

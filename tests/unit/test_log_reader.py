@@ -11,11 +11,11 @@ import sys
 import pytest
 
 from analyzer.core.log_records import Era, OomText, Reading
-from analyzer.diagnose import log_trends
-from analyzer.diagnose.log_cause import CONTEXT_ALLOWANCE, FREE_SLACK, judge
 from analyzer.ingest.log import read_log, read_log_file
 from analyzer.ingest.log.lines import clean
 from analyzer.ingest.log.oom_message import parse
+from analyzer.log_diagnose import trends
+from analyzer.log_diagnose.cause import CONTEXT_ALLOWANCE, FREE_SLACK, judge
 from analyzer.log_result import analyze_log
 from tests.support.paths import ROOT
 
@@ -215,25 +215,25 @@ def _series(values: list[int]) -> list[Reading]:
 
 
 def test_leak_needs_growth_in_every_reading_over_the_minimum() -> None:
-    n, least = log_trends.LEAK_MIN_READINGS, log_trends.LEAK_MIN_GROWTH
+    n, least = trends.LEAK_MIN_READINGS, trends.LEAK_MIN_GROWTH
 
     def rising(total: int, readings: int = n) -> list[int]:  # never down, `total` from the first to the last
         return [g(10) + total * i // (readings - 1) for i in range(readings)]
 
-    assert log_trends.leaks(_series(rising(least)))[0]["growth_bytes"] == least
-    assert log_trends.leaks(_series(rising(least - 1))) == []                 # one byte short of the growth
-    assert log_trends.leaks(_series(rising(least, n - 1))) == []              # one reading short
+    assert trends.leaks(_series(rising(least)))[0]["growth_bytes"] == least
+    assert trends.leaks(_series(rising(least - 1))) == []                 # one byte short of the growth
+    assert trends.leaks(_series(rising(least, n - 1))) == []              # one reading short
     down_once = rising(2 * least)
     down_once[2], down_once[1] = down_once[1], down_once[2]                   # went down once
-    assert log_trends.leaks(_series(down_once)) == []
+    assert trends.leaks(_series(down_once)) == []
 
 
 def test_imbalance_ratio() -> None:
     def ranks(top: int) -> list[Reading]:
         return [Reading(line=r, source="megatron", rank=r, bytes={"allocated_peak": v})
                 for r, v in enumerate([g(10), g(10), top])]
-    assert log_trends.imbalance(ranks(g(12)))["rank"] == 2   # 1.2x the median exactly
-    assert log_trends.imbalance(ranks(g(12) - 1)) is None
+    assert trends.imbalance(ranks(g(12)))["rank"] == 2   # 1.2x the median exactly
+    assert trends.imbalance(ranks(g(12) - 1)) is None
 
 
 # --- lines and the command --------------------------------------------------------------------------------
@@ -266,6 +266,35 @@ def test_what_is_read_back_does_not_depend_on_where_blocks_end(monkeypatch: pyte
     monkeypatch.setattr(lines, "BLOCK", block)
     assert [read_log(io.BytesIO((LOGS / n).read_bytes()), n) for n in names] == whole
     assert whole[0].ooms[0].frames[-1][3] == "amax, _ = torch.max(torch.abs(block_x), dim=-1, keepdim=True)"
+
+
+def test_hyperscan_finds_the_lines_the_bytes_find_passes_find() -> None:
+    """The one-pass search (Hyperscan) and the fallback where it is not installed pick the same lines of every
+    fixture, all of them in one text too (anchors twice on a line, at its start and end, a line without a newline)."""
+    pytest.importorskip("hyperscan")
+    from analyzer.ingest.log import ANCHORS
+    from analyzer.ingest.log.lines import _starts_one_by_one, line_finder
+    texts = [p.read_bytes() + b"\n" for p in sorted(LOGS.glob("*.log"))]
+    texts += [b"".join(texts), b"emory\nMiB lloc MiB emory\nnothing\nLoad weight end\n"]
+    finder = line_finder(ANCHORS)
+    picked = [finder(t) for t in texts]
+    assert picked == [_starts_one_by_one(t, ANCHORS) for t in texts]
+    assert picked[-1] == [0, 6, 33] and sum(map(len, picked[:-2])) == len(picked[-2]) > 50
+
+
+def test_a_log_reads_the_same_without_hyperscan(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+    names = sorted(p.name for p in LOGS.glob("*.log"))
+    fast = [read_log_file(LOGS / n) for n in names]
+    real_import = builtins.__import__
+
+    def no_hyperscan(name: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if name == "hyperscan":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_hyperscan)
+    assert [read_log_file(LOGS / n) for n in names] == fast
 
 
 def test_deepspeed_ma_lines_are_found_by_their_loggers_function_name() -> None:
@@ -519,3 +548,17 @@ def test_gzip_and_crlf_logs(tmp_path) -> None:  # type: ignore[no-untyped-def]
     crlf.write_bytes((LOGS / "cublas_ranks_thunder_1296.log").read_bytes().replace(b"\n", b"\r\n"))
     o = analyze_log(crlf).ooms[0]
     assert (o.phase, o.text.rank) == ("backward", 0) and o.user_frame.endswith("benchmark_litgpt.py:748 in train")
+
+
+@pytest.mark.parametrize("fmt", ["json", "html", "md"])
+def test_a_log_is_analysed_without_pandas_or_numpy(tmp_path, fmt: str) -> None:
+    """`analyze LOG` imports neither, nor the recording's pipeline (they took 0.5 s, half of a 200 MiB log's whole
+    run): only a recording's tables need them."""
+    probe = ("import sys; from analyzer.commands import main; "
+             f"code = main([sys.argv[1], '--format', '{fmt}', '-o', sys.argv[2], '-q']); "
+             "print(code, sorted(m for m in ('pandas', 'numpy', 'matplotlib', 'analyzer.diagnose', 'analyzer.result') "
+             "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe, str(LOGS / "reserved_summary_pytorch_35901.log"),
+                           str(tmp_path / f"out.{fmt}")], capture_output=True, cwd=ROOT, timeout=120)
+    assert done.stdout.decode().split() == ["0", "[]"], done.stderr.decode()[-2000:]
+    assert (tmp_path / f"out.{fmt}").stat().st_size > 1000

@@ -19,7 +19,7 @@ from analyzer.core.log_records import AllocatorSetting, LogReading, OomText, Rea
 from analyzer.errors import CorruptInput
 from analyzer.ingest.log import oom_message
 from analyzer.ingest.log.framework_lines import FrameworkLinesReader
-from analyzer.ingest.log.lines import Scan, decode
+from analyzer.ingest.log.lines import Scan, decode, holds_any
 from analyzer.ingest.log.memory_summary import MemorySummaryReader
 from analyzer.ingest.log.nvidia_smi import NvidiaSmiReader
 from analyzer.ingest.log.traceback import TRACEBACK_WORDS, Frame, frames_before
@@ -35,11 +35,12 @@ SAME_OOM_LINES = 200
 #: memory.used, gpu_memory_utilization, list_gpu_processes()' "GPU memory", Not enough memory...), "lloc"
 #: (Tried to allocate, calloc, allocated_bytes, mem-allocated-gigabytes, KV Cache is allocated), "_ALLOC_"
 #: (PYTORCH_CUDA_ALLOC_CONF, CUBLAS_STATUS_ALLOC_FAILED), nvidia-smi's "MiB" rows, SGLang's "Load weight end",
-#: and "vllm", "sglang" (a memory_stats() dict opens with "active.all.allocated"). Each costs one pass of
-#: bytes.find over the file, 1.5-4 GB/s here (a longer anchor is skipped over faster): the lines readers need
-#: only around one (a traceback before an OOM, a GPU's row before its memory row, list_gpu_processes()'
-#: "GPU:n") are read back from there instead (Scan.preceding), and a DeepSpeed MA line without its logger's
-#: prefix or a bare mem_fraction_static is not looked for
+#: and "vllm", "sglang" (a memory_stats() dict opens with "active.all.allocated"). Hyperscan finds them all in
+#: one pass (lines.line_finder); without it each costs one pass of bytes.find over the file, 1.5-4 GB/s here (a
+#: longer anchor is skipped over faster). The lines readers need only around one (a traceback before an OOM, a
+#: GPU's row before its memory row, list_gpu_processes()' "GPU:n") are read back from there instead
+#: (Scan.preceding), and a DeepSpeed MA line without its logger's prefix or a bare mem_fraction_static is not
+#: looked for
 ANCHORS = (b"emory", b"lloc", b"_ALLOC_", b"MiB", b"Load weight end", b"vllm", b"sglang")
 _SETTING = re.compile(r"PYTORCH_(?:CUDA_)?ALLOC_CONF\s*[=:]\s*['\"]?([\w:.,=\-]+)")
 _HINT = re.compile(r"try setting|If reserved|See documentation")
@@ -132,7 +133,7 @@ def read_log(stream: IO[bytes], path: str) -> LogReading:
         if "ALLOC_CONF" in text and not _HINT.search(text) and (m := _SETTING.search(text)):
             settings.append(AllocatorSetting(number, m.group(1)))
         for name, (words, marker) in unseen:
-            if any(map(text.__contains__, words)) and marker.search(text):
+            if holds_any(text, words) and marker.search(text):
                 seen.add(name)
                 unseen = [u for u in unseen if u[0] != name]
         found = summaries.feed(number, text, rank) + smi.feed(number, text, rank, scan.preceding) + \

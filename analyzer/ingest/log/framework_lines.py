@@ -72,12 +72,13 @@ class FrameworkLinesReader:
 
     def _read(self, number: int, text: str, rank: int | None) -> Reading | None:
         if "MB)" in text and (m := _MEGATRON_MB.search(text)):
-            return Reading(line=number, source="megatron", rank=int(m.group(1)) if m.group(1) else rank,
-                           step=int(m.group(2)) if m.group(2) else None,
-                           bytes={"allocated": round(float(m.group(3)) * _MIB),
-                                  "allocated_peak": round(float(m.group(4)) * _MIB),
-                                  "reserved": round(float(m.group(5)) * _MIB),
-                                  "reserved_peak": round(float(m.group(6)) * _MIB)})
+            named, step, allocated, allocated_peak, reserved, reserved_peak = m.groups()
+            return Reading(line=number, source="megatron", rank=int(named) if named else rank,
+                           step=int(step) if step else None,
+                           bytes={"allocated": round(float(allocated) * _MIB),
+                                  "allocated_peak": round(float(allocated_peak) * _MIB),
+                                  "reserved": round(float(reserved) * _MIB),
+                                  "reserved_peak": round(float(reserved_peak) * _MIB)})
         if "mem-" in text and (pairs := _MEGATRON_GB.findall(text)):
             step = _ITERATION.search(text)
             names = {"allocated": "allocated", "max-allocated": "allocated_peak", "reserved": "reserved",

@@ -76,14 +76,24 @@ def clean(raw: str) -> tuple[str, int | None]:
 LOOKBACK = 1 << 16
 
 
+def holds_any(text: str, words: tuple[str, ...]) -> bool:
+    """`text` holds one of `words`: the test every matched line goes through before a reader's patterns, twice as
+    fast as any(map(text.__contains__, words)) (0.3 against 0.66 µs for three words)."""
+    for word in words:
+        if word in text:
+            return True
+    return False
+
+
 def decode(raw: bytes) -> tuple[str, int | None]:
     """One raw line, decoded and cleaned."""
     return clean(raw.decode("utf-8", errors="replace"))
 
 
-def _starts(region: bytes, anchors: tuple[bytes, ...]) -> list[int]:
-    """Offsets of the lines of `region` that hold an anchor, in order (each anchor found with bytes.find, which
-    runs at memchr speed; a regular expression of alternatives tries each at every byte, ten times slower)."""
+def _starts_one_by_one(region: bytes, anchors: tuple[bytes, ...]) -> list[int]:
+    """Offsets of the lines of `region` that hold an anchor, in order: each anchor found with bytes.find, which
+    runs at memchr speed (a regular expression of alternatives tries each at every byte, ten times slower); the
+    search where Hyperscan is not installed (it has no wheel for Linux on ARM)."""
     starts: set[int] = set()
     for anchor in anchors:
         i = region.find(anchor)
@@ -91,6 +101,41 @@ def _starts(region: bytes, anchors: tuple[bytes, ...]) -> list[int]:
             starts.add(region.rfind(b"\n", 0, i) + 1)
             i = region.find(anchor, region.index(b"\n", i))
     return sorted(starts)
+
+
+def _newlines(piece: bytes) -> int:
+    """How many lines `piece` ends: twice as fast as bytes.count, whose one-byte count is a plain loop where
+    replace finds each newline with memchr (0.04 s against 0.08 s on 200 MiB of 93-byte lines)."""
+    return len(piece) - len(piece.replace(b"\n", b""))
+
+
+def line_finder(anchors: tuple[bytes, ...]) -> Callable[[bytes], list[int]]:
+    """region -> the offsets of its lines that hold one of `anchors`, in order.
+
+    Hyperscan finds every anchor in one pass of SIMD literal matching, 3 GB/s here where the seven bytes.find
+    passes together ran at 0.27 GB/s (and pyahocorasick's automaton at 0.12 GB/s, Python's `re` of the
+    alternatives at 0.15 GB/s): on a large log this search was half of the whole read."""
+    try:
+        import hyperscan
+    except ImportError:
+        return lambda region: _starts_one_by_one(region, anchors)
+    database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    database.compile(expressions=[re.escape(a.decode()).encode() for a in anchors], ids=list(range(len(anchors))),
+                     elements=len(anchors), flags=[0] * len(anchors))
+    scratch = hyperscan.Scratch(database)
+
+    def starts(region: bytes) -> list[int]:
+        ends: list[int] = []
+        database.scan(region, match_event_handler=lambda _id, _from, end, _flags, _context: ends.append(end),
+                      scratch=scratch)
+        found: list[int] = []
+        line_end = -1
+        for end in sorted(ends):
+            if end > line_end:   # the first anchor of its line (an anchor holds no newline)
+                found.append(region.rfind(b"\n", 0, end) + 1)
+                line_end = region.index(b"\n", end - 1)
+        return found
+    return starts
 
 
 class Scan:
@@ -103,7 +148,7 @@ class Scan:
     than BLOCK only its last MAX_LINE bytes are read (an exception's message ends its line)."""
 
     def __init__(self, stream: IO[bytes], anchors: tuple[bytes, ...], wants_next: Callable[[], bool]) -> None:
-        self._stream, self._anchors, self._wants_next = stream, anchors, wants_next
+        self._stream, self._starts, self._wants_next = stream, line_finder(anchors), wants_next
         self.lines = 0            # lines gone through: all of them once the iteration ends
         self._region = b""        # whole lines being read
         self._behind = b""        # up to LOOKBACK bytes of whole lines before the region
@@ -163,10 +208,10 @@ class Scan:
             self._base += len(self._region)
             self._region = region
             pos = 0  # offset of the first line of `region` not yet taken or counted past
-            for start in _starts(region, self._anchors):
+            for start in self._starts(region):
                 if start < pos:
                     continue
-                number += region.count(b"\n", pos, start)
+                number += _newlines(region[pos:start])
                 pos = start
                 while True:
                     end = region.index(b"\n", pos)
@@ -178,7 +223,7 @@ class Scan:
                     pos = end + 1
                     if pos >= len(region) or not self._wants_next():
                         break
-            number += region.count(b"\n", pos)
+            number += _newlines(region[pos:])
             self._keep_behind(region)
             if not data:
                 break

@@ -32,6 +32,7 @@ import re
 from dataclasses import replace
 
 from analyzer.core.log_records import Era, OomText
+from analyzer.ingest.log.lines import holds_any
 from analyzer.ingest.log.sizes import SIZE, rounding, to_bytes
 
 #: continuation lines joined to a message wrapped by a terminal, a mail or an issue
@@ -75,7 +76,7 @@ START_WORDS = ("out of memory", "Tried to allocate", "CUBLAS_STATUS_ALLOC_FAILED
 
 def starts(text: str) -> bool:
     """The line holds the start of an OOM message (of any form)."""
-    return any(map(text.__contains__, START_WORDS)) and bool(_START.search(text) or _OUTSIDE.search(text))
+    return holds_any(text, START_WORDS) and bool(_START.search(text) or _OUTSIDE.search(text))
 
 
 def continues(joined: str, line: str) -> bool:

@@ -6,7 +6,7 @@ import math
 
 from analyzer.core.log_records import AllocatorSetting, GpuProcess, LogFinding, LogRemedy, OomText, Reading
 from analyzer.core.units import human_bytes
-from analyzer.diagnose.log_cause import CAPACITY, FRAGMENTATION, OTHER_PROCESS, Cause
+from analyzer.log_diagnose.cause import CAPACITY, FRAGMENTATION, OTHER_PROCESS, Cause
 
 #: the lines that make the next run's OOM analysable in full (a snapshot with history and stacks)
 RECORD_NEXT = """import torch
