@@ -169,7 +169,8 @@ class Finding(Generic[D]):
     KIND, written by `to_json` in JSON_KEYS' order (the analyzer/1 contract)."""
 
     KIND: ClassVar[FindingKind]
-    JSON_KEYS: ClassVar[tuple[str, ...]]   # "kind", then every field, in the JSON's order
+    #: "kind", then every field, in the JSON's order; a kind with fields of its own states its order
+    JSON_KEYS: ClassVar[tuple[str, ...]] = ("kind", "severity", "bytes", "summary", "evidence")
 
     severity: str                         # critical | warning | info
     bytes: int
@@ -276,7 +277,6 @@ class ActivationPeakFinding(Finding[ActivationPeakDetails]):
     """Activations are the largest category at the peak (analyzer.diagnose.activation_peak)."""
 
     KIND = FindingKind.ACTIVATION_PEAK
-    JSON_KEYS = ("kind", "severity", "bytes", "summary", "evidence")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -370,7 +370,6 @@ class ConvWorkspaceFinding(Finding[ConvWorkspaceDetails]):
     """A transient no tensor holds, most likely cuDNN's workspace (analyzer.diagnose.conv_workspace)."""
 
     KIND = FindingKind.CONV_WORKSPACE
-    JSON_KEYS = ("kind", "severity", "bytes", "summary", "evidence")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -386,7 +385,6 @@ class KVCacheFinding(Finding[KVCacheDetails]):
     """A KV cache kept across the forward (analyzer.diagnose.kv_cache)."""
 
     KIND = FindingKind.KV_CACHE
-    JSON_KEYS = ("kind", "severity", "bytes", "summary", "evidence")
 
 
 class ImbalancePeak(TypedDict):
