@@ -83,7 +83,8 @@ def _tuned(t: Thresholds) -> dict[ModuleType, dict[str, Any]]:
             oom: {"outside_share": t.oom_outside_share, "recovery_share": t.recovery_share},
             leak: {"level_agreement": t.leak_level_agreement, "min_share_of_peak": t.leak_min_share_of_peak},
             reserved_growth: {"min_share": t.reserved_growth_min_share},
-            fragmentation: {"near_oom_share": t.near_oom_share, "recovery_share": t.recovery_share}}
+            fragmentation: {"near_oom_share": t.near_oom_share, "recovery_share": t.recovery_share},
+            kv_cache: {"share": t.kv_cache_share}, conv_workspace: {"share": t.conv_workspace_share}}
 # what the request that failed would have been, by the phase it failed in
 _REQUEST_CATEGORY: dict[str, str] = {
     Phase.FORWARD: Category.ACTIVATION.value, Phase.BACKWARD: Category.TEMPORARY.value,

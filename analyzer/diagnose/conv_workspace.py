@@ -20,15 +20,15 @@ from analyzer.result import ConvWorkspaceDetails, ConvWorkspaceFinding, Evidence
 UNKNOWN_SHARE = 0.5   # torch's "unknown" memory at the peak from this share of it: worth naming its likely owner
 
 
-def detect(ctx: DeviceContext) -> list[ConvWorkspaceFinding]:
-    """The finding, when the peak is mostly a transient in torch's unknown category (only a recording whose rows
-    carry torch's own categories says "unknown": an export_memory_timeline file)."""
+def detect(ctx: DeviceContext, share: float = UNKNOWN_SHARE) -> list[ConvWorkspaceFinding]:
+    """The finding, when `share` of the peak or more is a transient in torch's unknown category (only a recording
+    whose rows carry torch's own categories says "unknown": an export_memory_timeline file)."""
     if not ctx.trace.records_categories:
         return []
     live = ctx.d.peak.live
     unknown = live[live["category"] == UNATTRIBUTED]
     total, peak = int(unknown["allocated_bytes"].sum()), ctx.d.peak.allocated_bytes
-    if not peak or total < UNKNOWN_SHARE * peak:
+    if not peak or total < share * peak:
         return []
     largest = unknown.loc[unknown["allocated_bytes"].idxmax()]
     if pd.isna(largest["t_free_us"]) or pd.isna(largest["t_alloc_us"]):   # kept to the end, or from before

@@ -12,7 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from analyzer.diagnose import fragmentation, imbalance, leak, oom, outside, reserved_growth, workload
+from analyzer.diagnose import (
+    conv_workspace,
+    fragmentation,
+    imbalance,
+    kv_cache,
+    leak,
+    oom,
+    outside,
+    reserved_growth,
+    workload,
+)
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,10 @@ class Thresholds:
     leak_level_agreement: float = leak.LEVEL_AGREEMENT
     #: reserve growth per step below this share of the reserved peak is noise (0.005)
     reserved_growth_min_share: float = reserved_growth.MIN_SHARE_OF_RESERVED
+    #: a forward-only run's KV cache from this share of the peak is named, with its remedies (0.05)
+    kv_cache_share: float = kv_cache.KV_CACHE_SHARE
+    #: torch's "unknown" transient from this share of the peak is named as cuDNN's workspace, likely (0.5)
+    conv_workspace_share: float = conv_workspace.UNKNOWN_SHARE
 
     def imbalance(self) -> dict[str, Any]:
         """The keyword arguments of `imbalance.find_imbalance`."""

@@ -173,6 +173,15 @@ def test_the_kv_cache_is_named_from_its_share_of_the_peak(share: float, named: b
     assert bool(kv_cache.detect(_context(QWEN), share=share)) is named
 
 
+def test_the_kv_cache_share_is_a_threshold_of_the_python_api():
+    """Qwen's 42.1% cache is named at the default 5% and not when the share is tuned to 43%."""
+    assert analyzer.Thresholds().kv_cache_share == KV_CACHE_SHARE
+    tuned = next(d for d in analyzer.analyze(_path(QWEN), thresholds=analyzer.Thresholds(kv_cache_share=0.43)).devices
+                 if d.device >= 0).diagnosis
+    assert not [f for f in tuned.findings if f.kind == FindingKind.KV_CACHE]
+    assert RemedyId.KV_CACHE_OFF not in _remedies(tuned)
+
+
 def _block(i: int) -> str:
     return MODULE_PATH_SEPARATOR.join(["Model_0", f"DecoderLayer_{i}", f"Attention_{i}"])
 

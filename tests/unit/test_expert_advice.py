@@ -288,7 +288,7 @@ def test_a_real_inference_offload_says_the_host_memory_of_its_weights():
 UNKNOWN_SHARE = 0.5   # conv_workspace.UNKNOWN_SHARE: torch's unknown memory from half the peak is named
 
 
-def _timeline(tmp_path, unknown: int, freed: bool = True) -> Any:
+def _timeline(tmp_path, unknown: int, freed: bool = True, **options: Any) -> Any:
     """A raw memory timeline (export_memory_timeline_raw rows [t_ns, action, bytes, category]): 100 MiB of
     parameters from before, 200 MiB of activations, then `unknown` bytes in torch's unknown category (7),
     freed 2 ms later unless `freed` is False."""
@@ -299,7 +299,7 @@ def _timeline(tmp_path, unknown: int, freed: bool = True) -> Any:
     rows.append([30 * ms, 4, -200 * MiB, 4])
     path = tmp_path / "run.raw.json"
     path.write_text(json.dumps(rows))
-    return analyzer.analyze(path).devices[0].diagnosis
+    return analyzer.analyze(path, **options).devices[0].diagnosis
 
 
 @pytest.mark.parametrize(("unknown", "named"), [(300 * MiB, True), (300 * MiB - BLOCK, False)],
@@ -313,6 +313,15 @@ def test_a_transient_of_half_the_peak_in_torchs_unknown_category_is_named_cudnns
         assert found.summary.startswith("0.29 GiB of the 0.59 GiB peak (50%) is memory no tensor holds")
         assert "cuDNN's convolution workspace" in found.summary and "lived 2.0 ms" in found.summary
     assert ("50% of it is a transient no tensor holds, most likely cuDNN's convolution workspace" in d.verdict) is named
+
+
+def test_the_workspace_share_is_a_threshold_of_the_python_api(tmp_path):
+    """One block under half the peak is named at a share tuned to 0.4, and half the peak is not at 0.6."""
+    assert analyzer.Thresholds().conv_workspace_share == UNKNOWN_SHARE
+    under = _timeline(tmp_path, 300 * MiB - BLOCK, thresholds=analyzer.Thresholds(conv_workspace_share=0.4))
+    assert [f for f in under.findings if f.kind == "conv_workspace"]
+    half = _timeline(tmp_path, 300 * MiB, thresholds=analyzer.Thresholds(conv_workspace_share=0.6))
+    assert not [f for f in half.findings if f.kind == "conv_workspace"]
 
 
 def test_unknown_memory_kept_to_the_end_is_no_workspace(tmp_path):
