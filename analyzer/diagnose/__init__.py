@@ -288,35 +288,27 @@ def _sentence(ctx: DeviceContext, findings: list[Finding[Details]], remedies: li
     if not ctx.trace.has_history and picture and picture.segments_recorded:
         return _end_state_sentence(ctx, picture) + advice
     place = oom_where(d.peak_phase, d.peak_module, d.peak_step)
-    composition = "; ".join(w for w in (_unseen(ctx), _composition(d, findings, demand)) if w)
+    unseen, record_earlier = _unseen(ctx)
+    composition = "; ".join(w for w in (unseen, _composition(d, findings, demand)) if w)
     return (f"Peak {gib(d.peak.allocated_bytes)} allocated on {ctx.trace.device_label(d.device)}{' ' + place if place else ''}"
-            f"{': ' + composition if composition else ''}.{advice}{_record_earlier(ctx)}")
+            f"{': ' + composition if composition else ''}.{advice}{record_earlier}")
 
 
-def _unseen_bytes(ctx: DeviceContext) -> int:
-    """Bytes alive at the peak that were allocated before the recording began and that nothing attributes."""
-    live = ctx.d.peak.live
-    unseen = live[(live["origin"].astype(str) != "trace") & (live["category"].astype(str) == UNATTRIBUTED)]
-    return int(unseen["allocated_bytes"].sum())
-
-
-def _unseen(ctx: DeviceContext) -> str:
-    """'12.55 GiB (82%) was allocated before the recording began ...': said where that is UNSEEN_SHARE of the peak
-    or more, the largest thing the verdict can name."""
-    unseen, peak = _unseen_bytes(ctx), ctx.d.peak.allocated_bytes
+def _unseen(ctx: DeviceContext) -> tuple[str, str]:
+    """Where memory alive at the peak that was allocated before the recording began, and that nothing attributes,
+    is UNSEEN_SHARE of the peak or more (the largest thing the verdict can name): the clause that says so ('12.55
+    GiB of it (82%) was allocated before the recording began ...') and the line that shows how to see what it is;
+    two empty strings otherwise."""
+    live, peak = ctx.d.peak.live, ctx.d.peak.allocated_bytes
+    unseen = int(live.loc[(live["origin"].astype(str) != "trace") & (live["category"].astype(str) == UNATTRIBUTED),
+                          "allocated_bytes"].sum())
     if not peak or unseen < UNSEEN_SHARE * peak:
-        return ""
-    return (f"{gib(unseen)} of it ({unseen / peak:.0%}) was allocated before the recording began, and no history "
-            "says what it is (the weights, most likely, when the recording started after the model was loaded)")
-
-
-def _record_earlier(ctx: DeviceContext) -> str:
-    """The line that shows what `_unseen` cannot name."""
-    if not _unseen(ctx):
-        return ""
+        return "", ""
     how = (f"call {RECORD_HISTORY} before the model is loaded and dump the snapshot again" if ctx.trace.has_segments
            else "start the profiler (profile_memory=True, with_stack=True) before the model is loaded")
-    return f" To see what the {gib(_unseen_bytes(ctx))} is, {how}."
+    return (f"{gib(unseen)} of it ({unseen / peak:.0%}) was allocated before the recording began, and no history "
+            "says what it is (the weights, most likely, when the recording started after the model was loaded)",
+            f" To see what the {gib(unseen)} is, {how}.")
 
 
 def _composition(d: DeviceMeasures, findings: list[Finding[Details]], demand: Demand | None = None) -> str:
