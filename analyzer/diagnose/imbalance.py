@@ -90,7 +90,7 @@ def find_imbalance(peaks: Sequence[PeakSummary], *, ratio: float = IMBALANCE_RAT
     median = min((p for p in peaks if p.peak_bytes == median_bytes), key=lambda p: p.label)
     category, category_gap = _largest_gap(worst.by_category, median.by_category)
     data_parallel = any(p.data_parallel_replicas for p in peaks)
-    scattered = data_parallel and worst.data_parallel_replicas and category in _BATCH
+    scattered = bool(data_parallel and worst.data_parallel_replicas and category in _BATCH)
     module, module_gap = _largest_gap(worst.by_module, median.by_module)
     ratio = round(worst.peak_bytes / median_bytes, 3)   # the one value every sentence formats (never 2.1x, then 2.2x)
     why = f"{category_plural(category)} make {gib(category_gap)} of the difference" if category else ""
@@ -113,7 +113,7 @@ def find_imbalance(peaks: Sequence[PeakSummary], *, ratio: float = IMBALANCE_RAT
             cause=SCATTER if scattered else None,
             peaks=[{"label": p.label, "peak_bytes": p.peak_bytes, "oom": p.oom, "peak_step": p.peak_step,
                     "peak_phase": p.peak_phase} for p in worst_first(peaks)])),
-        remedies=_remedies(category, category_gap, worst, median, module, data_parallel),
+        remedies=_remedies(category, category_gap, worst, median, module, data_parallel, scattered),
     )
 
 
@@ -138,10 +138,10 @@ def _largest_gap(worst: dict[str, int], median: dict[str, int]) -> tuple[str | N
 
 
 def _remedies(category: str | None, gap: int, worst: PeakSummary, median: PeakSummary, module: str | None,
-              data_parallel: bool) -> list[str]:
-    """What evens the load, for the category that makes the difference and the device that is heavy."""
+              data_parallel: bool, scattered: bool) -> list[str]:
+    """What evens the load, for the category that makes the difference and the device that is heavy (`scattered`:
+    nn.DataParallel's split by count made it heavy, the finding's SCATTER cause)."""
     first = []
-    scattered = data_parallel and worst.data_parallel_replicas and category in _BATCH
     if data_parallel and not worst.data_parallel_replicas or (
             not data_parallel and category == Category.ACTIVATION and worst.label.startswith("cuda:0")):
         first = [f"Use DistributedDataParallel instead of nn.DataParallel: DataParallel gathers outputs and keeps "
