@@ -382,7 +382,19 @@ def _batch_advice(d: Demand) -> bool:
 
 
 def _micro_batch_title(d: Demand) -> str:
-    return "Halve the batch (or the sequence length)" if d.workload == FORWARD_ONLY else "Halve the micro-batch"
+    """A forward's batch is its inputs: a sequence for a model with attention, an image size for a CNN."""
+    if d.workload != FORWARD_ONLY:
+        return "Halve the micro-batch"
+    return "Halve the batch (or the input size)" if d.attention is False else "Halve the batch (or the sequence length)"
+
+
+def _micro_batch_how(d: Demand) -> str:
+    """The KV cache is named only where the recording shows one: a BERT forward or a CNN keeps none."""
+    if d.workload != FORWARD_ONLY:
+        return "batch_size = batch_size // 2   # keep the global batch with gradient accumulation"
+    if d.kv_cache_bytes:
+        return "batch_size = batch_size // 2   # fewer sequences at once: the KV cache and activations scale with batch x sequence"
+    return "batch_size = batch_size // 2   # fewer inputs at once: the activations scale with the batch"
 
 
 def _zero2_title(d: Demand) -> str:
@@ -699,14 +711,13 @@ REMEDIES: list[Remedy] = [
                 "already)"),
     Remedy(id=RemedyId.MICRO_BATCH, title=_micro_batch_title,
            cost="instant; lower throughput; very small batches can hurt convergence",
-           how=lambda d: ("batch_size = batch_size // 2   # fewer sequences at once: the KV cache and activations scale "
-                          "with batch x sequence" if d.workload == FORWARD_ONLY else
-                          "batch_size = batch_size // 2   # keep the global batch with gradient accumulation"),
+           how=_micro_batch_how,
            estimate=lambda d: (_batch_scaled(d) // 2, "high"), applies=_batch_advice, acts_on=_BATCH,
            price=_BATCH_PRICE, plan=PlanLever(LeverName.BATCH, 1.0, _divide(*_BATCH), lambda d: 2, divides_batch=True),
            replay=Replay(micro_batch), estimate_term=EstimateTerm("micro-batch {b} with gradient accumulation x{k}", 0.5),
            docs="half of activations + inputs + temporaries (forward only: \"halve the batch (or the "
-                              "sequence length)\")"),
+                              "sequence length)\", or \"the input size\" for a model without attention; the KV cache "
+                              "named only where one is seen)"),
     Remedy(id=RemedyId.BF16, title="Train in bf16 mixed precision",
            cost="small; fp16 needs loss scaling, bf16 needs Ampere or newer",
            how="with torch.autocast(device_type='cuda', dtype=torch.bfloat16):\n    loss = model(batch)",

@@ -256,3 +256,16 @@ def _decode(sizes: list[list[int]]) -> pd.DataFrame:
 ])
 def test_a_cache_kept_across_decode_steps_must_grow(sizes: list[list[int]], cache: bool):
     assert bool(cache_tensors(_decode(sizes), _stacks()).any()) is cache
+
+
+@pytest.mark.parametrize("relative,title,kv", [
+    (QWEN, "Halve the batch (or the sequence length)", True),                     # a KV cache of 42%
+    ("tracelens/gaunernst_bert-small-uncased__1016001.json.gz", "Halve the batch (or the sequence length)", False),
+    ("hugepanda-octree-nca/inference2_peso_oct.pickle", "Halve the batch (or the input size)", False),  # convolutions
+])
+def test_a_forwards_smaller_batch_names_the_kv_cache_only_where_there_is_one(relative: str, title: str, kv: bool):
+    """A BERT forward and a CNN keep no KV cache: their smaller batch does not say it shrinks one; a CNN's input is
+    an image, not a sequence."""
+    batch = _remedies(_gpu(relative))[RemedyId.MICRO_BATCH]
+    assert batch["title"] == title
+    assert ("KV cache" in batch["how"]) is kv
