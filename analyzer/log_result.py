@@ -4,7 +4,7 @@ renderers (analyzer.report.log_*), not an `Analysis`: `capabilities` says what a
 
 `to_json()` writes the analyzer/1 contract's common keys (`schema`, `source`, `warnings`, `devices`, which
 is empty: no device was recorded) and the log's own: `ooms`, `findings`, `gpu_peaks`, `readings`, `verdict`,
-`gpu_processes`, `record_next`. Every size is bytes.
+`gpu_processes`, `memory_highs`, `record_next`. Every size is bytes.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analyzer.core.log_records import GpuPeak, GpuProcess, LogFinding, LogReading, LogRemedy, OomText
+from analyzer.core.log_records import GpuPeak, GpuProcess, LogFinding, LogReading, LogRemedy, MemoryHigh, OomText
 from analyzer.core.vocabulary import SCHEMA, phase_in_sentence
 from analyzer.errors import UnsupportedFormat
 from analyzer.ingest.log import read_log_file
@@ -75,6 +75,7 @@ class LogAnalysis:
     findings: list[LogFinding]
     gpu_peaks: list[GpuPeak]
     gpu_processes: list[GpuProcess]
+    memory_highs: list[MemoryHigh] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -87,7 +88,10 @@ class LogAnalysis:
             return self.ooms[-1].sentence() + more
         if self.findings:
             return "No out-of-memory error in this log. " + "; ".join(f["summary"] for f in self.findings) + "."
-        return f"No out-of-memory error in this log; {len(self.reading.readings)} memory readings, nothing out of line."
+        n = len(self.reading.readings)
+        highest = f": {self.memory_highs[0]['summary']}" if len(self.memory_highs) == 1 else \
+            f"; {len(self.memory_highs)} series of memory lines, each at its highest below" if self.memory_highs else ""
+        return f"No out-of-memory error in this log; {n} memory reading{'s' if n != 1 else ''}, nothing out of line{highest}."
 
     def to_json(self) -> dict[str, Any]:
         r = self.reading
@@ -102,6 +106,7 @@ class LogAnalysis:
             "findings": self.findings,
             "gpu_peaks": self.gpu_peaks,
             "gpu_processes": self.gpu_processes,
+            "memory_highs": self.memory_highs,
             "readings": {"count": len(r.readings), "by_source": dict(Counter(x.source for x in r.readings))},
             "record_next": advice.record_next(),
         }
@@ -127,7 +132,7 @@ def analyze_reading(reading: LogReading) -> LogAnalysis:
     balance = trends.imbalance(reading.readings)
     findings = advice.serving_findings(reading.readings) + trend + ([balance] if balance else [])
     return LogAnalysis(reading, ooms, findings, trends.gpu_peaks(reading.readings), processes,
-                       list(reading.warnings))
+                       trends.memory_highs(reading.readings), list(reading.warnings))
 
 
 def _looks(path: Path) -> str:

@@ -140,6 +140,31 @@ class GpuPeak(TypedDict):
     readings: int
 
 
+class MemoryHigh(TypedDict):
+    """The highest a series of memory lines (one reader, rank and device: Megatron's rank 3, DeepSpeed's
+    see_memory_usage, vLLM's profile) reached in the log, for each size it prints (READING_WORDS)."""
+
+    source: str
+    rank: int | None
+    device: int | None
+    readings: int
+    first_line: int
+    last_line: int
+    bytes: dict[str, int]         # each size's highest (its lowest for "available": the room left)
+    counts: dict[str, int]        # memory_summary()'s OOMs and allocation retries, their highest
+    summary: str
+
+
+#: the sizes a reading's `bytes` may hold that a log's summary names, in the order it names them, with their
+#: words; a peak ("allocated_peak") stands for its current value ("allocated") where a line prints both
+READING_WORDS = {"allocated_peak": "allocated at peak", "allocated": "allocated", "reserved_peak": "reserved at peak",
+                 "reserved": "reserved", "weights": "weights", "kv_cache": "KV cache",
+                 "activation_peak": "activation peak", "non_torch": "outside PyTorch", "budget": "budget",
+                 "total": "total", "available": "available at the lowest"}
+#: sizes whose lowest, not highest, reading is the one that matters: the memory a process still had
+LOWEST_IS_WORST = frozenset({"available"})
+
+
 class GpuProcess(TypedDict):
     """A process nvidia-smi listed, at its last reading."""
 

@@ -8,6 +8,9 @@ from analyzer.core.log_records import AllocatorSetting, GpuProcess, LogFinding, 
 from analyzer.core.units import human_bytes
 from analyzer.log_diagnose.cause import CAPACITY, FRAGMENTATION, OTHER_PROCESS, Cause
 
+#: memory outside PyTorch's cache worth a remedy of its own (a CUDA context and NCCL's defaults are well under it)
+OWN_OUTSIDE_WORTH_NAMING = 1 << 30
+
 #: the lines that make the next run's OOM analysable in full (a snapshot with history and stacks)
 RECORD_NEXT = """import torch
 
@@ -67,10 +70,18 @@ def remedies(o: OomText, cause: Cause, settings: list[AllocatorSetting], framewo
         out.append(_remedy("other_processes", "Free the GPU of the other work",
                            f"{holders} held the room; stop it, or run on a GPU of its own (CUDA_VISIBLE_DEVICES)", must,
                            "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv"))
-        if cause.non_pytorch_bytes and cause.non_pytorch_bytes > (1 << 30) and not cause.other_processes:
+        if cause.non_pytorch_bytes and cause.non_pytorch_bytes > OWN_OUTSIDE_WORTH_NAMING and not cause.other_processes:
             out.append(_remedy("non_pytorch_memory", "Look at this process's memory outside PyTorch",
                                f"{human_bytes(cause.non_pytorch_bytes)} of this process is not PyTorch's cache: NCCL buffers "
                                "(NCCL_BUFFSIZE), cuDNN/cuBLAS workspaces, another library's own allocations", cause.non_pytorch_bytes))
+        elif cause.non_pytorch_bytes is None and not cause.other_processes and not listed:
+            # the form prints no NVML split (torch <= 2.0, or no NVML); other_process means over CONTEXT_ALLOWANCE outside
+            out.append(_remedy("non_pytorch_memory", "Or look at this process's own memory outside PyTorch",
+                               f"this form of the message does not split the {human_bytes(cause.outside_bytes)} outside "
+                               "PyTorch's cache between other processes and this one: if nvidia-smi shows no other "
+                               "process, it is this process's own (NCCL buffers, cuDNN/cuBLAS workspaces, another "
+                               "library's allocations, such as an embedding cache in managed memory)", cause.outside_bytes,
+                               "nvidia-smi --query-compute-apps=pid,used_memory --format=csv   # then: torch.cuda.memory_stats()"))
     if cause.limit == "allowed":
         out.append(_remedy("memory_fraction", "Raise or remove the allowed fraction",
                            f"torch.cuda.set_per_process_memory_fraction capped this process at {human_bytes(o.allowed_bytes)} "

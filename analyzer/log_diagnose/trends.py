@@ -1,5 +1,6 @@
 """What a log's repeated memory lines show across time and ranks: growth step over step (a leak), one rank far
-above the others (imbalance), and each GPU's highest use in an nvidia-smi log."""
+above the others (imbalance), each GPU's highest use in an nvidia-smi log, and each series of framework or
+allocator memory lines at its highest (what a log without an OOM says about how close the run came)."""
 from __future__ import annotations
 
 import statistics
@@ -7,7 +8,15 @@ from collections import defaultdict
 from itertools import pairwise
 from typing import Any
 
-from analyzer.core.log_records import GpuPeak, GpuProcess, LogFinding, Reading
+from analyzer.core.log_records import (
+    LOWEST_IS_WORST,
+    READING_WORDS,
+    GpuPeak,
+    GpuProcess,
+    LogFinding,
+    MemoryHigh,
+    Reading,
+)
 from analyzer.core.units import human_bytes
 
 #: readings of one series needed before growth says anything
@@ -18,6 +27,8 @@ LEAK_MIN_GROWTH = 256 << 20
 IMBALANCE_RATIO = 1.2
 
 _SERIES_KEYS = ("allocated", "used")
+#: readers whose readings have their own summary (gpu_peaks, gpu_processes)
+_NVIDIA_SMI = ("nvidia_smi", "nvidia_smi_csv", "nvidia_smi_process")
 _PEAK_KEYS = ("allocated_peak", "reserved_peak", "used", "allocated")
 
 
@@ -94,3 +105,37 @@ def gpu_processes(readings: list[Reading]) -> list[GpuProcess]:
         if r.source == "nvidia_smi_process":
             last[(r.device, r.label)] = {"device": r.device, "process": r.label, "used_bytes": r.bytes["used"], "line": r.line}
     return sorted(last.values(), key=lambda p: (p["device"] is None, p["device"] or 0, -p["used_bytes"]))
+
+
+def memory_highs(readings: list[Reading]) -> list[MemoryHigh]:
+    """Each series of framework or allocator memory lines (one reader, rank and device) at its highest: what a log
+    without an OOM says about how close the run came, in the order the series first appear."""
+    groups: dict[tuple[str, int | None, int | None], list[Reading]] = {}
+    for r in readings:
+        if r.source not in _NVIDIA_SMI:
+            groups.setdefault((r.source, r.rank, r.device), []).append(r)
+    highs: list[MemoryHigh] = []
+    for (source, rank, device), series in groups.items():
+        worst: dict[str, int] = {}
+        for key in READING_WORDS:
+            values = [r.bytes[key] for r in series if key in r.bytes]
+            if values:
+                worst[key] = min(values) if key in LOWEST_IS_WORST else max(values)
+        for key in ("allocated", "reserved"):   # a peak stands for its current value
+            if f"{key}_peak" in worst:
+                worst.pop(key, None)
+        if not worst:
+            continue
+        where = ", ".join(p for p in (f"rank {rank}" if rank is not None else "",
+                                      f"GPU {device}" if device is not None else "") if p)
+        count = f"{len(series)} reading{'s' if len(series) != 1 else ''}"
+        counts = {k: max(r.counts.get(k, 0) for r in series) for k in {k for r in series for k in r.counts}}
+        sizes = ", ".join(f"{READING_WORDS[k]} {human_bytes(v)}" for k, v in worst.items())
+        retries = counts.get("alloc_retries", 0)
+        flushed = (f"; {retries} allocation retr{'ies' if retries != 1 else 'y'} (the cache was emptied to make "
+                   "room: a sign of fragmentation or of a step close to the limit)") if retries else ""
+        highs.append({"source": source, "rank": rank, "device": device, "readings": len(series),
+                      "first_line": series[0].line, "last_line": series[-1].line, "bytes": worst,
+                      "counts": dict(sorted(counts.items())),
+                      "summary": f"{source}{' ' + where if where else ''} ({count}): {sizes}{flushed}"})
+    return highs

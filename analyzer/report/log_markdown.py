@@ -31,12 +31,13 @@ def render_log_markdown(report: LogAnalysis) -> str:
             if r["code"]:
                 out += code_block(r["code"], "   ")
         out.append("")
-    if doc["findings"] or doc["gpu_peaks"] or doc["gpu_processes"]:
+    if doc["findings"] or doc["gpu_peaks"] or doc["gpu_processes"] or doc["memory_highs"]:
         out += ["### Across the log", ""]
         out += [f"- {md_text(f['kind'])}: {md_text(f['summary'])}" + (f"; try: {md_code(f['remedy'])}" if f.get("remedy") else "")
                 for f in doc["findings"]]
         out += [f"- GPU {p['device']}: at most {human_bytes(p['used_bytes'])} used (nvidia-smi)" for p in doc["gpu_peaks"]]
         out += [f"- GPU {p['device']}: {md_code(p['process'])} uses {human_bytes(p['used_bytes'])}" for p in doc["gpu_processes"]]
+        out += [f"- {md_text(h['summary'])}" for h in doc["memory_highs"]]
         out.append("")
     out += [f"- warning: {md_text(w)}" for w in doc["warnings"]]
     out += ["### What to record next", "", "A log holds moments; a snapshot holds the history of every allocation:", ""]

@@ -69,7 +69,7 @@ def print_log_summary(report: LogAnalysis, console: Console) -> None:
     for i, oom in enumerate(report.ooms, 1):
         console.print()
         _oom(console, oom, i)
-    if report.findings or report.gpu_peaks or report.gpu_processes:
+    if report.findings or report.gpu_peaks or report.gpu_processes or report.memory_highs:
         console.print()
         console.print(Text("across the log", style="dim"))
     for f in report.findings:
@@ -82,6 +82,8 @@ def print_log_summary(report: LogAnalysis, console: Console) -> None:
     for process in report.gpu_processes:
         _said(console, Text(printable(f"GPU {process['device']}: {process['process']} uses "
                                       f"{human_bytes(process['used_bytes'])}")))
+    for high in report.memory_highs:
+        _said(console, Text(printable(high["summary"])))
     for w in report.warnings:
         _said(console, Text(printable(f"warning: {w}"), style="yellow"), indent=0)
     console.print()

@@ -477,6 +477,21 @@ def test_other_process_remedy_names_what_nvidia_smi_listed() -> None:
     a = analyze_reading(read_log(io.BytesIO(smi + oom), "both"))
     (other,) = [r for r in a.ooms[0].remedies if r["id"] == "other_processes"]
     assert "pid 10734" in other["detail"] and "pid 22720" not in other["detail"]  # GPU 0's processes only
+    assert "non_pytorch_memory" not in [r["id"] for r in a.ooms[0].remedies], "nvidia-smi named who holds it"
+
+
+def test_memory_outside_the_cache_that_the_message_cannot_split_may_be_this_processs_own() -> None:
+    """FBGEMM#5605 (torch >= 2.1 without NVML lines): 81.59 GiB outside PyTorch's cache and no process listed, in
+    a run whose own library allocates outside the allocator; the message cannot tell whose, so both are offered.
+    With NVML's split (ComfyUI#7440: 17.35 GiB of this process outside PyTorch) the remedy names this process."""
+    fbgemm = analyze_log(LOGS / "ofwhich_other_process_fbgemm_5605.log").ooms[0]
+    ids = [r["id"] for r in fbgemm.remedies]
+    assert fbgemm.cause.cause == "other_process" and ids == ["other_processes", "non_pytorch_memory"]
+    assert fbgemm.remedies[1]["bytes"] == fbgemm.cause.outside_bytes
+    assert "does not split" in fbgemm.remedies[1]["detail"]
+    mps = analyze_log(LOGS / "mps_other_allocations_comfyui_7440.log").ooms[0]
+    (own,) = [r for r in mps.remedies if r["id"] == "non_pytorch_memory"]
+    assert own["bytes"] == mps.cause.non_pytorch_bytes and "does not split" not in own["detail"]
 
 
 def test_summary_pool_rows() -> None:
@@ -562,3 +577,37 @@ def test_a_log_is_analysed_without_pandas_or_numpy(tmp_path, fmt: str) -> None:
                            str(tmp_path / f"out.{fmt}")], capture_output=True, cwd=ROOT, timeout=120)
     assert done.stdout.decode().split() == ["0", "[]"], done.stderr.decode()[-2000:]
     assert (tmp_path / f"out.{fmt}").stat().st_size > 1000
+
+
+def test_a_log_without_an_oom_says_how_high_its_memory_lines_went() -> None:
+    """Megatron-LM#5662's `[Rank 0] (after 20 iterations) memory (MB) | allocated: 3270.16 | max allocated:
+    5670.39 | reserved: 6406.00 | max reserved: 6406.00` (MiB, as Megatron divides by 1024 * 1024): the peaks
+    stand for the current values, and the verdict names them."""
+    a = analyze_log(LOGS / "megatron_rank_megatron_5662.log")
+    assert a.memory_highs == [{"source": "megatron", "rank": 0, "device": None, "readings": 1, "first_line": 2,
+                               "last_line": 2, "counts": {},
+                               "bytes": {"allocated_peak": round(5670.39 * MiB), "reserved_peak": 6406 * MiB},
+                               "summary": "megatron rank 0 (1 reading): allocated at peak 5.54 GiB, reserved at peak 6.26 GiB"}]
+    assert a.verdict == ("No out-of-memory error in this log; 1 memory reading, nothing out of line: megatron rank 0 "
+                         "(1 reading): allocated at peak 5.54 GiB, reserved at peak 6.26 GiB.")
+    assert a.to_json()["memory_highs"] == a.memory_highs
+
+
+def test_memory_highs_take_each_series_highest_and_the_lowest_room_left() -> None:
+    """SGLang-#18263's three lines: 56.98 GiB of weights, a 152.88 GiB KV cache, and the room left falling from
+    230.20 GiB (after the weights) to 74.01 GiB (after the pool): the lowest is the one that matters. Two ranks'
+    lines stay two series; memory_summary()'s allocation retries are named."""
+    pool = analyze_log(LOGS / "sglang_memory_pool_18263.log").memory_highs
+    assert len(pool) == 1 and pool[0]["readings"] == 3
+    assert pool[0]["bytes"]["available"] == 79467632394 < 247175367885     # the lower of the two
+    assert pool[0]["bytes"]["weights"] == 61181809132 and pool[0]["bytes"]["kv_cache"] == 164153650054
+    ranks = analyze_log(LOGS / "sglang_kv_cache_18039.log")
+    assert [(h["rank"], h["bytes"]) for h in ranks.memory_highs] == [(1, {"kv_cache": 15000173281}),
+                                                                    (2, {"kv_cache": 15000173281})]
+    assert "2 series of memory lines" in ranks.verdict
+    readings = [Reading(line=i, source="deepspeed", bytes={"allocated": b}) for i, b in enumerate((3 * GiB, 5 * GiB, 4 * GiB), 1)]
+    assert trends.memory_highs(readings)[0]["bytes"] == {"allocated": 5 * GiB}
+    summary = analyze_log(LOGS / "reserved_summary_pytorch_35901.log").memory_highs[0]
+    assert summary["counts"]["alloc_retries"] == 1 and "1 allocation retry" in summary["summary"]
+    smi = analyze_log(LOGS / "nvidia_smi_screen_550_rlinf_255.log")
+    assert smi.memory_highs == [] and smi.gpu_peaks, "nvidia-smi's readings have their own summary"
