@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from analyzer.core.log_records import Era, OomText, Reading
+from analyzer.core.log_records import Era, OomText, Reading, gpu_name
 from analyzer.ingest.log import read_log, read_log_file
 from analyzer.ingest.log.lines import clean
 from analyzer.ingest.log.oom_message import parse
@@ -407,6 +407,17 @@ def test_nvidia_smi_process_tables_and_list_gpu_processes() -> None:
     peaks = analyze_log(LOGS / "nvidia_smi_screen_550_rlinf_255.log").gpu_peaks
     assert [(x["device"], x["used_bytes"], x["total_bytes"]) for x in peaks] == [(0, 507 * MiB, 24564 * MiB),
                                                                                (1, 459 * MiB, 24564 * MiB)]
+
+
+def test_nvidia_smi_csv_logs_from_real_runs() -> None:
+    # index, then memory.total before memory.used: the header's order, not a fixed one, names the columns
+    two = analyze_log(LOGS / "nvidia_smi_csv_two_gpus_openad.log").gpu_peaks
+    assert two == [{"device": 0, "used_bytes": 25073 * MiB, "total_bytes": 49140 * MiB, "line": 2, "readings": 3},
+                   {"device": 1, "used_bytes": 15 * MiB, "total_bytes": 49140 * MiB, "line": 3, "readings": 3}]
+    # no index column (and no total): one peak, for a GPU the log does not number; 71158 MiB at 01:18:22
+    (one,) = analyze_log(LOGS / "nvidia_smi_csv_over_time_balance_budget.log").gpu_peaks
+    assert one == {"device": None, "used_bytes": 71158 * MiB, "total_bytes": None, "line": 13, "readings": 14}
+    assert gpu_name(None) == "a GPU the log does not number" and gpu_name(0) == "GPU 0"
 
 
 def test_nvidia_smi_csv_log_peaks() -> None:
