@@ -13,7 +13,6 @@ import pytest
 from analyzer.core.log_records import Era, OomText, Reading, gpu_name
 from analyzer.ingest.log import read_log, read_log_file
 from analyzer.ingest.log.lines import clean
-from analyzer.ingest.log.oom_message import parse
 from analyzer.log_diagnose import trends
 from analyzer.log_diagnose.cause import CONTEXT_ALLOWANCE, FREE_SLACK, judge
 from analyzer.log_result import analyze_log
