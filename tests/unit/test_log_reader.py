@@ -495,6 +495,14 @@ def test_megatron_lines_and_a_leak_across_them() -> None:
     assert leak["growth_bytes"] == 1200 * MiB and leak["per_reading_bytes"] == 300 * MiB
 
 
+def test_memory_stats_line_from_a_real_dict() -> None:
+    # NVIDIA/MinkowskiEngine#359 posted memory_stats() OrderedDicts cut into 1000-character lines; one whole line
+    assert len((LOGS / "memory_stats_wrapped_line_minkowski_359.log").read_text().rstrip("\n")) == 1000
+    (r,) = read_log_file(LOGS / "memory_stats_wrapped_line_minkowski_359.log").readings
+    assert (r.source, r.line) == ("memory_stats", 1)
+    assert r.bytes == {"allocated": 42817536, "allocated_peak": 14244352000} and r.counts == {}   # .all. keys only
+
+
 def test_memory_stats_dict_with_module_bytes() -> None:
     text = (b"OrderedDict([('active.all.allocated', 10), ('allocated_bytes.all.current', 1048576), "
             b"('allocated_bytes.all.peak', 4194304), ('num_alloc_retries', 2), ('num_ooms', 1), "
