@@ -15,7 +15,7 @@ from analyzer.ingest.log import read_log, read_log_file
 from analyzer.ingest.log.lines import clean
 from analyzer.log_diagnose import trends
 from analyzer.log_diagnose.cause import CONTEXT_ALLOWANCE, FREE_SLACK, judge
-from analyzer.log_result import analyze_log
+from analyzer.log_result import LogAnalysis, analyze_log, analyze_reading
 from tests.support.paths import ROOT
 
 LOGS = ROOT / "fixtures" / "logs"
@@ -112,6 +112,8 @@ def test_outside_allocator_ooms_with_phase_and_rank_prefixes() -> None:
     nccl = analyze_log(LOGS / "nccl_calloc_nccl_1235.log").ooms[0]
     assert (nccl.text.source, nccl.text.requested_bytes) == ("nccl", 6291456)
     assert analyze_log(LOGS / "cuda_error_moss_328.log").ooms[0].text.source == "cuda_error"
+    (th,) = analyze_log(LOGS / "thcudacheck_pytorch_1829.log").ooms   # torch <= 0.4, under an IPython prompt
+    assert (th.text.era, th.text.source, th.text.line, th.cause.cause) == (Era.OUTSIDE, "thcudacheck", 2, "unknown")
 
 
 def test_phase_and_user_frame_of_a_forward() -> None:
@@ -219,6 +221,10 @@ def test_private_pool_clause_in_real_cuda_and_hip_messages() -> None:
     # printed sizes' rounding of it, with 244.65 GiB free: the allowed limit refused it
     assert m(1017.01) + m(54.99) + m(2) < g(1.05) < m(1017.01) + m(54.99) + m(2) + hip.text.tolerance_bytes
     assert (hip.cause.cause, hip.cause.limit) == ("capacity", "allowed") and "rounding" in hip.cause.reason
+
+
+def analyze_log_text(text: str) -> LogAnalysis:
+    return analyze_reading(read_log(io.BytesIO(text.encode()), "built"))
 
 
 def test_allowed_limit_within_the_printed_rounding() -> None:
@@ -519,6 +525,18 @@ def test_expandable_segments_already_on_changes_the_remedy() -> None:
     on = analyze_reading(read_log(io.BytesIO(b"export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n" + base), "b"))
     assert off == "expandable_segments" and on.ooms[0].remedies[0]["id"] == "max_split_size"
     assert on.reading.settings[0].value == "expandable_segments:True"
+    # newer torch also reads the variable under its device-neutral name, PYTORCH_ALLOC_CONF
+    renamed = analyze_reading(read_log(io.BytesIO(b"export PYTORCH_ALLOC_CONF=expandable_segments:True\n" + base), "c"))
+    assert renamed.ooms[0].remedies[0]["id"] == "max_split_size"
+
+
+def test_allowed_clause_inside_the_torch_1_4_to_2_0_parenthesis() -> None:
+    # built from the 1.x format string: "... F free; " + "L allowed; " + "R reserved in total by PyTorch)"
+    text = ("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 11.77 GiB total capacity; "
+            "4.70 GiB already allocated; 6.90 GiB free; 4.77 GiB allowed; 4.74 GiB reserved in total by PyTorch)\n")
+    (o,) = analyze_log_text(text).ooms
+    assert (o.text.era, o.text.allowed_bytes, o.text.reserved_bytes) == (Era.RESERVED, g(4.77), g(4.74))
+    assert (o.cause.cause, o.cause.limit) == ("capacity", "allowed")   # 4.74 + 2.00 GiB > 4.77 GiB
 
 
 def test_other_process_remedy_names_what_nvidia_smi_listed() -> None:
