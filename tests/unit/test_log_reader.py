@@ -203,6 +203,10 @@ def test_16_eib_process_lines_are_read_and_refused_a_verdict() -> None:
     assert o.text.allowed_bytes == g(2.63)
     assert o.cause.cause == "unknown" and o.cause.limit is None   # no verdict on these numbers, the limit neither
     assert [c.split(" (")[0] for c in o.cause.inconsistent] == ["this process's use", "the other processes' use"]
+    # kept as a JSON string: the message ends at its closing quote, not with the line's '",'
+    assert o.text.text.startswith("CUDA out of memory.") and o.text.text.endswith("alloc-conf)")
+    assert analyze_log_text('x = "' + o.text.text + '"\n').ooms[0].text.text == o.text.text
+    assert analyze_log_text(o.text.text + ' "quoted"\n').ooms[0].text.text.endswith('"quoted"')   # no quote before
 
 
 def test_container_zero_bytes_for_this_process_is_refused_a_verdict() -> None:

@@ -118,6 +118,8 @@ def parse(text: str, line: int, rank: int | None) -> OomText | None:
         source = next(k for k, v in outside.groupdict().items() if v)
         return OomText(line=line, rank=rank, era=Era.OUTSIDE, backend="CUDA", source=source, text=text[outside.start():])
     message = text[start.start():]
+    if '"' in text[:start.start()]:   # kept as a quoted string (JSON, a repr): PyTorch's own message has no '"'
+        message = message.split('"', 1)[0]
     if start.group(2) is None:
         return _parse_mps(message, line, rank)
     base = OomText(line=line, rank=rank, era=Era.PARTIAL, backend=(start.group("kind") or "CUDA").upper(), text=message,
