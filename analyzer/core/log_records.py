@@ -133,7 +133,7 @@ class LogFinding(_LogFound, total=False):
 class GpuPeak(TypedDict):
     """One GPU's highest nvidia-smi use in the log."""
 
-    device: int
+    device: int | None          # None: a CSV queried without `index`, its rows not told apart by GPU
     used_bytes: int
     total_bytes: int | None
     line: int
@@ -163,6 +163,11 @@ READING_WORDS = {"allocated_peak": "allocated at peak", "allocated": "allocated"
                  "total": "total", "available": "available at the lowest"}
 #: sizes whose lowest, not highest, reading is the one that matters: the memory a process still had
 LOWEST_IS_WORST = frozenset({"available"})
+
+
+def gpu_name(device: int | None) -> str:
+    """How a report names the GPU of an nvidia-smi reading."""
+    return f"GPU {device}" if device is not None else "a GPU the log does not number"
 
 
 class GpuProcess(TypedDict):

@@ -11,7 +11,9 @@ In order:
 2. numbers that contradict each other (a size above the capacity, "0 bytes" for this process while PyTorch
    holds memory, reserved + free above the capacity) -> unknown, saying which;
 3. the request alone is larger than the capacity -> capacity; reserved + request above an allowed limit
-   (`set_per_process_memory_fraction`) -> capacity, against that limit;
+   (`set_per_process_memory_fraction`), or within the printed sizes' rounding of it -> capacity, against that
+   limit (the allocator refuses `reserved + alloc_size > allowed` before it asks the driver, so with the limit
+   in reach it is the explanation: ROCm/TheRock#2118 prints 1072 MiB reserved + 2 MiB against "1.05 GiB");
 4. F >= R + FREE_SLACK: the driver said the request fits -> unknown (a driver limit, a per-allocation limit,
    another process allocating at that moment: nothing in the numbers);
 5. U >= R: the cache held the bytes but no free block that large -> fragmentation;
@@ -113,9 +115,10 @@ def judge(o: OomText) -> Cause:
     limit = o.allowed_bytes if o.allowed_bytes is not None and o.era != Era.MPS else None
     if R > T:
         return Cause(cause=CAPACITY, reason=f"the request alone ({human_bytes(R)}) is larger than the device ({human_bytes(T)})", **base)
-    if limit is not None and o.reserved_bytes is not None and o.reserved_bytes + R > limit:
+    if limit is not None and o.reserved_bytes is not None and o.reserved_bytes + R + o.tolerance_bytes > limit:
+        than = "more than" if o.reserved_bytes + R > limit else "within the printed sizes' rounding of"
         return Cause(cause=CAPACITY, limit="allowed", reason=f"reserved ({human_bytes(o.reserved_bytes)}) plus the request "
-                     f"({human_bytes(R)}) is more than the allowed {human_bytes(limit)} (set_per_process_memory_fraction) of {human_bytes(T)}", **base)
+                     f"({human_bytes(R)}) is {than} the allowed {human_bytes(limit)} (set_per_process_memory_fraction) of {human_bytes(T)}", **base)
     if F is None:
         return Cause(cause=UNKNOWN, reason="the message does not print the device's free memory", **base)
     if F >= R + FREE_SLACK:

@@ -85,17 +85,18 @@ def imbalance(readings: list[Reading]) -> LogFinding | None:
 
 
 def gpu_peaks(readings: list[Reading]) -> list[GpuPeak]:
-    """Each GPU's highest nvidia-smi use (screen or CSV) and its capacity, in device order."""
-    peaks: dict[int, GpuPeak] = {}
+    """Each GPU's highest nvidia-smi use (screen or CSV) and its capacity, in device order; a CSV queried without
+    `index` gives one peak under device None (the highest any GPU it lists reached)."""
+    peaks: dict[int | None, GpuPeak] = {}
     for r in readings:
-        if r.source in ("nvidia_smi", "nvidia_smi_csv") and r.device is not None and "used" in r.bytes:
+        if r.source in ("nvidia_smi", "nvidia_smi_csv") and "used" in r.bytes:
             best = peaks.get(r.device)
             if best is None or r.bytes["used"] > best["used_bytes"]:
                 peaks[r.device] = {"device": r.device, "used_bytes": r.bytes["used"], "total_bytes": r.bytes.get("total"),
                                    "line": r.line, "readings": (best["readings"] if best else 0) + 1}
             else:
                 best["readings"] += 1
-    return [peaks[d] for d in sorted(peaks)]
+    return [peaks[d] for d in sorted(peaks, key=lambda d: (d is None, d or 0))]
 
 
 def gpu_processes(readings: list[Reading]) -> list[GpuProcess]:

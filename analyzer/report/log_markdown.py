@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from analyzer.core.log_records import gpu_name
 from analyzer.core.units import human_bytes
 from analyzer.log_result import LogAnalysis
 from analyzer.report.log_text import TOP_REMEDIES, numbers_table
@@ -35,8 +36,8 @@ def render_log_markdown(report: LogAnalysis) -> str:
         out += ["### Across the log", ""]
         out += [f"- {md_text(f['kind'])}: {md_text(f['summary'])}" + (f"; try: {md_code(f['remedy'])}" if f.get("remedy") else "")
                 for f in doc["findings"]]
-        out += [f"- GPU {p['device']}: at most {human_bytes(p['used_bytes'])} used (nvidia-smi)" for p in doc["gpu_peaks"]]
-        out += [f"- GPU {p['device']}: {md_code(p['process'])} uses {human_bytes(p['used_bytes'])}" for p in doc["gpu_processes"]]
+        out += [f"- {gpu_name(p['device'])}: at most {human_bytes(p['used_bytes'])} used (nvidia-smi)" for p in doc["gpu_peaks"]]
+        out += [f"- {gpu_name(p['device'])}: {md_code(p['process'])} uses {human_bytes(p['used_bytes'])}" for p in doc["gpu_processes"]]
         out += [f"- {md_text(h['summary'])}" for h in doc["memory_highs"]]
         out.append("")
     out += [f"- warning: {md_text(w)}" for w in doc["warnings"]]

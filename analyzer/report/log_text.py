@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from analyzer.core.log_records import gpu_name
 from analyzer.core.printable import printable
 from analyzer.core.units import human_bytes
 from analyzer.log_result import LogAnalysis, LogOom
@@ -77,10 +78,10 @@ def print_log_summary(report: LogAnalysis, console: Console) -> None:
         _said(console, Text(printable(f"{f['kind']}: {f['summary']}{remedy}")))
     for p in report.gpu_peaks:
         total = f" of {human_bytes(p['total_bytes'])}" if p["total_bytes"] else ""
-        _said(console, Text(f"GPU {p['device']}: at most {human_bytes(p['used_bytes'])}{total} used "
+        _said(console, Text(f"{gpu_name(p['device'])}: at most {human_bytes(p['used_bytes'])}{total} used "
                             f"(nvidia-smi, {p['readings']} readings)"))
     for process in report.gpu_processes:
-        _said(console, Text(printable(f"GPU {process['device']}: {process['process']} uses "
+        _said(console, Text(printable(f"{gpu_name(process['device'])}: {process['process']} uses "
                                       f"{human_bytes(process['used_bytes'])}")))
     for high in report.memory_highs:
         _said(console, Text(printable(high["summary"])))

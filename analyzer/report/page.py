@@ -7,6 +7,7 @@ from pathlib import Path
 
 import jinja2
 
+from analyzer.core.log_records import gpu_name
 from analyzer.core.units import human_bytes
 
 
@@ -30,6 +31,7 @@ TEMPLATES.filters["bytes"] = human_bytes
 TEMPLATES.filters["reserved"] = reserved
 TEMPLATES.filters["pct"] = lambda share: f"{share:.1%}" if share < 0.1 else f"{share:.0%}"
 TEMPLATES.filters["label"] = words
+TEMPLATES.filters["gpu"] = gpu_name
 TEMPLATES.filters["onoff"] = lambda flag: {True: "on", False: "off"}.get(flag, "not recorded")
 
 REPORT_CSS = (Path(__file__).parent / "templates" / "report.css").read_text(encoding="utf-8")

@@ -10,13 +10,12 @@ import sys
 
 import pytest
 
-from analyzer.core.log_records import Era, OomText, Reading
+from analyzer.core.log_records import Era, OomText, Reading, gpu_name
 from analyzer.ingest.log import read_log, read_log_file
 from analyzer.ingest.log.lines import clean
-from analyzer.ingest.log.oom_message import parse
 from analyzer.log_diagnose import trends
 from analyzer.log_diagnose.cause import CONTEXT_ALLOWANCE, FREE_SLACK, judge
-from analyzer.log_result import analyze_log
+from analyzer.log_result import LogAnalysis, analyze_log, analyze_reading
 from tests.support.paths import ROOT
 
 LOGS = ROOT / "fixtures" / "logs"
@@ -55,6 +54,11 @@ CASES = {
     "xpu_paren_ipex_629.log": (Era.RESERVED, "unknown", g(1.71), g(15.56), None, 0, 0, 0),
     "mps_other_allocations_comfyui_7440.log": (Era.MPS, "other_process", m(292.5), g(27.2), g(27.2) - g(9.57) - g(17.35), g(9.57), None, None),
     "mps_capacity_comfyui_7372.log": (Era.MPS, "capacity", m(1024), g(18.13), g(18.13) - g(17.68) - m(3.95), g(17.68), None, None),
+    # "A is allocated by PyTorch, with P allocated in private pools": A counts P, so reserved is still A + U
+    "ofwhich_private_pools_club3090_138.log": (Era.OF_WHICH, "fragmentation", m(136), g(23.56), m(117.38), g(21.98), g(21.98) + m(391.42), m(391.42)),
+    "hip_allowed_private_pools_therock_2118.log": (Era.OF_WHICH, "capacity", m(2), g(255.98), g(244.65), m(1017.01), m(1017.01) + m(54.99), m(54.99)),
+    "ofwhich_container_zero_bytes_aria_24.log": (Era.OF_WHICH, "unknown", g(1.88), g(21.96), g(1.29), g(19.02), g(19.02) + g(1.32), g(1.32)),
+    "ofwhich_16eib_windows_oneframe_lab.log": (Era.OF_WHICH, "unknown", g(2.13), g(8), g(6.10), m(954), m(954), 0),
 }
 
 
@@ -108,6 +112,8 @@ def test_outside_allocator_ooms_with_phase_and_rank_prefixes() -> None:
     nccl = analyze_log(LOGS / "nccl_calloc_nccl_1235.log").ooms[0]
     assert (nccl.text.source, nccl.text.requested_bytes) == ("nccl", 6291456)
     assert analyze_log(LOGS / "cuda_error_moss_328.log").ooms[0].text.source == "cuda_error"
+    (th,) = analyze_log(LOGS / "thcudacheck_pytorch_1829.log").ooms   # torch <= 0.4, under an IPython prompt
+    assert (th.text.era, th.text.source, th.text.line, th.cause.cause) == (Era.OUTSIDE, "thcudacheck", 2, "unknown")
 
 
 def test_phase_and_user_frame_of_a_forward() -> None:
@@ -188,24 +194,47 @@ def test_a_process_line_that_is_this_process() -> None:
     assert cause.cause == "capacity" and cause.other_processes == [] and "taken to be this process" in cause.notes[0]
 
 
-def test_wsl_message_parsed_and_refused() -> None:
-    text = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of "
-            "8.00 GiB of which 0 bytes is free. Including non-PyTorch memory, this process has 17179869184.00 GiB "
-            "memory in use. Of the allocated memory 7.20 GiB is allocated by PyTorch, and 100.00 MiB is reserved by "
-            "PyTorch but unallocated.")  # the form of the issue's WSL example, built from the format string
-    o = parse(text, 1, None)
-    assert o is not None and o.this_process_bytes == 17179869184 * GiB and judge(o).cause == "unknown"
+def test_16_eib_process_lines_are_read_and_refused_a_verdict() -> None:
+    # A real message (Windows, torch >= 2.1) where NVML could not read per-process use: every Process line and
+    # this process say 17179869184.00 GiB (2**64 bytes, 16 EiB), the form the issue names for WSL
+    o = analyze_log(LOGS / "ofwhich_16eib_windows_oneframe_lab.log").ooms[0]
+    assert o.text.this_process_bytes == 17179869184 * GiB == 2**64
+    assert len(o.text.processes) == 14 and o.text.processes[0] == (9132, 2**64) and o.text.processes[-1] == (1680, 2**64)
+    assert o.text.allowed_bytes == g(2.63)
+    assert o.cause.cause == "unknown" and o.cause.limit is None   # no verdict on these numbers, the limit neither
+    assert [c.split(" (")[0] for c in o.cause.inconsistent] == ["this process's use", "the other processes' use"]
+    # kept as a JSON string: the message ends at its closing quote, not with the line's '",'
+    assert o.text.text.startswith("CUDA out of memory.") and o.text.text.endswith("alloc-conf)")
+    assert analyze_log_text('x = "' + o.text.text + '"\n').ooms[0].text.text == o.text.text
+    assert analyze_log_text(o.text.text + ' "quoted"\n').ooms[0].text.text.endswith('"quoted"')   # no quote before
 
 
-def test_private_pools_and_allowed_clause() -> None:
-    text = ("CUDA out of memory. Tried to allocate 1.00 GiB. GPU 2 has a total capacity of 79.15 GiB of which "
-            "512.00 MiB is free. Including non-PyTorch memory, this process has 78.60 GiB memory in use. 60.00 GiB "
-            "allowed; Of the allocated memory 59.00 GiB is allocated by PyTorch, with 4.00 GiB allocated in private "
-            "pools (e.g., CUDA Graphs), and 200.00 MiB is reserved by PyTorch but unallocated.")
-    o = parse(text, 1, None)
-    assert o is not None and (o.device, o.allowed_bytes, o.private_pool_bytes) == (2, g(60), g(4))
-    assert o.reserved_bytes == g(59) + m(200)
-    assert judge(o).limit == "allowed"
+def test_container_zero_bytes_for_this_process_is_refused_a_verdict() -> None:
+    o = analyze_log(LOGS / "ofwhich_container_zero_bytes_aria_24.log").ooms[0]
+    assert (o.text.device, o.text.this_process_bytes, o.text.processes) == (3, 0, ())
+    assert o.cause.cause == "unknown" and "hides the process" in o.cause.inconsistent[0]
+
+
+def test_private_pool_clause_in_real_cuda_and_hip_messages() -> None:
+    cuda = analyze_log(LOGS / "ofwhich_private_pools_club3090_138.log").ooms[0]
+    assert (cuda.text.private_pool_bytes, cuda.text.this_process_bytes) == (m(21.71), g(22.82))
+    assert cuda.cause.non_pytorch_bytes == g(22.82) - g(21.98) - m(391.42)   # this process less what PyTorch reserves
+    hip = analyze_log(LOGS / "hip_allowed_private_pools_therock_2118.log").ooms[0]
+    assert (hip.text.backend, hip.text.private_pool_bytes, hip.text.allowed_bytes) == ("HIP", m(17), g(1.05))
+    # reserved 1072.00 MiB + 2.00 MiB = 1074.00 MiB is under the printed 1.05 GiB (1075.20 MiB) but within the
+    # printed sizes' rounding of it, with 244.65 GiB free: the allowed limit refused it
+    assert m(1017.01) + m(54.99) + m(2) < g(1.05) < m(1017.01) + m(54.99) + m(2) + hip.text.tolerance_bytes
+    assert (hip.cause.cause, hip.cause.limit) == ("capacity", "allowed") and "rounding" in hip.cause.reason
+
+
+def analyze_log_text(text: str) -> LogAnalysis:
+    return analyze_reading(read_log(io.BytesIO(text.encode()), "built"))
+
+
+def test_allowed_limit_within_the_printed_rounding() -> None:
+    tol = m(10)   # reserved 71 GiB + request 2 GiB, the allowed limit just above it
+    assert judge(_oom(allowed_bytes=g(73) + tol, free_bytes=g(8), tolerance_bytes=tol)).limit is None   # equal: no
+    assert judge(_oom(allowed_bytes=g(73) + tol - 1, free_bytes=g(8), tolerance_bytes=tol)).limit == "allowed"
 
 
 # --- across lines -----------------------------------------------------------------------------------------
@@ -389,6 +418,17 @@ def test_nvidia_smi_process_tables_and_list_gpu_processes() -> None:
                                                                                (1, 459 * MiB, 24564 * MiB)]
 
 
+def test_nvidia_smi_csv_logs_from_real_runs() -> None:
+    # index, then memory.total before memory.used: the header's order, not a fixed one, names the columns
+    two = analyze_log(LOGS / "nvidia_smi_csv_two_gpus_openad.log").gpu_peaks
+    assert two == [{"device": 0, "used_bytes": 25073 * MiB, "total_bytes": 49140 * MiB, "line": 2, "readings": 3},
+                   {"device": 1, "used_bytes": 15 * MiB, "total_bytes": 49140 * MiB, "line": 3, "readings": 3}]
+    # no index column (and no total): one peak, for a GPU the log does not number; 71158 MiB at 01:18:22
+    (one,) = analyze_log(LOGS / "nvidia_smi_csv_over_time_balance_budget.log").gpu_peaks
+    assert one == {"device": None, "used_bytes": 71158 * MiB, "total_bytes": None, "line": 13, "readings": 14}
+    assert gpu_name(None) == "a GPU the log does not number" and gpu_name(0) == "GPU 0"
+
+
 def test_nvidia_smi_csv_log_peaks() -> None:
     text = (b"timestamp, index, memory.used [MiB], memory.total [MiB]\n"
             b"2024/01/01 00:00:00.000, 0, 1000 MiB, 81920 MiB\n2024/01/01 00:00:01.000, 0, 79000 MiB, 81920 MiB\n"
@@ -441,6 +481,19 @@ def test_megatron_memory_lines_of_both_eras_from_real_logs() -> None:
     assert round(3270.16 * MiB) == 3429011292   # 3429011292.16 rounded
 
 
+def test_megatron_bridge_gigabyte_line_from_a_real_log() -> None:
+    # Megatron-Bridge's report_memory: bytes / 1.0e9 to five significant digits, so "gigabytes" are 10**9 bytes
+    (r,) = read_log_file(LOGS / "megatron_gigabytes_dgxc_benchmarking.log").readings
+    assert (r.source, r.rank, r.step) == ("megatron", 0, 1)
+    assert r.bytes == {"allocated": 51_072_000_000, "allocated_peak": 194_410_000_000,
+                       "reserved": 216_890_000_000, "reserved_peak": 216_890_000_000}
+    assert r.bytes["allocated"] != g(51.072)   # read as GiB it would be 7.4% more
+    # without the "[Rank r]" the rank comes from the line's prefix, the step still from "(after N iterations)"
+    line = (LOGS / "megatron_gigabytes_dgxc_benchmarking.log").read_bytes().replace(b"[Rank 0] ", b"[rank3]: ")
+    (r3,) = read_log(io.BytesIO(line), "bridge").readings
+    assert (r3.rank, r3.step, r3.bytes["allocated"]) == (3, 1, 51_072_000_000)
+
+
 def test_megatron_lines_and_a_leak_across_them() -> None:
     # Megatron's report_memory format (megatron/training/utils.py), "MB" being MiB; 300 MiB more each report
     lines = "".join(f"[Rank 0] (after {i * 10} iterations) memory (MB) | allocated: {1000 + 300 * i}.0 | max allocated: "
@@ -450,6 +503,14 @@ def test_megatron_lines_and_a_leak_across_them() -> None:
     assert [r.step for r in a.reading.readings] == [10, 20, 30, 40, 50]
     (leak,) = a.findings
     assert leak["growth_bytes"] == 1200 * MiB and leak["per_reading_bytes"] == 300 * MiB
+
+
+def test_memory_stats_line_from_a_real_dict() -> None:
+    # NVIDIA/MinkowskiEngine#359 posted memory_stats() OrderedDicts cut into 1000-character lines; one whole line
+    assert len((LOGS / "memory_stats_wrapped_line_minkowski_359.log").read_text().rstrip("\n")) == 1000
+    (r,) = read_log_file(LOGS / "memory_stats_wrapped_line_minkowski_359.log").readings
+    assert (r.source, r.line) == ("memory_stats", 1)
+    assert r.bytes == {"allocated": 42817536, "allocated_peak": 14244352000} and r.counts == {}   # .all. keys only
 
 
 def test_memory_stats_dict_with_module_bytes() -> None:
@@ -468,6 +529,18 @@ def test_expandable_segments_already_on_changes_the_remedy() -> None:
     on = analyze_reading(read_log(io.BytesIO(b"export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n" + base), "b"))
     assert off == "expandable_segments" and on.ooms[0].remedies[0]["id"] == "max_split_size"
     assert on.reading.settings[0].value == "expandable_segments:True"
+    # newer torch also reads the variable under its device-neutral name, PYTORCH_ALLOC_CONF
+    renamed = analyze_reading(read_log(io.BytesIO(b"export PYTORCH_ALLOC_CONF=expandable_segments:True\n" + base), "c"))
+    assert renamed.ooms[0].remedies[0]["id"] == "max_split_size"
+
+
+def test_allowed_clause_inside_the_torch_1_4_to_2_0_parenthesis() -> None:
+    # built from the 1.x format string: "... F free; " + "L allowed; " + "R reserved in total by PyTorch)"
+    text = ("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 11.77 GiB total capacity; "
+            "4.70 GiB already allocated; 6.90 GiB free; 4.77 GiB allowed; 4.74 GiB reserved in total by PyTorch)\n")
+    (o,) = analyze_log_text(text).ooms
+    assert (o.text.era, o.text.allowed_bytes, o.text.reserved_bytes) == (Era.RESERVED, g(4.77), g(4.74))
+    assert (o.cause.cause, o.cause.limit) == ("capacity", "allowed")   # 4.74 + 2.00 GiB > 4.77 GiB
 
 
 def test_other_process_remedy_names_what_nvidia_smi_listed() -> None:
@@ -547,7 +620,7 @@ def test_the_terminal_summary_at_80_columns_has_no_trailing_space_and_whole_code
         numbered = [i for i, line in enumerate(lines) if line.startswith("  1. ")]
         for i in numbered:   # its continuation lines, up to its code or the next item, are indented under it
             for line in lines[i + 1:]:
-                if not line.startswith("     ") or line.lstrip().startswith(("PYTORCH_", "model.", "nvidia-smi")):
+                if not line.startswith("     ") or line.lstrip().startswith(("PYTORCH_", "model.", "nvidia-smi", "torch.")):
                     break
                 assert line.startswith("     ") and not line.startswith("      "), (log.name, line)
     main([str(LOGS / "ofwhich_fragmentation_lerf_73.log"), "-o", str(tmp_path / "r.html")])

@@ -3,7 +3,10 @@
 - Megatron-LM `report_memory` (megatron/training/utils.py): `[Rank r] (after N iterations) memory (MB) |
   allocated: a | max allocated: b | reserved: c | max reserved: d`, the "MB" being MiB (bytes / 1024 / 1024),
   printed before 2021 (megatron/utils.py) without the rank and the brackets: `after N iterations memory (MB) | ...`;
-  and its newer per-iteration `mem-allocated-gigabytes: x | mem-max-allocated-gigabytes: y | ...` (GiB).
+  and Megatron-Bridge's `[Rank r] (after N iterations) memory (GB) | mem-allocated-gigabytes: x |
+  mem-max-allocated-gigabytes: y | ...` (src/megatron/bridge/training/utils/train_utils.py, `training_log` and
+  `report_memory`: the bytes of `torch.cuda.memory_stats()` / 1.0e9 to five significant digits, so "gigabytes"
+  are 10**9 bytes, not GiB).
 - DeepSpeed `see_memory_usage` (deepspeed/runtime/utils.py): the message line, then `MA a GB  Max_MA b GB
   CA c GB  Max_CA d GB` (GiB; Max_CA rounded to a whole GiB).
 - Lightning/NeMo and hand-written logs: `max_memory_reserved`, `max_memory_allocated`, `memory_reserved`,
@@ -29,6 +32,7 @@ _MEGATRON_MB = re.compile(r"(?:\[Rank (\d+)\] )?(?:\(?after (\d+) iterations\)?|
                           r"allocated: " + _N
                           + r" \| max allocated: " + _N + r" \| reserved: " + _N + r" \| max reserved: " + _N)
 _MEGATRON_GB = re.compile(r"mem-([a-z\-]+)-(giga|mega)bytes:\s*" + _N)
+_MEGATRON_GB_HEAD = re.compile(r"(?:\[Rank (\d+)\] )?\(after (\d+) iterations\) memory \(GB\)")
 _ITERATION = re.compile(r"\biteration\s+(\d+)\s*/")
 _DEEPSPEED = re.compile(r"\bMA " + _N + r" GB\s+Max_MA " + _N + r" GB\s+CA " + _N + r" GB\s+Max_CA " + _N + r" GB")
 _DEEPSPEED_LABEL = re.compile(r"see_memory_usage\]\s*(.*\S)\s*$")
@@ -80,12 +84,13 @@ class FrameworkLinesReader:
                                   "reserved": round(float(reserved) * _MIB),
                                   "reserved_peak": round(float(reserved_peak) * _MIB)})
         if "mem-" in text and (pairs := _MEGATRON_GB.findall(text)):
-            step = _ITERATION.search(text)
+            head = _MEGATRON_GB_HEAD.search(text)
+            step = head.group(2) if head else (it.group(1) if (it := _ITERATION.search(text)) else None)
             names = {"allocated": "allocated", "max-allocated": "allocated_peak", "reserved": "reserved",
                      "max-reserved": "reserved_peak"}
-            values = {names[n]: round(float(v) * (_GIB if unit == "giga" else _MIB)) for n, unit, v in pairs if n in names}
-            return Reading(line=number, source="megatron", rank=rank, step=int(step.group(1)) if step else None,
-                           bytes=values) if values else None
+            values = {names[n]: round(float(v) * (10**9 if unit == "giga" else 10**6)) for n, unit, v in pairs if n in names}
+            return Reading(line=number, source="megatron", rank=int(head.group(1)) if head and head.group(1) else rank,
+                           step=int(step) if step else None, bytes=values) if values else None
         if "see_memory_usage" in text and (label := _DEEPSPEED_LABEL.search(text)) and not _DEEPSPEED.search(text):
             self._deepspeed_label = label.group(1) if not label.group(1).startswith("CPU Virtual") else self._deepspeed_label
         if "Max_MA" in text and (m := _DEEPSPEED.search(text)):

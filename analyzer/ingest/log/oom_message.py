@@ -15,7 +15,8 @@ Caching-allocator messages, raised from `DeviceCachingAllocator::malloc` in c10/
   [L allowed; ]Of the allocated memory A is allocated by PyTorch, [with P allocated in private pools (e.g.,
   CUDA Graphs), ]and U is reserved by PyTorch but unallocated.` The process list comes from NVML
   (`reportProcessMemoryInfo`): without NVML it is missing, which is the truncated form. A counts private pools;
-  U = reserved - A, so reserved = A + U. 2.1 spelled "capacty"; ROCm prints "HIP", XPU "XPU".
+  U = reserved - A, so reserved = A + U. 2.1 spelled "capacty"; ROCm prints "HIP" (and "HIP Graphs": the
+  hipified source, as in ROCm/TheRock#2118), XPU "XPU".
 - MPS (aten/src/ATen/mps/MPSAllocator.mm): `MPS backend out of memory (MPS allocated: A, other allocations:
   O, max allowed: M). Tried to allocate R on private pool.`
 
@@ -59,7 +60,7 @@ _PROCESS = re.compile(r"Process\s+(\d+) has" + _S + r"\s+memory in use\.")
 _THIS = re.compile(r"Including non-PyTorch memory, this process has" + _S + r"\s+memory in use\.")
 _ALLOWED = re.compile(_S.strip(r"\s*") + r"\s+allowed;")
 _OF_ALLOCATED = re.compile(r"Of the allocated memory" + _S + r"\s+is allocated by PyTorch,\s*"
-                           r"(?:(?:with|and)" + _S + r"\s+(?:is )?allocated in private pools \(e\.g\., CUDA Graphs\),\s*)?"
+                           r"(?:(?:with|and)" + _S + r"\s+(?:is )?allocated in private pools \(e\.g\., (?:CUDA|HIP) Graphs\),\s*)?"
                            r"and" + _S + r"\s+is reserved by PyTorch but unallocated")
 _MPS = re.compile(r"MPS backend out of memory\s*\(MPS allocated:" + _S + r",\s*other allocations:" + _S
                   + r",\s*max allowed:" + _S + r"\)\.\s*Tried to allocate" + _S + r"\s+on (?P<pool>private|shared) pool")
@@ -117,6 +118,8 @@ def parse(text: str, line: int, rank: int | None) -> OomText | None:
         source = next(k for k, v in outside.groupdict().items() if v)
         return OomText(line=line, rank=rank, era=Era.OUTSIDE, backend="CUDA", source=source, text=text[outside.start():])
     message = text[start.start():]
+    if '"' in text[:start.start()]:   # kept as a quoted string (JSON, a repr): PyTorch's own message has no '"'
+        message = message.split('"', 1)[0]
     if start.group(2) is None:
         return _parse_mps(message, line, rank)
     base = OomText(line=line, rank=rank, era=Era.PARTIAL, backend=(start.group("kind") or "CUDA").upper(), text=message,
