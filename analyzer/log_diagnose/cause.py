@@ -8,8 +8,10 @@ plus this process's non-PyTorch memory (torch >= 2.1), or T - F - A - U when the
 
 In order:
 1. no numbers (an OOM outside the caching allocator, a cut message) -> unknown;
-2. numbers that contradict each other (a size above the capacity, "0 bytes" for this process while PyTorch
-   holds memory, reserved + free above the capacity) -> unknown, saying which;
+2. numbers that contradict each other: where the allocator's own (a size above the capacity, reserved + free
+   above it) -> unknown, saying which; where only NVML's per-process figures (this process "using" 2**64 bytes,
+   NVML's "not available" under WSL and Windows, or "0 bytes" in a container while PyTorch holds memory) -> said,
+   set aside, and the rules below read the allocator's numbers alone;
 3. the request alone is larger than the capacity -> capacity; reserved + request above an allowed limit
    (`set_per_process_memory_fraction`), or within the printed sizes' rounding of it -> capacity, against that
    limit (the allocator refuses `reserved + alloc_size > allowed` before it asks the driver, so with the limit
@@ -34,6 +36,8 @@ CONTEXT_ALLOWANCE = 1 << 30
 #: room the driver needs beyond a request (2 MiB pages, its own bookkeeping): a device with less than this
 #: over the request free is full
 FREE_SLACK = 64 << 20
+#: NVML's "not available" (all 64 bits set) printed as a size: 17179869184.00 GiB; anything this large is it
+NVML_NOT_AVAILABLE = 2**63
 
 CAPACITY, FRAGMENTATION, OTHER_PROCESS, UNKNOWN = "capacity", "fragmentation", "other_process", "unknown"
 
@@ -59,26 +63,39 @@ class Cause:
                 "limit": self.limit, "inconsistent": self.inconsistent, "notes": self.notes}
 
 
-def _contradictions(o: OomText, others: list[tuple[int, int]]) -> list[str]:
-    """What in the message cannot all be true (sizes as printed, within their rounding)."""
-    out: list[str] = []
+def _above_capacity(name: str, value: int | None, total: int, tol: int) -> list[str]:
+    if value is None or value <= total + tol:
+        return []
+    if value >= NVML_NOT_AVAILABLE:
+        return [f"{name} is NVML's 'not available' ({value / 2**30:.2f} GiB, 2**64 bytes: WSL and Windows cannot "
+                "read per-process use)"]
+    return [f"{name} ({human_bytes(value)}) is more than the device's total capacity ({human_bytes(total)})"]
+
+
+def _contradictions(o: OomText, others: list[tuple[int, int]]) -> tuple[list[str], list[str]]:
+    """What in the message cannot all be true (sizes as printed, within their rounding): in the allocator's own
+    numbers, and in NVML's per-process figures."""
+    own: list[str] = []
+    nvml: list[str] = []
     tol = o.tolerance_bytes
     total = o.capacity_bytes
     if total:
         for name, value in (("allocated by PyTorch", o.allocated_bytes), ("reserved by PyTorch", o.reserved_bytes),
-                            ("free", o.free_bytes), ("this process's use", o.this_process_bytes),
-                            ("the other processes' use", sum(b for _, b in others) if others else None)):
-            if value is not None and value > total + tol:
-                out.append(f"{name} ({human_bytes(value)}) is more than the device's total capacity ({human_bytes(total)})")
-        if not out and o.reserved_bytes is not None and o.free_bytes is not None \
+                            ("free", o.free_bytes)):
+            own += _above_capacity(name, value, total, tol)
+        if not own and o.reserved_bytes is not None and o.free_bytes is not None \
                 and o.reserved_bytes + o.free_bytes > total + tol:
-            out.append(f"reserved ({human_bytes(o.reserved_bytes)}) plus free ({human_bytes(o.free_bytes)}) is more than the "
+            own.append(f"reserved ({human_bytes(o.reserved_bytes)}) plus free ({human_bytes(o.free_bytes)}) is more than the "
                        f"total capacity ({human_bytes(total)})")
+        nvml += _above_capacity("this process's use", o.this_process_bytes, total, tol)
+        listed = [b for _, b in others]
+        nvml += _above_capacity("the other processes' use", max(listed) if any(b >= NVML_NOT_AVAILABLE for b in listed)
+                                else sum(listed) if listed else None, total, tol)
     if o.this_process_bytes is not None and o.reserved_bytes and o.era != Era.MPS \
             and o.this_process_bytes + tol < o.reserved_bytes:
-        out.append(f"this process is said to use {human_bytes(o.this_process_bytes)} while PyTorch alone reserves "
-                   f"{human_bytes(o.reserved_bytes)} (a container or WSL hides the process from NVML)")
-    return out
+        nvml.append(f"this process is said to use {human_bytes(o.this_process_bytes)} while PyTorch alone reserves "
+                    f"{human_bytes(o.reserved_bytes)} (a container or WSL hides the process from NVML)")
+    return own, nvml
 
 
 def judge(o: OomText) -> Cause:
@@ -96,10 +113,15 @@ def judge(o: OomText) -> Cause:
         pid, this = others.pop(0)
         notes.append(f"process {pid} ({human_bytes(this)}) holds at least what PyTorch reserves and no line names "
                      "this process: it is taken to be this process (a container renumbers its processes)")
-    contradictions = _contradictions(o, others)
-    if contradictions:
+    own_contradictions, nvml_contradictions = _contradictions(o, others)
+    if own_contradictions:
+        contradictions = own_contradictions + nvml_contradictions
         return Cause(cause=UNKNOWN, reason="the message's numbers contradict each other: " + "; ".join(contradictions),
                      inconsistent=contradictions, notes=notes)
+    if nvml_contradictions:   # NVML's figures go; the allocator's own numbers still say why
+        this, others = None, []
+        notes.append("NVML's per-process figures contradict the rest of the message and are set aside: the cause "
+                     "rests on the allocator's own numbers")
     # this process's memory outside PyTorch's cache: NVML's figure less what PyTorch reserves (MPS: less allocated)
     own = o.allocated_bytes if o.era == Era.MPS else o.reserved_bytes
     non_pytorch = this - (own or 0) if this is not None else None
@@ -111,7 +133,7 @@ def judge(o: OomText) -> Cause:
         outside = None
     must = max(R + FREE_SLACK - F, 0) if F is not None else None
     base: dict[str, Any] = {"must_free_bytes": must, "outside_bytes": outside, "non_pytorch_bytes": non_pytorch,
-                            "other_processes": others, "notes": notes}
+                            "other_processes": others, "notes": notes, "inconsistent": nvml_contradictions}
     limit = o.allowed_bytes if o.allowed_bytes is not None and o.era != Era.MPS else None
     if R > T:
         return Cause(cause=CAPACITY, reason=f"the request alone ({human_bytes(R)}) is larger than the device ({human_bytes(T)})", **base)

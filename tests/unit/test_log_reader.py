@@ -57,8 +57,8 @@ CASES = {
     # "A is allocated by PyTorch, with P allocated in private pools": A counts P, so reserved is still A + U
     "ofwhich_private_pools_club3090_138.log": (Era.OF_WHICH, "fragmentation", m(136), g(23.56), m(117.38), g(21.98), g(21.98) + m(391.42), m(391.42)),
     "hip_allowed_private_pools_therock_2118.log": (Era.OF_WHICH, "capacity", m(2), g(255.98), g(244.65), m(1017.01), m(1017.01) + m(54.99), m(54.99)),
-    "ofwhich_container_zero_bytes_aria_24.log": (Era.OF_WHICH, "unknown", g(1.88), g(21.96), g(1.29), g(19.02), g(19.02) + g(1.32), g(1.32)),
-    "ofwhich_16eib_windows_oneframe_lab.log": (Era.OF_WHICH, "unknown", g(2.13), g(8), g(6.10), m(954), m(954), 0),
+    "ofwhich_container_zero_bytes_aria_24.log": (Era.OF_WHICH, "capacity", g(1.88), g(21.96), g(1.29), g(19.02), g(19.02) + g(1.32), g(1.32)),
+    "ofwhich_16eib_windows_oneframe_lab.log": (Era.OF_WHICH, "capacity", g(2.13), g(8), g(6.10), m(954), m(954), 0),
 }
 
 
@@ -181,12 +181,23 @@ def test_request_larger_than_the_device_and_allowed_limit() -> None:
     assert judge(_oom(allowed_bytes=g(73) - 1, free_bytes=g(8))).limit == "allowed"
 
 
-def test_inconsistent_numbers_get_no_verdict() -> None:
+def test_inconsistent_numbers_get_no_verdict_built_on_them() -> None:
+    """NVML's per-process figures that contradict the rest are said and set aside: the allocator's own numbers
+    still judge: 80 GiB, 1 GiB free, 71 GiB reserved leave 8 GiB outside the cache, more than a context and the
+    1.06 GiB that must go (other_process; with NVML's consistent 71.5 GiB for this process it is capacity, since
+    the 8 GiB is then nobody's the message names). The allocator's own numbers contradicting each other leave no
+    verdict at all."""
     wsl = judge(_oom(this_process_bytes=17179869184 * GiB))   # WSL's NVML: 16 EiB "in use"
-    assert wsl.cause == "unknown" and "total capacity" in wsl.inconsistent[0]
+    assert wsl.cause == "other_process" and wsl.outside_bytes == g(8) and "NVML's 'not available' (17179869184.00 GiB" in wsl.inconsistent[0]
+    assert "set aside" in wsl.notes[-1] and wsl.non_pytorch_bytes is None
     container = judge(_oom(this_process_bytes=0))              # a container: "0 bytes" for this process
-    assert container.cause == "unknown" and "hides the process" in container.inconsistent[0]
-    assert judge(_oom(this_process_bytes=g(71))).cause == "capacity"  # exactly what PyTorch reserves: consistent
+    assert container.cause == "other_process" and "hides the process" in container.inconsistent[0]
+    huge = judge(_oom(this_process_bytes=g(81)))               # above the capacity, not NVML's "not available"
+    assert huge.cause == "other_process" and "more than the device's total capacity" in huge.inconsistent[0]
+    consistent = judge(_oom(this_process_bytes=g(71)))         # exactly what PyTorch reserves
+    assert consistent.cause == "capacity" and consistent.inconsistent == [] and consistent.notes == []
+    own = judge(_oom(this_process_bytes=0, reserved_bytes=g(81)))   # the allocator's reserved above the capacity
+    assert own.cause == "unknown" and own.inconsistent[0].startswith("reserved by PyTorch") and len(own.inconsistent) == 2
 
 
 def test_a_process_line_that_is_this_process() -> None:
@@ -201,18 +212,23 @@ def test_16_eib_process_lines_are_read_and_refused_a_verdict() -> None:
     assert o.text.this_process_bytes == 17179869184 * GiB == 2**64
     assert len(o.text.processes) == 14 and o.text.processes[0] == (9132, 2**64) and o.text.processes[-1] == (1680, 2**64)
     assert o.text.allowed_bytes == g(2.63)
-    assert o.cause.cause == "unknown" and o.cause.limit is None   # no verdict on these numbers, the limit neither
-    assert [c.split(" (")[0] for c in o.cause.inconsistent] == ["this process's use", "the other processes' use"]
+    # NVML's figures are set aside; the allocator's own: reserved 954 MiB + 2.13 GiB > 2.63 GiB allowed
+    assert o.cause.cause == "capacity" and o.cause.limit == "allowed" and o.cause.other_processes == []
+    assert [c.split(" is NVML")[0] for c in o.cause.inconsistent] == ["this process's use", "the other processes' use"]
     # kept as a JSON string: the message ends at its closing quote, not with the line's '",'
     assert o.text.text.startswith("CUDA out of memory.") and o.text.text.endswith("alloc-conf)")
     assert analyze_log_text('x = "' + o.text.text + '"\n').ooms[0].text.text == o.text.text
     assert analyze_log_text(o.text.text + ' "quoted"\n').ooms[0].text.text.endswith('"quoted"')   # no quote before
 
 
-def test_container_zero_bytes_for_this_process_is_refused_a_verdict() -> None:
+def test_container_zero_bytes_for_this_process_is_set_aside() -> None:
+    """Aria#24: "this process has 0 bytes memory in use" while PyTorch reserves 20.34 GiB of 21.96 GiB; without
+    NVML's figure, 1.29 GiB free for 1.88 GiB, 1.32 GiB unallocated (less than the request), and 0.33 GiB outside
+    the cache (21.96 - 1.29 - 20.34): PyTorch's own memory fills the device."""
     o = analyze_log(LOGS / "ofwhich_container_zero_bytes_aria_24.log").ooms[0]
     assert (o.text.device, o.text.this_process_bytes, o.text.processes) == (3, 0, ())
-    assert o.cause.cause == "unknown" and "hides the process" in o.cause.inconsistent[0]
+    assert o.cause.cause == "capacity" and "hides the process" in o.cause.inconsistent[0]
+    assert o.cause.outside_bytes == g(21.96) - g(1.29) - (g(19.02) + g(1.32))
 
 
 def test_private_pool_clause_in_real_cuda_and_hip_messages() -> None:
