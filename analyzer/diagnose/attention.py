@@ -43,6 +43,7 @@ _CONV_MODULE = re.compile(r"(^|[ ._])Conv[123]d(_\d+)?($|[ .])")
 _FUSED_OP = re.compile(r"aten::(_scaled_dot_product\w*|scaled_dot_product_attention|_flash_attention\w*|"
                        r"_efficient_attention\w*)")
 _ATTENTION_NAME = re.compile(r"attention|attn|scaled_dot_product", re.IGNORECASE)
+_ATTENTION_SCOPE = re.compile(r"^.*?(attention|attn|scaled_dot_product)[^.\[ ]*", re.IGNORECASE)  # to that level
 _CLASS_BLOCK = re.compile(r"^\w*(Layer|Block)\w*_\d+$")
 _CACHE_FRAME = re.compile(r"cache_utils|kv_cache|past_key_value|Cache\.update", re.IGNORECASE)
 CACHE_KINDS = ("cache", "quantized_cache")
@@ -157,7 +158,15 @@ def cache_tensors(allocations: pd.DataFrame, stacks: pd.DataFrame, structural: b
     """The allocations a forward-only run keeps in a KV cache: made by a cache's update (its frames say so), or,
     `structural` (autograd known off), made in a repeated block's attention (a module or frame naming
     attention) and alive past that block's call (after its last forward allocation)."""
-    out = pd.Series(False, index=allocations.index)
+    return cache_call_ends(allocations, stacks, structural).notna()
+
+
+def cache_call_ends(allocations: pd.DataFrame, stacks: pd.DataFrame, structural: bool = True) -> pd.Series:
+    """Per allocation in a KV cache (cache_tensors), where the call that used it ended: its attention module's
+    call where its module path names one (`self_attn`, `Qwen2Attention_3`), else its block's (the last forward
+    allocation of either; its own position outside both, -1 made before the recording). Without a cache the
+    tensor is freed there. NaN for the rest."""
+    out = pd.Series(np.nan, index=allocations.index)
     if allocations.empty:
         return out
     kinds = _kinds_of(allocations, stacks) if not stacks.empty else pd.Series("", index=allocations.index)
@@ -168,19 +177,27 @@ def cache_tensors(allocations: pd.DataFrame, stacks: pd.DataFrame, structural: b
         | kinds.isin(("attention", "fused"))
     made = allocations["seq_alloc"].astype("float64")
     freed = allocations["seq_free"].astype("float64").fillna(np.inf)
+    # a block's call: a run of forward allocations of that block, unbroken by another block's
+    work = pd.DataFrame({"block": blocks, "made": made})[forward & blocks.notna() & made.notna()].sort_values("made")
+    call = (work["block"] != work["block"].shift()).cumsum()
+    end = work.groupby(call)["made"].transform("max")
+    # ... and an attention module's call within it
+    scopes = modules[work.index].map({m: _attention_scope(m) for m in modules.unique()})
+    scope_call = (scopes != scopes.shift()).cumsum()
+    used_until = work["made"].groupby(scope_call).transform("max").where(scopes != "", end)
     if structural:
-        # a block's call: a run of forward allocations of that block, unbroken by another block's
-        work = pd.DataFrame({"block": blocks, "made": made})[forward & blocks.notna() & made.notna()].sort_values("made")
-        call = (work["block"] != work["block"].shift()).cumsum()
-        end = work.groupby(call)["made"].transform("max")
         kept_rows = work.index[(in_attention[work.index] & (freed[work.index] > end)).to_numpy()]
-        kept = pd.Series(False, index=allocations.index)
-        kept.loc[_growing(kept_rows, work["block"], call, allocations["allocated_bytes"])] = True
-    else:
-        kept = pd.Series(False, index=allocations.index)
-    out |= kept
-    out |= kinds.isin(CACHE_KINDS) & allocations["category"].astype(str).isin(_WORK)
+        kept = _growing(kept_rows, work["block"], call, allocations["allocated_bytes"])
+        out.loc[kept] = used_until[kept]
+    updated = kinds.isin(CACHE_KINDS) & allocations["category"].astype(str).isin(_WORK) & out.isna()
+    out.loc[updated] = used_until.reindex(allocations.index[updated]).fillna(made[updated]).fillna(-1.0)
     return out
+
+
+def _attention_scope(module: str) -> str:
+    """The module path up to its level that names attention (`layers.0.self_attn`); '' where none does."""
+    found = _ATTENTION_SCOPE.match(module)
+    return "" if found is None else found.group(0)
 
 
 def _growing(kept: pd.Index, blocks: pd.Series, call: pd.Series, size: pd.Series) -> pd.Index:

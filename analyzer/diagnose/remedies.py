@@ -48,6 +48,7 @@ from analyzer.core.vocabulary import (
     category_plural,
 )
 from analyzer.diagnose.attention import fused
+from analyzer.diagnose.kv_cache import cache_scaled, uncached
 from analyzer.diagnose.transforms import (
     Stream,
     accumulation,
@@ -685,18 +686,19 @@ REMEDIES: list[Remedy] = [
            cost="none when the outputs are scored, not generated; generation then recomputes every step",
            how="out = model(input_ids, use_cache=False)   # no past_key_values kept",
            estimate=lambda d: (d.kv_cache_bytes, "medium"), applies=_kv_relevant, acts_on=(Category.ACTIVATION,),
-           price=None, plan=None, replay=None, estimate_term=None, conditional=True,
-           docs="the KV cache alive at the peak (forward only, when the kv_cache finding names one); conditional: "
-                "generation needs the cache"),
+           price=None, plan=None, replay=Replay(lambda s, k: uncached(s)), estimate_term=None, conditional=True,
+           docs="the KV cache alive at the peak (forward only, when the kv_cache finding names one); replayed with "
+                "each of its tensors freed at the end of the layer's call that made it, the formula (the cache's "
+                "bytes) without an allocation history; conditional: generation needs the cache"),
     Remedy(id=RemedyId.KV_CACHE_QUANTIZED, title="A quantized KV cache (int8: half of a 16-bit cache), or a paged one",
            cost="small accuracy loss; a paged cache (vLLM) allocates blocks as sequences grow instead",
            how="out = model.generate(**inputs, cache_implementation='quantized',\n"
                "                     cache_config={'backend': 'quanto', 'nbits': 8})",
            estimate=lambda d: (d.kv_cache_bytes // 2, "low"),
            applies=lambda d: _kv_relevant(d) and not d.kv_cache_quantized, acts_on=(Category.ACTIVATION,),
-           price=None, plan=None, replay=None, estimate_term=None,
+           price=None, plan=None, replay=Replay(lambda s, k: cache_scaled(s, 0.5)), estimate_term=None,
            docs="half the KV cache alive at the peak (int8 from 16 bits; not where the frames show it quantized "
-                "already)"),
+                "already); replayed with each of its tensors at half its bytes, the formula without a history"),
     Remedy(id=RemedyId.MICRO_BATCH, title=_micro_batch_title,
            cost="instant; lower throughput; very small batches can hurt convergence",
            how=lambda d: ("batch_size = batch_size // 2   # fewer sequences at once: the KV cache and activations scale "
@@ -867,8 +869,8 @@ REMEDIES: list[Remedy] = [
            applies=_relevant(Category.ACTIVATION), acts_on=(Category.ACTIVATION,),
            price=None, plan=None, replay=None, estimate_term=None, conditional=True,
            docs="GQA/MQA, fused attention, smaller model: listed, not quantified, but for GQA's 3/4 of a KV cache "
-                "the kv_cache finding names; attention's changes only where the recording shows attention (none "
-                "for a CNN)"),
+                "the kv_cache finding names (a formula: the change is offered beyond the cache, and the group count "
+                "is assumed); attention's changes only where the recording shows attention (none for a CNN)"),
     # a transient no tensor holds, where convolutions run: cuDNN's workspace, its autotuner's trials the largest
     Remedy(id=RemedyId.CUDNN_BENCHMARK_OFF, title="Turn cuDNN's autotuner off (torch.backends.cudnn.benchmark = False)",
            cost="convolutions may pick slower algorithms; or cap the workspace instead (CUDNN_CONV_WSCAP_DBG=<MiB>)",

@@ -54,6 +54,7 @@ class Stream:
     rows: pd.DataFrame
     releases: np.ndarray
     stacks: pd.DataFrame          # the trace's stacks table (frames and op of each stack_id)
+    grad_mode: str | None = None  # vocabulary.GradMode the recording shows (a KV cache is told from a graph by it)
 
     def with_rows(self, rows: pd.DataFrame) -> Stream:
         return replace(self, rows=rows.reset_index(drop=True))
