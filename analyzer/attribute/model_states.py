@@ -86,9 +86,9 @@ def infer_model_states(a: pd.DataFrame, phase: np.ndarray, category: np.ndarray,
 
 
 def frozen_base_before_trace(a: pd.DataFrame, phase: np.ndarray, step: np.ndarray, category: np.ndarray,
-                             source: np.ndarray) -> None:
+                             source: np.ndarray, share: float = FROZEN_LUMP_SHARE) -> None:
     """Rule 6: a training profiler trace's memory alive through it is the parameters of a frozen base when the
-    gradients one step makes, with Adam's moments of them, are under FROZEN_LUMP_SHARE of it."""
+    gradients one step makes, with Adam's moments of them, are under `share` of it."""
     origin = a["origin"].astype(str).to_numpy()
     lump = (origin == "end_state") & pd.isna(category)
     made = origin == "trace"
@@ -98,7 +98,7 @@ def frozen_base_before_trace(a: pd.DataFrame, phase: np.ndarray, step: np.ndarra
     gradients = (category == GRADIENT) & made
     per_step = pd.Series(sizes[gradients]).groupby(step[gradients]).sum()
     trainable = int(per_step.max()) if len(per_step) else 0   # none made: they were there before (in place)
-    if 0 < (1 + ADAM_MOMENTS) * trainable < FROZEN_LUMP_SHARE * int(sizes[lump].sum()):
+    if 0 < (1 + ADAM_MOMENTS) * trainable < share * int(sizes[lump].sum()):
         _label(np.flatnonzero(lump), PARAMETER, FROZEN_BASE, category, source)
         phase[lump] = Phase.LOAD.value
 

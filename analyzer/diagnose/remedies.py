@@ -129,6 +129,7 @@ class Demand:
     # eager attention's b·h·s² tensors alive at the worst moment, by category (analyzer.diagnose.attention)
     attention_scores: dict[str, int] = field(default_factory=dict)
     attention: bool | None = None            # the model has attention (None: the recording cannot say)
+    attention_share: float = RELEVANT_SHARE  # ... its s² tensors worth fusing from this share of the peak (Thresholds)
     kv_cache_bytes: int = 0                  # a KV cache alive at the peak (analyzer.diagnose.kv_cache)
     kv_cache_quantized: bool = False         # ... which the frames show quantized already
 
@@ -474,9 +475,9 @@ def _fix_leak_how(d: Demand) -> str:
               "# and clear lists and caches that outlive the step (self.cache.clear())")
 
 
-def _scores_relevant(d: Demand) -> bool:
-    """Eager attention's s² tensors hold at least RELEVANT_SHARE of the peak."""
-    return 0 < sum(d.attention_scores.values()) >= RELEVANT_SHARE * d.total
+def scores_relevant(d: Demand) -> bool:
+    """Eager attention's s² tensors hold at least `attention_share` (RELEVANT_SHARE) of the peak."""
+    return 0 < sum(d.attention_scores.values()) >= d.attention_share * d.total
 
 
 def _fused_formula(d: Demand, b: Breakdown, k: int) -> None:
@@ -673,7 +674,7 @@ REMEDIES: list[Remedy] = [
            cost="a code change; faster, and the same result up to rounding",
            how="out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)"
                "   # instead of softmax(q @ k.transpose(-2, -1) / sqrt(d)) @ v",
-           estimate=lambda d: (sum(d.attention_scores.values()), "medium"), applies=_scores_relevant,
+           estimate=lambda d: (sum(d.attention_scores.values()), "medium"), applies=scores_relevant,
            acts_on=(Category.ACTIVATION, Category.TEMPORARY),
            price=Price("faster (fewer reads and writes of the s x s matrix)", "none",
                        "F.scaled_dot_product_attention in place of the hand-written attention"),

@@ -16,8 +16,9 @@ import pytest
 import analyzer
 from analyzer.attribute import attribute
 from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, RECORD_HISTORY, FindingKind, RemedyId
-from analyzer.diagnose import UNSEEN_SHARE, _unseen, kv_cache
+from analyzer.diagnose import kv_cache
 from analyzer.diagnose.attention import cache_tensors, score_tensors
+from analyzer.diagnose.before_recording import UNSEEN_SHARE, unseen
 from analyzer.diagnose.context import make_context
 from analyzer.diagnose.counterfactual import recorded_settings, recorded_stream, replay
 from analyzer.diagnose.remedies import BY_ID, Demand
@@ -128,6 +129,16 @@ def test_a_softmax_without_a_matmul_or_outside_blocks_is_not_attention():
     assert not score_tensors(log, STACKS, "bytes").any(), "log_softmax is a loss, not attention"
     small = _rows(("layers.0.attn", MiB // 2, "forward", 0, "activation"), ("layers.0.attn", MiB - 4, "forward", 1, "activation"))
     assert not score_tensors(small, STACKS, "bytes").any(), "under SCORES_MIN_BYTES (1 MiB)"
+
+
+def test_the_attention_share_is_a_threshold_of_the_python_api():
+    """wedsonlin's s x s tensors hold 44.9% of its peak (10.12 of 22.55 GiB): named and offered fused attention at
+    the default 5%, neither at a share tuned to 45%."""
+    assert analyzer.Thresholds().attention_share == RELEVANT_SHARE
+    tuned = next(d for d in analyzer.analyze(_path(WEDSONLIN), thresholds=analyzer.Thresholds(attention_share=0.45))
+                 .devices if d.device >= 0).diagnosis
+    assert RemedyId.FUSED_ATTENTION not in _remedies(tuned)
+    assert "eager attention's s x s" not in tuned.verdict and "activations are 73% of the peak" in tuned.verdict
 
 
 @pytest.mark.parametrize("share,offered", [(RELEVANT_SHARE, True), (RELEVANT_SHARE - 0.001, False)])
@@ -295,13 +306,20 @@ def test_a_peak_mostly_made_before_the_recording_says_so_and_how_to_see_it():
 
 
 @pytest.mark.parametrize("share,said", [(0.82, True), (0.83, False)])
-def test_memory_made_before_the_recording_leads_from_half_the_peak(monkeypatch: pytest.MonkeyPatch, share: float,
-                                                                    said: bool):
+def test_memory_made_before_the_recording_leads_from_half_the_peak(share: float, said: bool):
     """SketchKV2's 12.55 GiB of 15.27 GiB made before its only recorded event: 82.2%."""
     assert UNSEEN_SHARE == UNSEEN
-    monkeypatch.setattr("analyzer.diagnose.UNSEEN_SHARE", share)
-    clause, how_to_see = _unseen(_context(SKETCHKV))
+    clause, how_to_see = unseen(_context(SKETCHKV), share)
     assert bool(clause) is said and bool(how_to_see) is said
+
+
+def test_the_unseen_share_is_a_threshold_of_the_python_api():
+    """SketchKV2's 82.2% made before the recording leads its verdict at the default half, and not at 83%."""
+    assert analyzer.Thresholds().unseen_share == UNSEEN
+    tuned = next(d for d in analyzer.analyze(_path(SKETCHKV), thresholds=analyzer.Thresholds(unseen_share=0.83)).devices
+                 if d.device >= 0).diagnosis
+    assert tuned.verdict.startswith("Peak 15.27 GiB allocated on cuda:0: a KV cache holds 2.71 GiB of it (18%)")
+    assert "was allocated before the recording began" not in tuned.verdict and "To see what" not in tuned.verdict
 
 
 def _decode(sizes: list[list[int]]) -> pd.DataFrame:
