@@ -20,7 +20,7 @@ import pandas as pd
 
 from analyzer.core.units import gib
 from analyzer.core.vocabulary import Category, GradMode, Phase
-from analyzer.diagnose.attention import block_of, cache_call_ends, quantized_cache
+from analyzer.diagnose.attention import block_paths, cache_call_ends, quantized_cache
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import top_allocations
 from analyzer.diagnose.transforms import NUDGE, Stream
@@ -64,7 +64,7 @@ def kv_cache_at_peak(ctx: DeviceContext) -> KVCache:
             return NONE
         live = ctx.d.peak.live
         kept = live[live["alloc_id"].isin(cached["alloc_id"])]
-        layers = kept["module"].astype(str).map(block_of).dropna().nunique()
+        layers = block_paths(a["module"])[a["alloc_id"].isin(kept["alloc_id"])].dropna().nunique()
         return KVCache(int(kept["allocated_bytes"].sum()), len(kept), int(layers), quantized_cache(cached, ctx.trace.stacks))
     return ctx.memo("kv_cache", measure)
 
@@ -79,7 +79,8 @@ def _stream_cache_ends(stream: Stream) -> pd.Series:
 
 
 def uncached(stream: Stream) -> Stream:
-    """use_cache=False: each of the cache's tensors is freed at the end of the block's call that made it."""
+    """use_cache=False: each of the cache's tensors is freed where the call that used it ended (its attention's,
+    else its block's: attention.cache_call_ends)."""
     ends = _stream_cache_ends(stream)
     cached = ends.notna()
     if not cached.any():
