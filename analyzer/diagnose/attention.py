@@ -154,9 +154,9 @@ def cache_tensors(allocations: pd.DataFrame, stacks: pd.DataFrame, structural: b
 
 def cache_call_ends(allocations: pd.DataFrame, stacks: pd.DataFrame, structural: bool = True) -> pd.Series:
     """Per allocation in a KV cache (cache_tensors), where the call that used it ended: its attention module's
-    call where its module path names one (`self_attn`, `Qwen2Attention_3`), else its block's (the last forward
-    allocation of either; its own position outside both, -1 made before the recording). Without a cache the
-    tensor is freed there. NaN for the rest."""
+    last forward allocation in its block's call where its module path names one (`self_attn`, `Qwen2Attention_3`),
+    else the block call's last; its own position outside a block's call, -1 made before the recording. Without a
+    cache the tensor is freed there. NaN for the rest."""
     out = pd.Series(np.nan, index=allocations.index)
     if allocations.empty:
         return out
@@ -172,10 +172,9 @@ def cache_call_ends(allocations: pd.DataFrame, stacks: pd.DataFrame, structural:
     work = pd.DataFrame({"block": block, "made": made})[forward & block.notna() & made.notna()].sort_values("made")
     call = (work["block"] != work["block"].shift()).cumsum()
     end = work.groupby(call)["made"].transform("max")
-    # ... and an attention module's call within it
+    # ... and the last allocation of its attention module in that call
     scopes = modules[work.index].map({m: _attention_scope(m) for m in modules.unique()})
-    scope_call = (scopes != scopes.shift()).cumsum()
-    used_until = work["made"].groupby(scope_call).transform("max").where(scopes != "", end)
+    used_until = work["made"].groupby([call, scopes]).transform("max").where(scopes != "", end)
     if structural:
         kept_rows = work.index[(in_attention[work.index] & (freed[work.index] > end)).to_numpy()]
         kept = _growing(kept_rows, work["block"], call, allocations["allocated_bytes"])

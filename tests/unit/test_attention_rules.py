@@ -217,25 +217,27 @@ def test_a_cache_without_an_allocation_history_keeps_the_formula():
 
 
 def _attention_call(i: int, kept: bool) -> list[tuple[str, float, float]]:
-    """Layer i's forward (module, made, freed): K in its attention (kept to the end, or not), a score freed
-    inside the attention, then its MLP."""
+    """Layer i's forward (module, made, freed): K in its attention (kept to the end, or not), a tensor of the
+    layer itself (a rotary table), a score freed inside the attention, then its MLP."""
     attention = _block(i)
+    layer = MODULE_PATH_SEPARATOR.join(["Model_0", f"DecoderLayer_{i}"])
     mlp = MODULE_PATH_SEPARATOR.join(["Model_0", f"DecoderLayer_{i}", f"MLP_{i}"])
     start = 10.0 * i
-    return [(attention, start, 100.0 if kept else start + 2), (attention, start + 1, start + 2),
-            (mlp, start + 4, start + 5)]
+    return [(attention, start, 100.0 if kept else start + 2), (layer, start + 0.5, start + 3),
+            (attention, start + 1, start + 2), (mlp, start + 4, start + 5)]
 
 
 def test_use_cache_false_frees_each_cache_tensor_when_its_attention_returns():
     """Two layers under inference_mode: K (made at 0 and 10, kept to 100) is freed just after its attention's
-    last allocation (1 and 11), before the layer's MLP; nothing else moves."""
+    last allocation in its layer's call (1 and 11; the layer's own tensor between them does not end it), before
+    the layer's MLP; nothing else moves."""
     rows = [r for i in range(2) for r in _attention_call(i, kept=True)]
     stream = Stream(rows=pd.DataFrame({"at": [r[1] for r in rows], "until": [r[2] for r in rows], "bytes": 64,
                                        "stream": 0, "category": "activation", "phase": "forward",
                                        "module": [r[0] for r in rows], "step": 1.0, "stack_id": np.nan}),
                     releases=np.array([]), stacks=_stacks(), grad_mode="inference_mode")
-    assert kv_cache.uncached(stream).rows["until"].tolist() == [1 + NUDGE / 2, 2, 5, 11 + NUDGE / 2, 12, 15]
-    assert kv_cache.cache_scaled(stream, 0.5).rows["bytes"].tolist() == [32, 64, 64] * 2
+    assert kv_cache.uncached(stream).rows["until"].tolist() == [1 + NUDGE / 2, 3, 2, 5, 11 + NUDGE / 2, 13, 12, 15]
+    assert kv_cache.cache_scaled(stream, 0.5).rows["bytes"].tolist() == [32, 64, 64, 64] * 2
     assert kv_cache.uncached(replace(stream, grad_mode="enabled")).rows.equals(stream.rows), \
         "autograd on: the same tensors may be the graph, which no_grad addresses"
 
