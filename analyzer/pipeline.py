@@ -79,7 +79,7 @@ def analyze_trace(trace: MemoryTrace, gpu_memory: int | None = None, world_size:
                   device_usage: MemoryTrace | None = None, *, source_roots: Sequence[str | Path] = (),
                   thresholds: Thresholds = Thresholds()) -> Analysis:
     """One recording: attributed (a new trace; the given one is left as it was), measured and diagnosed."""
-    trace = attribute(trace, source_roots=source_roots)
+    trace = attribute(trace, source_roots=source_roots, frozen_lump_share=thresholds.frozen_lump_share)
     warnings = list(trace.warnings)
     measured = [measure(trace, device) for device in active_devices(trace)]
     # the GPUs compared first: a device nn.DataParallel's uneven scatter made heavy is told so in its own remedies

@@ -35,6 +35,7 @@ from analyzer.attribute.annotations import annotation_labels, metadata_labels, t
 from analyzer.attribute.category import categorise, recomputed_activations
 from analyzer.attribute.frames import FrameMemo, StackFacts, stack_facts
 from analyzer.attribute.model_states import (
+    FROZEN_LUMP_SHARE,
     REPLACES_PARAMETER,
     REPLACES_STATE,
     frozen_base_before_trace,
@@ -104,17 +105,19 @@ def _label_sources(phase: np.ndarray, category: np.ndarray, module: np.ndarray) 
     return names[codes], confidence[codes]
 
 
-def attribute(trace: MemoryTrace, source_roots: Sequence[str | Path] = ()) -> MemoryTrace:
+def attribute(trace: MemoryTrace, source_roots: Sequence[str | Path] = (),
+              frozen_lump_share: float = FROZEN_LUMP_SHARE) -> MemoryTrace:
     """The trace with module, phase, category (and category_from_seq), step, label_source and confidence filled
     in for every allocation (a new MemoryTrace: the one given is left as it was, and the new one's timeline is built from
     the labels on first use). `source_roots`: local checkouts of the code the recording ran, where the frames'
-    source files are looked up (longest suffix of their paths) to read module class names."""
+    source files are looked up (longest suffix of their paths) to read module class names. `frozen_lump_share`:
+    model_states rule 6's share (analyzer.Thresholds.frozen_lump_share)."""
     a = trace.allocations.copy(deep=False)
     sources = SourceIndex(source_roots)
     sources.check(set().union(*trace.stacks["frames"]))   # each distinct frame once, however many stacks share it
     memo: FrameMemo = {}
     facts = [stack_facts(f, sources, memo) for f in trace.stacks["frames"]]
-    parts = [_attribute_device(trace, d, facts) for d in sorted(a["device"].unique())]
+    parts = [_attribute_device(trace, d, facts, frozen_lump_share) for d in sorted(a["device"].unique())]
     if not parts:
         return replace(trace, allocations=a)
     order = np.argsort(np.concatenate([np.flatnonzero(a["device"].to_numpy() == d) for d in sorted(a["device"].unique())]))
@@ -128,7 +131,8 @@ def attribute(trace: MemoryTrace, source_roots: Sequence[str | Path] = ()) -> Me
     return replace(trace, allocations=a)
 
 
-def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) -> dict[str, np.ndarray]:
+def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts],
+                      frozen_lump_share: float) -> dict[str, np.ndarray]:
     a = trace.allocations[trace.allocations["device"] == device]
     ann = trace.annotations[trace.annotations["device"] == device].reset_index(drop=True)
     t_alloc = a["t_alloc_us"].to_numpy(dtype=np.float64, na_value=np.nan)
@@ -174,7 +178,7 @@ def _attribute_device(trace: MemoryTrace, device: int, facts: list[StackFacts]) 
                        init_site=np.asarray([f.init_site for f in facts] + [None], dtype=object)[stacks],
                        blocks_before_recording=tensors_before)
     if not tensors_before and not trace.records_categories:   # torch's memory timeline names them itself
-        frozen_base_before_trace(a, phase, step, category, category_source)
+        frozen_base_before_trace(a, phase, step, category, category_source, share=frozen_lump_share)
     unknown_pass = label_workspaces(a, stacks, np.asarray([f.workspace for f in facts] + [False], dtype=bool)[stacks],
                                     phase, category, category_source,
                                     {d: i.workspace_before_bytes for d, i in trace.devices.items()})

@@ -47,6 +47,7 @@ know), and says so in its label source (`structure:…`, confidence below the st
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 
 import numpy as np
 import pandas as pd
@@ -86,9 +87,9 @@ def infer_model_states(a: pd.DataFrame, phase: np.ndarray, category: np.ndarray,
 
 
 def frozen_base_before_trace(a: pd.DataFrame, phase: np.ndarray, step: np.ndarray, category: np.ndarray,
-                             source: np.ndarray) -> None:
+                             source: np.ndarray, share: float = FROZEN_LUMP_SHARE) -> None:
     """Rule 6: a training profiler trace's memory alive through it is the parameters of a frozen base when the
-    gradients one step makes, with Adam's moments of them, are under FROZEN_LUMP_SHARE of it."""
+    gradients one step makes, with Adam's moments of them, are under `share` of it."""
     origin = a["origin"].astype(str).to_numpy()
     lump = (origin == "end_state") & pd.isna(category)
     made = origin == "trace"
@@ -98,7 +99,7 @@ def frozen_base_before_trace(a: pd.DataFrame, phase: np.ndarray, step: np.ndarra
     gradients = (category == GRADIENT) & made
     per_step = pd.Series(sizes[gradients]).groupby(step[gradients]).sum()
     trainable = int(per_step.max()) if len(per_step) else 0   # none made: they were there before (in place)
-    if 0 < (1 + ADAM_MOMENTS) * trainable < FROZEN_LUMP_SHARE * int(sizes[lump].sum()):
+    if 0 < (1 + ADAM_MOMENTS) * trainable < share * int(sizes[lump].sum()):
         _label(np.flatnonzero(lump), PARAMETER, FROZEN_BASE, category, source)
         phase[lump] = Phase.LOAD.value
 
@@ -212,8 +213,7 @@ def _replaced_states(a: pd.DataFrame, sizes: np.ndarray, category: np.ndarray, s
     old = np.flatnonzero((category == OPTIMIZER_STATE) & np.isfinite(seq_free))
     if not len(new) or not len(old):
         return
-    candidates = {int(size): rows[np.argsort(seq_alloc[rows], kind="stable")]
-                  for size, rows in pd.Series(new).groupby(sizes[new]).agg(np.asarray).items()}
+    candidates = _made_in_order(new, sizes, seq_alloc)
     for r in old[np.argsort(seq_free[old], kind="stable")]:
         rows = candidates.get(int(sizes[r]))
         if rows is None:
@@ -232,7 +232,11 @@ def _states_replacing_states(a: pd.DataFrame, sizes: np.ndarray, phase: np.ndarr
                              source: np.ndarray, category_from: np.ndarray) -> None:
     """Rule 4, state for state: each optimizer state freed in the recording is replaced by the earliest unpaired
     state of its size made in the same optimizer step (no allocation of another phase between them) before its
-    free, and kept past it (values made in order, freed in order): optimizer state from that free on."""
+    free, and kept past it (values made in order, freed in order): optimizer state from that free on.
+
+    The freed states are taken in the order freed, so a candidate that is freed first, or made before another
+    phase's allocation that comes before the free, fails every later one too: it is dropped when seen, and each
+    candidate is looked at once (`_Unpaired`), not once per freed state of its size."""
     seq_alloc = a["seq_alloc"].to_numpy(dtype=np.float64, na_value=np.nan)
     seq_free = a["seq_free"].to_numpy(dtype=np.float64, na_value=np.inf)
     state = (category == OPTIMIZER_STATE) & pd.isna(category_from)
@@ -241,18 +245,50 @@ def _states_replacing_states(a: pd.DataFrame, sizes: np.ndarray, phase: np.ndarr
     if not len(new) or not len(old):
         return
     others = np.sort(seq_alloc[np.isfinite(seq_alloc) & (phase != Phase.OPTIMIZER)])
-
-    def same_step(n: int, r: int) -> bool:
-        return bool(np.searchsorted(others, seq_alloc[n]) == np.searchsorted(others, seq_free[r]))
-
-    unpaired = {int(size): list(rows[np.argsort(seq_alloc[rows], kind="stable")])
-                for size, rows in pd.Series(new).groupby(sizes[new]).agg(np.asarray).items()}
+    made_in_step = np.searchsorted(others, seq_alloc)    # the other phases' allocations made before each row
+    unpaired = {size: _Unpaired(rows, seq_alloc) for size, rows in _made_in_order(new, sizes, seq_alloc).items()}
     for r in old[np.argsort(seq_free[old], kind="stable")]:
-        rows = unpaired.get(int(sizes[r]), [])
-        n = next((n for n in rows if seq_alloc[r] < seq_alloc[n] < seq_free[r] < seq_free[n] and same_step(n, r)), None)
-        if n is not None:
-            rows.remove(n)
-            source[n], category_from[n] = REPLACES_STATE, seq_free[r]
+        candidates = unpaired.get(int(sizes[r]))
+        if candidates is None:
+            continue
+        step_of_free = np.searchsorted(others, seq_free[r])
+        for at, n in candidates.made_between(seq_alloc[r], seq_free[r]):
+            candidates.drop(at)     # paired now; or freed first, or another step's: no later free pairs it either
+            if seq_free[n] > seq_free[r] and made_in_step[n] == step_of_free:
+                source[n], category_from[n] = REPLACES_STATE, seq_free[r]
+                break
+
+
+def _made_in_order(rows: np.ndarray, sizes: np.ndarray, seq_alloc: np.ndarray) -> dict[int, np.ndarray]:
+    """The rows of each size, in the order they were made: where a freed tensor's new value is looked for."""
+    return {int(size): group[np.argsort(seq_alloc[group], kind="stable")]
+            for size, group in pd.Series(rows).groupby(sizes[rows]).agg(np.asarray).items()}
+
+
+class _Unpaired:
+    """Rows in the order they were made, each paired at most once: `made_between` yields (position, row) of those
+    not dropped made strictly between two positions, earliest first; dropped ones are skipped by a pointer to the
+    next row not dropped (path-halved), so that each row is looked at about once however many look."""
+
+    def __init__(self, rows: np.ndarray, seq_alloc: np.ndarray) -> None:
+        self.rows = rows
+        self.made = seq_alloc[rows]
+        self.next = np.arange(len(rows) + 1)     # next[i]: i, or a later position; len(rows): none left
+
+    def _kept_from(self, i: int) -> int:
+        while self.next[i] != i:
+            self.next[i] = self.next[self.next[i]]
+            i = int(self.next[i])
+        return i
+
+    def made_between(self, low: float, high: float) -> Iterator[tuple[int, int]]:
+        i = self._kept_from(int(np.searchsorted(self.made, low, side="right")))
+        while i < len(self.rows) and self.made[i] < high:
+            yield i, int(self.rows[i])
+            i = self._kept_from(i + 1)
+
+    def drop(self, position: int) -> None:
+        self.next[position] = position + 1
 
 
 def _step_gap(times: np.ndarray) -> float:

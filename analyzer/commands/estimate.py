@@ -31,9 +31,10 @@ from typing import Any
 from analyzer.core.units import gib, parse_bytes, parse_count
 from analyzer.core.vocabulary import RemedyId
 from analyzer.diagnose import plan as lattice
-from analyzer.diagnose.plan import Config, Level
+from analyzer.diagnose.plan import BUSY_TOKENS, SMALL_HALVING, Config, Level
 from analyzer.diagnose.remedies import BY_ID, REMEDIES
 from analyzer.diagnose.theory import PRECISIONS, activation_bytes, loss_backward_bytes, model_states, output_layer_bytes
+from analyzer.diagnose.thresholds import Thresholds
 from analyzer.errors import AnalyzerError
 from analyzer.estimate.config import MoE, TrainingConfig, read_hf_config, read_megatron_config, with_layout
 from analyzer.estimate.device import Device
@@ -43,12 +44,6 @@ from analyzer.estimate.search import plan as layout_plan
 
 OVERHEAD = 0.10   # CUDA context, workspaces and fragmentation: keep this share of the device free
 NODE_GPUS = 8     # tensor parallelism stays inside a node
-# A micro-batch of at least BUSY_TOKENS tokens keeps a GPU's matmuls large: accumulating more, smaller micro-batches
-# then costs little (the micro-batch term's cost a halving), so the plan halves it before checkpointing (20-30% more
-# compute), as the method's fix order does. Below, each halving costs SMALL_HALVING: one is still cheaper than full
-# checkpointing, two are dearer.
-BUSY_TOKENS = 2048
-SMALL_HALVING = 2.0
 # the optimizer lever's levels as theory.OPTIMIZERS names them (the bytes each keeps per parameter are there)
 OPTIMIZER_KINDS = {"adam": "adam", **{r.id.value: r.estimate_term.optimizer for r in REMEDIES
                                       if r.estimate_term is not None and r.estimate_term.optimizer is not None}}
@@ -98,9 +93,10 @@ def device_memory(text: str | None) -> int | None:
 
 
 def estimate(params: float, gpus: int | None, zero: int, gpu_memory: int | None, shape: Shape | None,
-             checkpointing: bool, precision: str = "mixed") -> dict[str, Any]:
+             checkpointing: bool, precision: str = "mixed", thresholds: Thresholds = Thresholds()) -> dict[str, Any]:
     """The per-GPU memory of a configuration; `gpus` None means one GPU, not given. Every model state counts
-    with the activations, gradients too: DDP's buckets and ZeRO's partitions hold them through the step."""
+    with the activations, gradients too: DDP's buckets and ZeRO's partitions hold them through the step. The
+    plan's micro-batch costs follow `thresholds.busy_tokens`."""
     given = gpus is not None
     gpus = gpus or 1
     states_total = model_states(params, precision).total
@@ -121,7 +117,7 @@ def estimate(params: float, gpus: int | None, zero: int, gpu_memory: int | None,
     if usable is not None:
         result["options"] = options(params, gpus, zero, acts + loss, usable, shape, checkpointing, given, precision)
         result["plan"] = None if result["fits"] else plan(params, gpus if given else 1, zero, usable, shape,
-                                                           checkpointing, precision)
+                                                           checkpointing, precision, thresholds.busy_tokens)
     return result
 
 
@@ -183,15 +179,15 @@ def _level(remedy: str, value: int | None = None, extra_cost: float = 0.0, **wor
     return Level(str(remedy), term.title.format(k=value, **words), term.cost + extra_cost, value)
 
 
-def _micro_batch_level(shape: Shape, k: int) -> Level:
+def _micro_batch_level(shape: Shape, k: int, busy_tokens: int = BUSY_TOKENS) -> Level:
     """Accumulation over k micro-batches of 1/k the size (the global batch kept): each halving costs the term's
-    cost while the micro-batch keeps BUSY_TOKENS tokens, SMALL_HALVING below, said in words with its tokens."""
+    cost while the micro-batch keeps `busy_tokens` tokens, SMALL_HALVING below, said in words with its tokens."""
     level = _level(RemedyId.MICRO_BATCH, k, b=shape.micro_batch // k)
-    free = max(1.0, shape.micro_batch * shape.seq / BUSY_TOKENS)     # the division that still keeps BUSY_TOKENS
+    free = max(1.0, shape.micro_batch * shape.seq / busy_tokens)     # the division that still keeps busy_tokens
     cost = level.cost * math.log2(min(k, free)) + SMALL_HALVING * math.log2(max(k / free, 1.0))
     tokens = shape.micro_batch // k * shape.seq
-    busy = ("keep the matmuls large" if tokens >= BUSY_TOKENS
-            else f"make smaller matmuls (under {BUSY_TOKENS:,}: lower throughput)")
+    busy = ("keep the matmuls large" if tokens >= busy_tokens
+            else f"make smaller matmuls (under {busy_tokens:,}: lower throughput)")
     return replace(level, cost=cost,
                    throughput=f"micro-batches of {tokens:,} tokens {busy}, k accumulation steps per optimizer step (the same global batch)")
 
@@ -201,13 +197,15 @@ def _degrees(n: int, limit: int) -> list[int]:
 
 
 def plan(params: float, gpus: int, zero: int, usable: float, shape: Shape | None,
-         checkpointing: bool, precision: str = "mixed") -> dict[str, Any]:
-    """The cheapest combination of changes whose per-GPU bytes fit in `usable`, from the configuration given."""
+         checkpointing: bool, precision: str = "mixed", busy_tokens: int = BUSY_TOKENS) -> dict[str, Any]:
+    """The cheapest combination of changes whose per-GPU bytes fit in `usable`, from the configuration given (a
+    micro-batch of `busy_tokens` tokens or more keeps the matmuls large: halving to it is cheap)."""
     as_is = Level("as_is", "as given", 0.0)
     levers = []
     if shape is not None:
         levers.append(lattice.lever("micro_batch", [
-            _micro_batch_level(shape, k) for k in range(2, shape.micro_batch + 1) if shape.micro_batch % k == 0], as_is))
+            _micro_batch_level(shape, k, busy_tokens) for k in range(2, shape.micro_batch + 1)
+            if shape.micro_batch % k == 0], as_is))
         levels = [] if checkpointing else [_level(RemedyId.ACTIVATION_CHECKPOINTING)]
         if not shape.flash_attention and not checkpointing:   # fused attention keeps no scores to drop
             levels.insert(0, _level(RemedyId.SELECTIVE_CHECKPOINTING))

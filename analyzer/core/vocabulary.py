@@ -81,9 +81,6 @@ class GradMode(Word):
 
     ENABLED = "enabled"
     NO_GRAD = "no_grad"
-    FUSED_ATTENTION = "fused_attention"
-    KV_CACHE_OFF = "kv_cache_off"
-    KV_CACHE_QUANTIZED = "kv_cache_quantized"
     INFERENCE_MODE = "inference_mode"
     OFF = "off"                    # no op carries a sequence number: no_grad or inference_mode, the trace cannot say which
 

@@ -31,6 +31,7 @@ from analyzer.diagnose import (
     reserved_growth,
 )
 from analyzer.diagnose.attention import attention_seen, score_tensors
+from analyzer.diagnose.before_recording import UNSEEN_SHARE, unseen
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import oom_where
 from analyzer.diagnose.kv_cache import kv_cache_at_peak
@@ -46,6 +47,7 @@ from analyzer.diagnose.remedies import (
     fits_any_gpu,
     fits_as_is,
     rank_remedies,
+    scores_relevant,
 )
 from analyzer.diagnose.theory import explain_model_states
 from analyzer.diagnose.thresholds import Thresholds
@@ -71,8 +73,6 @@ from analyzer.result import (
     first_of,
 )
 
-#: memory alive before the recording began, unattributed, at this share of the peak or more leads the verdict
-UNSEEN_SHARE = 0.5
 DETECTORS = [outside, oom, leak, reserved_growth, activation_peak, kv_cache, optimizer_spike, checkpoint_gather,
              fragmentation, conv_workspace]
 
@@ -105,7 +105,7 @@ def diagnose(ctx: DeviceContext, thresholds: Thresholds = Thresholds()) -> Diagn
     triaged = triage(ctx, findings)
     workload = recognise(ctx, gradient_share=thresholds.gradient_share, graph_kept_share=thresholds.graph_kept_share,
                          frozen_below=thresholds.frozen_below)
-    demand = _demand(ctx, findings, theory, triaged["verdict"], picture, workload, tuned)
+    demand = _demand(ctx, findings, theory, triaged["verdict"], picture, workload, tuned, thresholds.attention_share)
     offered = [] if host else [r["id"] for r in rank_remedies(demand)]
     replayer = counterfactual.replayer_for(ctx, demand)
     demand.replayed = counterfactual.replayed(ctx, replayer, offered)   # only what is offered is replayed
@@ -114,7 +114,8 @@ def diagnose(ctx: DeviceContext, thresholds: Thresholds = Thresholds()) -> Diagn
     found = None if host or ctx.device < 0 else plan.for_recording(demand, remedies, replayer.again())
     plan.agree(remedies, found)
     return Diagnosis(findings=findings, remedies=remedies, theory=theory, fragmentation=picture, triage=triaged, plan=found,
-                     demand_bytes=demand.total, verdict=verdict(ctx, findings, remedies, demand, triaged, fits, found),
+                     demand_bytes=demand.total,
+                     verdict=verdict(ctx, findings, remedies, demand, triaged, fits, found, thresholds.unseen_share),
                      capacity_bytes=ctx.capacity_bytes, capacity_source=ctx.capacity_source,
                      workload=workload.published(first_of(findings, KVCacheFinding) is not None), fits=fits)
 
@@ -171,8 +172,10 @@ def theory_check(ctx: DeviceContext) -> Theory:
 
 
 def _demand(ctx: DeviceContext, findings: list[Finding[Details]], theory: Theory, triaged: str,
-            fragmentation: FragmentationPicture | None, workload: Workload, tuned: dict[ModuleType, dict[str, Any]]) -> Demand:
-    """What the run needed: at an OOM, what was allocated plus the failed request; else the peak."""
+            fragmentation: FragmentationPicture | None, workload: Workload, tuned: dict[ModuleType, dict[str, Any]],
+            attention_share: float = RELEVANT_SHARE) -> Demand:
+    """What the run needed: at an OOM, what was allocated plus the failed request; else the peak. Eager
+    attention's tensors are worth fusing from `attention_share` of it."""
     d = ctx.d
     oom_finding = first_of(findings, OomFinding)
     leak_finding = first_of(findings, LeakFinding)
@@ -217,7 +220,7 @@ def _demand(ctx: DeviceContext, findings: list[Finding[Details]], theory: Theory
         [f"{leak.place(s)}: +{rate_bytes(s['bytes_per_step'])} per step" for s in leak_finding.stacks],
         attention_scores={str(c): int(b) for c, b in
                           at_worst.groupby("category", observed=True)["allocated_bytes"].sum().items() if b},
-        attention=attention_seen(allocations, ctx.trace.stacks, scores),
+        attention=attention_seen(allocations, ctx.trace.stacks, scores), attention_share=attention_share,
         kv_cache_bytes=cache.bytes if cache else 0, kv_cache_quantized=bool(cache and cache.quantized),
     )
 
@@ -233,15 +236,17 @@ def _graph_bytes(live: Any) -> int:
 
 
 def verdict(ctx: DeviceContext, findings: list[Finding[Details]], remedies: list[ListedRemedy], demand: Demand,
-            triaged: Triage, fits: Fits | None = None, found: Plan | None = None) -> str:
+            triaged: Triage, fits: Fits | None = None, found: Plan | None = None,
+            unseen_share: float = UNSEEN_SHARE) -> str:
     """One sentence: what ran out, where, why, what to try first (nothing to try when the run fits); when no
-    single change fits, the plan's changes in order."""
+    single change fits, the plan's changes in order; memory made before the recording first from `unseen_share`
+    of the peak (before_recording.unseen)."""
     d = ctx.d
     if ctx.device < 0 and beside_a_gpu(ctx):
         label = ctx.trace.device_label(d.device)
         named = label if "host memory" in label.lower() else f"Host memory ({label})"   # not "Host memory (CPU (host memory))"
         return f"{named}: peak {gib(d.peak.allocated_bytes)} allocated; GPU remedies do not act on it"
-    return _sentence(ctx, findings, remedies, demand, triaged, fits, found) + _lower_bound(ctx)
+    return _sentence(ctx, findings, remedies, demand, triaged, fits, found, unseen_share) + _lower_bound(ctx)
 
 
 def _lower_bound(ctx: DeviceContext) -> str:
@@ -254,7 +259,7 @@ def _lower_bound(ctx: DeviceContext) -> str:
 
 
 def _sentence(ctx: DeviceContext, findings: list[Finding[Details]], remedies: list[ListedRemedy], demand: Demand,
-              triaged: Triage, fits: Fits | None, found: Plan | None) -> str:
+              triaged: Triage, fits: Fits | None, found: Plan | None, unseen_share: float) -> str:
     """The verdict's sentence for a GPU, from what the recording holds."""
     d = ctx.d
     first = next((r for r in remedies if r["try_first"]), None)
@@ -288,33 +293,16 @@ def _sentence(ctx: DeviceContext, findings: list[Finding[Details]], remedies: li
     if not ctx.trace.has_history and picture and picture.segments_recorded:
         return _end_state_sentence(ctx, picture) + advice
     place = oom_where(d.peak_phase, d.peak_module, d.peak_step)
-    unseen, record_earlier = _unseen(ctx)
-    composition = "; ".join(w for w in (unseen, _composition(d, findings, demand)) if w)
+    before, record_earlier = unseen(ctx, unseen_share)
+    composition = "; ".join(w for w in (before, _composition(d, findings, demand)) if w)
     return (f"Peak {gib(d.peak.allocated_bytes)} allocated on {ctx.trace.device_label(d.device)}{' ' + place if place else ''}"
             f"{': ' + composition if composition else ''}.{advice}{record_earlier}")
-
-
-def _unseen(ctx: DeviceContext) -> tuple[str, str]:
-    """Where memory alive at the peak that was allocated before the recording began, and that nothing attributes,
-    is UNSEEN_SHARE of the peak or more (the largest thing the verdict can name): the clause that says so ('12.55
-    GiB of it (82%) was allocated before the recording began ...') and the line that shows how to see what it is;
-    two empty strings otherwise."""
-    live, peak = ctx.d.peak.live, ctx.d.peak.allocated_bytes
-    unseen = int(live.loc[(live["origin"].astype(str) != "trace") & (live["category"].astype(str) == UNATTRIBUTED),
-                          "allocated_bytes"].sum())
-    if not peak or unseen < UNSEEN_SHARE * peak:
-        return "", ""
-    how = (f"call {RECORD_HISTORY} before the model is loaded and dump the snapshot again" if ctx.trace.has_segments
-           else "start the profiler (profile_memory=True, with_stack=True) before the model is loaded")
-    return (f"{gib(unseen)} of it ({unseen / peak:.0%}) was allocated before the recording began, and no history "
-            "says what it is (the weights, most likely, when the recording started after the model was loaded)",
-            f" To see what the {gib(unseen)} is, {how}.")
 
 
 def _composition(d: DeviceMeasures, findings: list[Finding[Details]], demand: Demand | None = None) -> str:
     """What the peak is made of, in words: the largest known category, or the transient no tensor holds that
     the conv_workspace finding names; then what the kv_cache finding names, and eager attention's s x s tensors
-    where they hold RELEVANT_SHARE of the peak or more."""
+    where fused attention is offered for them (remedies.scores_relevant: Thresholds.attention_share)."""
     workspace = first_of(findings, ConvWorkspaceFinding)
     if workspace is not None:
         return (f"{workspace.evidence.details.share:.0%} of it is a transient no tensor holds, most likely "
@@ -327,7 +315,7 @@ def _composition(d: DeviceMeasures, findings: list[Finding[Details]], demand: De
     if cache is not None:
         words.append(f"a KV cache holds {gib(cache.bytes)} of it ({cache.evidence.details.share:.0%})")
     scores = sum(demand.attention_scores.values()) if demand is not None else 0
-    if demand is not None and scores and scores >= RELEVANT_SHARE * demand.total:
+    if demand is not None and scores_relevant(demand):
         words.append(f"eager attention's s x s scores and probabilities hold {gib(scores)} of it "
                      f"({scores / demand.total:.0%}), which fused attention never keeps")
     return "; ".join(w for w in words if w)

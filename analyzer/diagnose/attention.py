@@ -1,7 +1,7 @@
 """What a recording shows of attention: the eager attention's s x s tensors, which fused attention never makes,
 whether the model has attention at all, and a KV cache kept by a forward-only run.
 
-- Eager attention: in a repeated block (`layers.N`, `forward[N]`, `DecoderLayer_N`: block_of), a softmax (torch's op,
+- Eager attention: in a repeated block (`layers.N`, `forward[N]`, `DecoderLayer_N`: analyzer.diagnose.blocks), a softmax (torch's op,
   `aten::_softmax`, or a Python function named `softmax`, as hand-written ones are) of at least SCORES_MIN_BYTES
   whose element count a matrix product of the same block and step made too (`aten::bmm`/`matmul`/`baddbmm`, or
   `einsum`/`matmul` in the frames: the scores q·kᵀ), or called from a function that names attention (compiled
@@ -27,8 +27,9 @@ import re
 import numpy as np
 import pandas as pd
 
-from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, Category, Phase
-from analyzer.diagnose.transforms import Stream, block_key
+from analyzer.core.vocabulary import Category, Phase
+from analyzer.diagnose.blocks import blocks
+from analyzer.diagnose.transforms import Stream
 
 SCORES_MIN_BYTES = 1 << 20     # a softmax under 1 MiB is no attention matrix worth fusing
 _SOFTMAX_OP = re.compile(r"aten::_?softmax(?!\w*log)")      # _softmax, softmax, _softmax_backward_data; not log_softmax
@@ -43,22 +44,11 @@ _CONV_MODULE = re.compile(r"(^|[ ._])Conv[123]d(_\d+)?($|[ .])")
 _FUSED_OP = re.compile(r"aten::(_scaled_dot_product\w*|scaled_dot_product_attention|_flash_attention\w*|"
                        r"_efficient_attention\w*)")
 _ATTENTION_NAME = re.compile(r"attention|attn|scaled_dot_product", re.IGNORECASE)
-_CLASS_BLOCK = re.compile(r"^\w*(Layer|Block)\w*_\d+$")
+_ATTENTION_SCOPE = re.compile(r"^.*?(attention|attn|scaled_dot_product)[^.\[ ]*", re.IGNORECASE)  # to that level
 _CACHE_FRAME = re.compile(r"cache_utils|kv_cache|past_key_value|Cache\.update", re.IGNORECASE)
 CACHE_KINDS = ("cache", "quantized_cache")
 _WORK = (Category.ACTIVATION.value, Category.TEMPORARY.value)
 _PASSES = (Phase.FORWARD.value, Phase.BACKWARD.value)
-
-
-def block_of(module: str) -> str | None:
-    """The repeated block a module path is in: transforms.block_key (`layers.3`, `forward[3]`), or a profiler's
-    module path level named as an instance of a layer or block class (`Qwen2DecoderLayer_3`, `BertLayer_0`)."""
-    key = block_key(module)
-    if key is not None:
-        return key
-    levels = module.split(MODULE_PATH_SEPARATOR)
-    at = next((i for i, level in enumerate(levels) if _CLASS_BLOCK.match(level)), None)
-    return None if at is None else MODULE_PATH_SEPARATOR.join(levels[:at + 1])
 
 
 def _stack_kinds(stacks: pd.DataFrame) -> dict[int, str]:
@@ -95,10 +85,12 @@ def _kinds_of(rows: pd.DataFrame, stacks: pd.DataFrame) -> pd.Series:
     return ids.map({float(k): v for k, v in kinds.items()}).fillna("").astype(str)
 
 
-def _blocks(modules: pd.Series) -> pd.Series:
-    """block_of for each row, computed once per distinct module."""
+def block_paths(modules: pd.Series) -> pd.Series:
+    """The path of each row's repeated block (analyzer.diagnose.blocks, read over these rows' modules; NaN
+    outside one), computed once per distinct module."""
     text = modules.astype(str)
-    return text.map({m: block_of(m) for m in text.unique()})
+    found = blocks(text.unique())
+    return text.map({m: b.path for m, b in found.items() if b is not None})
 
 
 def _elements(rows: pd.DataFrame, size: str) -> pd.DataFrame:
@@ -117,7 +109,7 @@ def score_tensors(rows: pd.DataFrame, stacks: pd.DataFrame, size: str) -> pd.Ser
     kinds = _kinds_of(rows, stacks)
     if not kinds.isin(("softmax", "attention_softmax")).any():
         return out
-    table = pd.DataFrame({"block": _blocks(rows["module"]), "step": pd.to_numeric(rows["step"], errors="coerce")
+    table = pd.DataFrame({"block": block_paths(rows["module"]), "step": pd.to_numeric(rows["step"], errors="coerce")
                           .fillna(-1).astype("float64"), size: rows[size].astype("int64")}, index=rows.index)
     phase, category = rows["phase"].astype(str), rows["category"].astype(str)
     forward = (phase == Phase.FORWARD.value) & table["block"].notna()
@@ -157,30 +149,45 @@ def cache_tensors(allocations: pd.DataFrame, stacks: pd.DataFrame, structural: b
     """The allocations a forward-only run keeps in a KV cache: made by a cache's update (its frames say so), or,
     `structural` (autograd known off), made in a repeated block's attention (a module or frame naming
     attention) and alive past that block's call (after its last forward allocation)."""
-    out = pd.Series(False, index=allocations.index)
+    return cache_call_ends(allocations, stacks, structural).notna()
+
+
+def cache_call_ends(allocations: pd.DataFrame, stacks: pd.DataFrame, structural: bool = True) -> pd.Series:
+    """Per allocation in a KV cache (cache_tensors), where the call that used it ended: its attention module's
+    last forward allocation in its block's call where its module path names one (`self_attn`, `Qwen2Attention_3`),
+    else the block call's last; its own position outside a block's call, -1 made before the recording. Without a
+    cache the tensor is freed there. NaN for the rest."""
+    out = pd.Series(np.nan, index=allocations.index)
     if allocations.empty:
         return out
     kinds = _kinds_of(allocations, stacks) if not stacks.empty else pd.Series("", index=allocations.index)
     modules = allocations["module"].astype(str)
-    blocks = _blocks(modules)
+    block = block_paths(modules)
     forward = allocations["phase"].astype(str) == Phase.FORWARD.value
     in_attention = modules.map({m: bool(_ATTENTION_NAME.search(m)) for m in modules.unique()}) \
         | kinds.isin(("attention", "fused"))
     made = allocations["seq_alloc"].astype("float64")
     freed = allocations["seq_free"].astype("float64").fillna(np.inf)
+    # a block's call: a run of forward allocations of that block, unbroken by another block's
+    work = pd.DataFrame({"block": block, "made": made})[forward & block.notna() & made.notna()].sort_values("made")
+    call = (work["block"] != work["block"].shift()).cumsum()
+    end = work.groupby(call)["made"].transform("max")
+    # ... and the last allocation of its attention module in that call
+    scopes = modules[work.index].map({m: _attention_scope(m) for m in modules.unique()})
+    used_until = work["made"].groupby([call, scopes]).transform("max").where(scopes != "", end)
     if structural:
-        # a block's call: a run of forward allocations of that block, unbroken by another block's
-        work = pd.DataFrame({"block": blocks, "made": made})[forward & blocks.notna() & made.notna()].sort_values("made")
-        call = (work["block"] != work["block"].shift()).cumsum()
-        end = work.groupby(call)["made"].transform("max")
         kept_rows = work.index[(in_attention[work.index] & (freed[work.index] > end)).to_numpy()]
-        kept = pd.Series(False, index=allocations.index)
-        kept.loc[_growing(kept_rows, work["block"], call, allocations["allocated_bytes"])] = True
-    else:
-        kept = pd.Series(False, index=allocations.index)
-    out |= kept
-    out |= kinds.isin(CACHE_KINDS) & allocations["category"].astype(str).isin(_WORK)
+        kept = _growing(kept_rows, work["block"], call, allocations["allocated_bytes"])
+        out.loc[kept] = used_until[kept]
+    updated = kinds.isin(CACHE_KINDS) & allocations["category"].astype(str).isin(_WORK) & out.isna()
+    out.loc[updated] = used_until.reindex(allocations.index[updated]).fillna(made[updated]).fillna(-1.0)
     return out
+
+
+def _attention_scope(module: str) -> str:
+    """The module path up to its level that names attention (`layers.0.self_attn`); '' where none does."""
+    found = _ATTENTION_SCOPE.match(module)
+    return "" if found is None else found.group(0)
 
 
 def _growing(kept: pd.Index, blocks: pd.Series, call: pd.Series, size: pd.Series) -> pd.Index:

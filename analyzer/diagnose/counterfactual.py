@@ -165,7 +165,7 @@ def recorded_stream(trace: MemoryTrace, device: int) -> Stream | None:
                   "category": _FAILED.get(phase, Category.OTHER.value), "phase": phase, "module": "unattributed",
                   "step": float(last["step"]) if last is not None else -1.0, "stack_id": np.nan}
         rows = pd.concat([rows, pd.DataFrame([failed])], ignore_index=True)
-    return Stream(rows=rows, releases=_releases(trace, device), stacks=trace.stacks)
+    return Stream(rows=rows, releases=_releases(trace, device), stacks=trace.stacks, grad_mode=trace.grad_mode)
 
 
 def _releases(trace: MemoryTrace, device: int) -> np.ndarray:

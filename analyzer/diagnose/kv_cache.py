@@ -5,16 +5,25 @@ their block's call with autograd off, or a cache's update in the frames), in a r
 backward, optimizer step, gradients or optimizer state), and where the cache holds at least KV_CACHE_SHARE of
 the peak. With autograd on (or not recorded) the kept tensors may be the autograd graph, which `no_grad`
 addresses: only a cache's own frames name them a cache then.
+
+Its remedies are replayed (analyzer.diagnose.counterfactual) where the recording has an allocation history: the
+same rule finds the cache's tensors in the recorded stream, and `use_cache=False` frees each at the end of the
+block's call that made it (the layer's attention used its K and V and kept nothing), a cache of `factor` the size
+(int8 from 16 bits: 1/2) keeps each at that share of its bytes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import pandas as pd
+
 from analyzer.core.units import gib
 from analyzer.core.vocabulary import Category, GradMode, Phase
-from analyzer.diagnose.attention import block_of, cache_tensors, quantized_cache
+from analyzer.diagnose.attention import block_paths, cache_call_ends, quantized_cache
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import top_allocations
+from analyzer.diagnose.transforms import NUDGE, Stream
 from analyzer.result import Evidence, KVCacheDetails, KVCacheFinding
 
 KV_CACHE_SHARE = 0.05   # a cache under this share of the peak is not worth naming
@@ -35,20 +44,60 @@ class KVCache:
 NONE = KVCache(0, 0, 0, False)
 
 
+def cache_ends(allocations: pd.DataFrame, stacks: pd.DataFrame, grad_mode: str | None) -> pd.Series:
+    """Per allocation of a run that does not train, where the block's call that made it ended when it is in the
+    KV cache (attention.cache_call_ends, told structurally only with autograd known off); NaN for the rest, and
+    for every allocation of a run that trains."""
+    if allocations["phase"].astype(str).isin(_TRAINING_PHASES).any() \
+            or allocations["category"].astype(str).isin(_TRAINING_CATEGORIES).any():
+        return pd.Series(np.nan, index=allocations.index)
+    autograd_off = grad_mode is not None and GradMode(grad_mode).autograd_off
+    return cache_call_ends(allocations, stacks, structural=autograd_off)
+
+
 def kv_cache_at_peak(ctx: DeviceContext) -> KVCache:
     """The KV cache alive at the peak; NONE where the run trains or shows none."""
     def measure() -> KVCache:
         a = ctx.allocations
-        if a["phase"].astype(str).isin(_TRAINING_PHASES).any() or a["category"].astype(str).isin(_TRAINING_CATEGORIES).any():
+        cached = a[cache_ends(a, ctx.trace.stacks, ctx.trace.grad_mode).notna()]
+        if cached.empty:
             return NONE
-        grad_mode = ctx.trace.grad_mode
-        autograd_off = grad_mode is not None and GradMode(grad_mode).autograd_off
-        cached = a[cache_tensors(a, ctx.trace.stacks, structural=autograd_off)]
         live = ctx.d.peak.live
         kept = live[live["alloc_id"].isin(cached["alloc_id"])]
-        layers = kept["module"].astype(str).map(block_of).dropna().nunique()
+        layers = block_paths(a["module"])[a["alloc_id"].isin(kept["alloc_id"])].dropna().nunique()
         return KVCache(int(kept["allocated_bytes"].sum()), len(kept), int(layers), quantized_cache(cached, ctx.trace.stacks))
     return ctx.memo("kv_cache", measure)
+
+
+def _stream_cache_ends(stream: Stream) -> pd.Series:
+    """cache_ends of a replay stream's rows (positions for sequence numbers, requested bytes for allocated)."""
+    rows = stream.rows
+    view = pd.DataFrame({"module": rows["module"], "phase": rows["phase"], "category": rows["category"],
+                         "stack_id": rows["stack_id"], "seq_alloc": rows["at"].where(rows["at"] >= 0),
+                         "seq_free": rows["until"], "allocated_bytes": rows["bytes"]}, index=rows.index)
+    return cache_ends(view, stream.stacks, stream.grad_mode)
+
+
+def uncached(stream: Stream) -> Stream:
+    """use_cache=False: each of the cache's tensors is freed where the call that used it ended (its attention's,
+    else its block's: attention.cache_call_ends)."""
+    ends = _stream_cache_ends(stream)
+    cached = ends.notna()
+    if not cached.any():
+        return stream
+    rows = stream.rows.copy()
+    rows.loc[cached, "until"] = np.minimum(rows.loc[cached, "until"], ends[cached] + NUDGE / 2)
+    return stream.with_rows(rows)
+
+
+def cache_scaled(stream: Stream, factor: float) -> Stream:
+    """A cache of `factor` its size (int8 from 16 bits: 1/2): each of its tensors that share of its bytes."""
+    cached = _stream_cache_ends(stream).notna()
+    if not cached.any():
+        return stream
+    rows = stream.rows.copy()
+    rows.loc[cached, "bytes"] = (rows.loc[cached, "bytes"] * factor).round().astype(np.int64)
+    return stream.with_rows(rows)
 
 
 def detect(ctx: DeviceContext, share: float = KV_CACHE_SHARE) -> list[KVCacheFinding]:

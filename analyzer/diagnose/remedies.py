@@ -29,7 +29,6 @@ The list is data (`REMEDIES`, cheapest first); each estimate is computed from th
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -37,8 +36,6 @@ import pandas as pd
 
 from analyzer.core.units import gib, human_bytes
 from analyzer.core.vocabulary import (
-    MODULE_PATH_SEPARATOR,
-    NO_MODULE,
     UNATTRIBUTED,
     Category,
     FindingKind,
@@ -48,6 +45,8 @@ from analyzer.core.vocabulary import (
     category_plural,
 )
 from analyzer.diagnose.attention import fused
+from analyzer.diagnose.blocks import blocks, most_blocks, profiler_names, torch_layer_loop
+from analyzer.diagnose.kv_cache import cache_scaled, uncached
 from analyzer.diagnose.transforms import (
     Stream,
     accumulation,
@@ -81,9 +80,6 @@ PIPELINE_MIN_LAYERS = 2   # pipeline stages split repeated blocks: at least two 
 #: of the device: a smaller model leaves the batch room to grow on one GPU as it is
 SHARD_TO_GROW_SHARE = 0.5
 TRAINING, FORWARD_ONLY, UNKNOWN = "training", "forward_only", "unknown"
-_LAYER = re.compile(r"^(?:.*\.)?(?:layers|layer|h|blocks|block|encoder\.layer|decoder\.layers)\.(\d+)(?:\.|$)")
-_CALL = re.compile(r"^(.*?)\[(\d+)\]")     # a call path's first numbered call: `model.py:382 forward[3]`
-_TORCH_LAYER = "torch/nn/modules/"         # the files of torch.nn's own layers (Linear, Conv2d, LayerNorm ...)
 _BATCH = (Category.ACTIVATION, Category.INPUT, Category.TEMPORARY)
 _STATES = (Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE)
 #: what each ZeRO stage shards over its GPUs: its estimate, its plan lever and its replay all take it from here
@@ -128,6 +124,7 @@ class Demand:
     # eager attention's b·h·s² tensors alive at the worst moment, by category (analyzer.diagnose.attention)
     attention_scores: dict[str, int] = field(default_factory=dict)
     attention: bool | None = None            # the model has attention (None: the recording cannot say)
+    attention_share: float = RELEVANT_SHARE  # ... its s² tensors worth fusing from this share of the peak (Thresholds)
     kv_cache_bytes: int = 0                  # a KV cache alive at the peak (analyzer.diagnose.kv_cache)
     kv_cache_quantized: bool = False         # ... which the frames show quantized already
 
@@ -485,9 +482,9 @@ def _fix_leak_how(d: Demand) -> str:
               "# and clear lists and caches that outlive the step (self.cache.clear())")
 
 
-def _scores_relevant(d: Demand) -> bool:
-    """Eager attention's s² tensors hold at least RELEVANT_SHARE of the peak."""
-    return 0 < sum(d.attention_scores.values()) >= RELEVANT_SHARE * d.total
+def scores_relevant(d: Demand) -> bool:
+    """Eager attention's s² tensors hold at least `attention_share` (RELEVANT_SHARE) of the peak."""
+    return 0 < sum(d.attention_scores.values()) >= d.attention_share * d.total
 
 
 def _fused_formula(d: Demand, b: Breakdown, k: int) -> None:
@@ -684,7 +681,7 @@ REMEDIES: list[Remedy] = [
            cost="a code change; faster, and the same result up to rounding",
            how="out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)"
                "   # instead of softmax(q @ k.transpose(-2, -1) / sqrt(d)) @ v",
-           estimate=lambda d: (sum(d.attention_scores.values()), "medium"), applies=_scores_relevant,
+           estimate=lambda d: (sum(d.attention_scores.values()), "medium"), applies=scores_relevant,
            acts_on=(Category.ACTIVATION, Category.TEMPORARY),
            price=Price("faster (fewer reads and writes of the s x s matrix)", "none",
                        "F.scaled_dot_product_attention in place of the hand-written attention"),
@@ -697,18 +694,19 @@ REMEDIES: list[Remedy] = [
            cost="none when the outputs are scored, not generated; generation then recomputes every step",
            how="out = model(input_ids, use_cache=False)   # no past_key_values kept",
            estimate=lambda d: (d.kv_cache_bytes, "medium"), applies=_kv_relevant, acts_on=(Category.ACTIVATION,),
-           price=None, plan=None, replay=None, estimate_term=None, conditional=True,
-           docs="the KV cache alive at the peak (forward only, when the kv_cache finding names one); conditional: "
-                "generation needs the cache"),
+           price=None, plan=None, replay=Replay(lambda s, k: uncached(s)), estimate_term=None, conditional=True,
+           docs="the KV cache alive at the peak (forward only, when the kv_cache finding names one); replayed with "
+                "each of its tensors freed at the end of the layer's call that made it, the formula (the cache's "
+                "bytes) without an allocation history; conditional: generation needs the cache"),
     Remedy(id=RemedyId.KV_CACHE_QUANTIZED, title="A quantized KV cache (int8: half of a 16-bit cache), or a paged one",
            cost="small accuracy loss; a paged cache (vLLM) allocates blocks as sequences grow instead",
            how="out = model.generate(**inputs, cache_implementation='quantized',\n"
                "                     cache_config={'backend': 'quanto', 'nbits': 8})",
            estimate=lambda d: (d.kv_cache_bytes // 2, "low"),
            applies=lambda d: _kv_relevant(d) and not d.kv_cache_quantized, acts_on=(Category.ACTIVATION,),
-           price=None, plan=None, replay=None, estimate_term=None,
+           price=None, plan=None, replay=Replay(lambda s, k: cache_scaled(s, 0.5)), estimate_term=None,
            docs="half the KV cache alive at the peak (int8 from 16 bits; not where the frames show it quantized "
-                "already)"),
+                "already); replayed with each of its tensors at half its bytes, the formula without a history"),
     Remedy(id=RemedyId.MICRO_BATCH, title=_micro_batch_title,
            cost="instant; lower throughput; very small batches can hurt convergence",
            how=_micro_batch_how,
@@ -878,8 +876,8 @@ REMEDIES: list[Remedy] = [
            applies=_relevant(Category.ACTIVATION), acts_on=(Category.ACTIVATION,),
            price=None, plan=None, replay=None, estimate_term=None, conditional=True,
            docs="GQA/MQA, fused attention, smaller model: listed, not quantified, but for GQA's 3/4 of a KV cache "
-                "the kv_cache finding names; attention's changes only where the recording shows attention (none "
-                "for a CNN)"),
+                "the kv_cache finding names (a formula: the change is offered beyond the cache, and the group count "
+                "is assumed); attention's changes only where the recording shows attention (none for a CNN)"),
     # a transient no tensor holds, where convolutions run: cuDNN's workspace, its autotuner's trials the largest
     Remedy(id=RemedyId.CUDNN_BENCHMARK_OFF, title="Turn cuDNN's autotuner off (torch.backends.cudnn.benchmark = False)",
            cost="convolutions may pick slower algorithms; or cap the workspace instead (CUDNN_CONV_WSCAP_DBG=<MiB>)",
@@ -930,52 +928,35 @@ BY_ID: dict[str, Remedy] = {r.id: r for r in REMEDIES}
 
 
 def count_layers(modules: list[str]) -> int | None:
-    """Repeated blocks seen in module names: `layers.N`, `h.N`, `blocks.N` ... of qualified names; else, in call
-    paths (Python frames only), the most calls `forward[N]` one line made (a loop over the layers). A torch.nn
+    """Repeated blocks seen in module names (analyzer.diagnose.blocks: `layers.N` of qualified names, the calls
+    `forward[N]` one line made, a profiler's repeated classes), at least PIPELINE_MIN_LAYERS; else None. A torch.nn
     layer called N times (`torch/nn/modules/linear.py`: an MLP's Linear layers) is no block to split."""
-    numbers = {m.group(1) for name in modules if (m := _LAYER.match(name))}
-    if numbers:
-        return len(numbers)
-    calls: dict[str, set[str]] = {}
-    for name in modules:
-        if (m := _CALL.match(name)) is not None and _TORCH_LAYER not in m.group(1).rsplit(MODULE_PATH_SEPARATOR, 1)[-1]:
-            calls.setdefault(m.group(1), set()).add(m.group(2))
-    most = max((len(n) for n in calls.values()), default=0)
-    return most if most >= 2 else None
-
-
-_INSTANCE = re.compile(r"^(\w+)_(\d+)$")   # a Kineto module: its class and instance number (`TinyBlock_1`)
+    most = most_blocks(blocks(modules).values())
+    return most if most >= PIPELINE_MIN_LAYERS else None
 
 
 def blocks_alive(modules: list[str]) -> int | None:
-    """Repeated blocks among the modules alive at a moment: count_layers', else Kineto's naming (a class with
-    children, below the root, seen as two instances or more: `Model_0 › TinyBlock_1 › Linear_3`). 0 where the
-    names show the structure and no block repeats: Kineto's instances, or a line calling one torch.nn layer again
-    and again (a graph network's message passing over nn.Linear). None where they do not show it: nothing named,
-    or call paths without a loop (a snapshot's frames name the lines, not the blocks, of a transformer too)."""
-    named = [m for m in modules if m not in (UNATTRIBUTED, NO_MODULE)]
-    found = count_layers(named)
-    if found:
-        return found
-    instances: dict[str, set[str]] = {}
-    for path in named:
-        for part in path.split(MODULE_PATH_SEPARATOR)[1:-1]:
-            if (m := _INSTANCE.match(part)) is not None:
-                instances.setdefault(m.group(1), set()).add(m.group(2))
-    most = max((len(n) for n in instances.values()), default=0)
+    """Repeated blocks among the modules alive at a moment (count_layers' reading of them). 0 where the names show
+    the structure and fewer than two blocks hold memory: a profiler's names, or a line calling one torch.nn layer
+    again and again (a graph network's message passing over nn.Linear). None where they do not show it: nothing
+    named, or call paths without a loop (a snapshot's frames name the lines, not the blocks, of a transformer
+    too)."""
+    found = blocks(modules)
+    most = most_blocks(found.values())
     if most >= PIPELINE_MIN_LAYERS:
         return most
-    kineto = any(_INSTANCE.match(path.split(MODULE_PATH_SEPARATOR)[0]) for path in named)
-    layer_loop = any((m := _CALL.match(path)) is not None and _TORCH_LAYER in m.group(1) for path in named)
-    return 0 if kineto or layer_loop else None
+    return 0 if profiler_names(found) or torch_layer_loop(found.values()) else None
 
 
 def checkpointable_bytes(live: pd.DataFrame) -> int | None:
-    """Activations alive in repeated blocks, less each block's output (the next block's input, which
-    checkpointing keeps): the latest activation each block made. None without at least two blocks."""
+    """Activations alive in repeated blocks (analyzer.diagnose.blocks), less each block's output (the next
+    block's input, which checkpointing keeps): the latest activation each block made. None without at least two
+    blocks."""
     activations = live[live["category"] == Category.ACTIVATION]
-    blocks = activations["module"].astype(str).str.extract(_LAYER.pattern, expand=False)
-    inside = activations[blocks.notna()].assign(block=blocks[blocks.notna()])
+    modules = activations["module"].astype(str)
+    found = blocks(modules.unique())
+    block = modules.map({m: b.path for m, b in found.items() if b is not None})
+    inside = activations[block.notna()].assign(block=block[block.notna()])
     if inside["block"].nunique() < 2:
         return None
     latest = inside.sort_values("t_alloc_us").groupby("block").tail(1)

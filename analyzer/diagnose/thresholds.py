@@ -1,18 +1,21 @@
-"""Every number that decides which finding a user is told, in one value the Python API takes:
+"""Every number that decides what a user is told, in one value the Python API takes:
 
     analyzer.analyze("snapshot.pickle", thresholds=Thresholds(imbalance_ratio=1.6, graph_kept_share=0.02))
 
-Each default is the constant beside the detector that uses it (documented there), and each detector takes it as
-a keyword argument with that default, so a detector called alone is tuned the same way
-(`find_imbalance(peaks, ratio=1.6)`, `recognise(ctx, graph_kept_share=0.02)`). Every one is pinned by a test on
-each side of it that restates the number.
+Each default is the constant beside the code that uses it (documented there: a detector, the attribution's rule
+of a frozen base, the verdict, the remedies, `analyze estimate`'s plan), and each of these takes it as a keyword
+argument with that default, so a part called alone is tuned the same way (`find_imbalance(peaks, ratio=1.6)`,
+`recognise(ctx, graph_kept_share=0.02)`, `analyzer.commands.estimate.estimate(..., thresholds=...)`). Every one
+is pinned by a test on each side of it that restates the number.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from analyzer.attribute import model_states
 from analyzer.diagnose import (
+    before_recording,
     conv_workspace,
     fragmentation,
     imbalance,
@@ -20,6 +23,8 @@ from analyzer.diagnose import (
     leak,
     oom,
     outside,
+    plan,
+    remedies,
     reserved_growth,
     workload,
 )
@@ -61,6 +66,17 @@ class Thresholds:
     kv_cache_share: float = kv_cache.KV_CACHE_SHARE
     #: torch's "unknown" transient from this share of the peak is named as cuDNN's workspace, likely (0.5)
     conv_workspace_share: float = conv_workspace.UNKNOWN_SHARE
+    #: eager attention's s x s tensors from this share of the peak: fused attention offered, and the verdict names
+    #: them (0.05)
+    attention_share: float = remedies.RELEVANT_SHARE
+    #: memory made before the recording that nothing attributes, from this share of the peak, leads the verdict (0.5)
+    unseen_share: float = before_recording.UNSEEN_SHARE
+    #: a training profiler trace's memory from before it is a frozen base's parameters where the gradients one step
+    #: makes, with Adam's moments of them, are under this share of it (model_states rule 6: LoRA) (0.5)
+    frozen_lump_share: float = model_states.FROZEN_LUMP_SHARE
+    #: `analyze estimate`'s plan: a micro-batch of this many tokens or more keeps the matmuls large, so halving it
+    #: with accumulation costs little, and comes before checkpointing (2048)
+    busy_tokens: int = plan.BUSY_TOKENS
 
     def imbalance(self) -> dict[str, Any]:
         """The keyword arguments of `imbalance.find_imbalance`."""

@@ -23,14 +23,12 @@ import numpy as np
 import pandas as pd
 
 from analyzer.core.vocabulary import UNATTRIBUTED, Category, Phase
+from analyzer.diagnose.blocks import blocks
 
 #: positions of recorded events are integers; an added row sits this far (or a fraction of it) after one
 NUDGE = 1e-3
 BATCH_SCALED = (Category.ACTIVATION.value, Category.TEMPORARY.value, Category.INPUT.value)
 STEP_WORK = (Phase.FORWARD.value, Phase.BACKWARD.value, Phase.OTHER.value)
-# a repeated block: `layers.3` (a module's qualified name) or `Block[3]` (a call path with order numbers)
-_BLOCK = re.compile(r"^((?:.*\.)?(?:layers|layer|h|blocks|block|encoder\.layer|decoder\.layers)\.\d+)(?:\.|$)"
-                    r"|^(.*?\[\d+\])")
 # the operators autocast runs in bf16 (matrix products) and those it keeps in fp32 (CUDA's fp32 list: norms,
 # softmax, losses, embeddings, reductions), as the C++ frames of a stacks="all" recording name them
 _BF16_OPS = re.compile(r"aten::(mm|addmm|bmm|baddbmm|matmul|linear|addbmm|conv\w*|cudnn_convolution\w*|"
@@ -54,6 +52,7 @@ class Stream:
     rows: pd.DataFrame
     releases: np.ndarray
     stacks: pd.DataFrame          # the trace's stacks table (frames and op of each stack_id)
+    grad_mode: str | None = None  # vocabulary.GradMode the recording shows (a KV cache is told from a graph by it)
 
     def with_rows(self, rows: pd.DataFrame) -> Stream:
         return replace(self, rows=rows.reset_index(drop=True))
@@ -144,17 +143,13 @@ class _Ordered:
         return np.sort(span)
 
 
-def block_key(module: str) -> str | None:
-    """The repeated block a module belongs to (`layers.3`, `GPT › Block[3]`), or None."""
-    match = _BLOCK.match(module)
-    return None if match is None else (match.group(1) or match.group(2))
-
-
 def _blocks(rows: pd.DataFrame) -> pd.Series:
-    """Each row's repeated block (block_key of its module; None outside one), matched once per distinct module:
-    matching every row took 2 s of a 1M-entry run's checkpointing."""
+    """Each row's repeated block (the path of analyzer.diagnose.blocks' block of its module; None outside one),
+    read once per distinct module: matching every row took 2 s of a 1M-entry run's checkpointing."""
     codes, modules = pd.factorize(rows["module"].astype(str))
-    keys = np.array([block_key(m) for m in modules] + [None], dtype=object)     # code -1 (none here): None
+    found = blocks(modules)
+    keys = np.array([None if (b := found.get(m)) is None else b.path for m in modules] + [None],
+                    dtype=object)     # code -1 (none here): None
     return pd.Series(keys[codes], index=rows.index, name="module", dtype=object)
 
 

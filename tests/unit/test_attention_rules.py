@@ -5,19 +5,24 @@ recordings where it was seen (../shared/real, skipped when absent) and on small 
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
 import analyzer
 from analyzer.attribute import attribute
 from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, RECORD_HISTORY, FindingKind, RemedyId
-from analyzer.diagnose import UNSEEN_SHARE, _unseen, kv_cache
+from analyzer.diagnose import kv_cache
 from analyzer.diagnose.attention import cache_tensors, score_tensors
+from analyzer.diagnose.before_recording import UNSEEN_SHARE, unseen
 from analyzer.diagnose.context import make_context
+from analyzer.diagnose.counterfactual import recorded_settings, recorded_stream, replay
 from analyzer.diagnose.remedies import BY_ID, Demand
+from analyzer.diagnose.transforms import NUDGE, Stream
 from analyzer.ingest import load
 from analyzer.pipeline import measure
 from support.paths import REAL
@@ -126,6 +131,16 @@ def test_a_softmax_without_a_matmul_or_outside_blocks_is_not_attention():
     assert not score_tensors(small, STACKS, "bytes").any(), "under SCORES_MIN_BYTES (1 MiB)"
 
 
+def test_the_attention_share_is_a_threshold_of_the_python_api():
+    """wedsonlin's s x s tensors hold 44.9% of its peak (10.12 of 22.55 GiB): named and offered fused attention at
+    the default 5%, neither at a share tuned to 45%."""
+    assert analyzer.Thresholds().attention_share == RELEVANT_SHARE
+    tuned = next(d for d in analyzer.analyze(_path(WEDSONLIN), thresholds=analyzer.Thresholds(attention_share=0.45))
+                 .devices if d.device >= 0).diagnosis
+    assert RemedyId.FUSED_ATTENTION not in _remedies(tuned)
+    assert "eager attention's s x s" not in tuned.verdict and "activations are 73% of the peak" in tuned.verdict
+
+
 @pytest.mark.parametrize("share,offered", [(RELEVANT_SHARE, True), (RELEVANT_SHARE - 0.001, False)])
 def test_fused_attention_is_offered_from_5_percent_of_the_peak(share: float, offered: bool):
     total = 100 * GiB
@@ -143,12 +158,88 @@ def test_a_forward_only_runs_kv_cache_is_named_with_its_remedies():
     finding = next(f for f in d.findings if f.kind == FindingKind.KV_CACHE)
     assert finding.bytes == 24 * per_layer and finding.evidence.details.layers == 24
     remedies = _remedies(d)
-    assert remedies[RemedyId.KV_CACHE_OFF]["saved_bytes"] == 24 * per_layer
-    assert remedies[RemedyId.KV_CACHE_QUANTIZED]["saved_bytes"] == 12 * per_layer
-    assert remedies[RemedyId.MODEL_CHANGES]["saved_bytes"] == 24 * per_layer * 3 // 4
+    assert remedies[RemedyId.KV_CACHE_OFF]["saving_source"] == "replay"       # replayed: see the tests below
+    assert remedies[RemedyId.KV_CACHE_QUANTIZED]["saving_source"] == "replay"
+    assert remedies[RemedyId.MODEL_CHANGES]["saved_bytes"] == 24 * per_layer * 3 // 4     # GQA: a formula
+    assert remedies[RemedyId.MODEL_CHANGES]["saving_source"] == "formula"
     assert RemedyId.NO_GRAD not in remedies
     assert "a KV cache holds 0.82 GiB of it (42%)" in d.verdict
     assert d.workload.summary.endswith("activations kept with autograd off (inference_mode): a KV cache, not a graph")
+
+
+def _qwen_replays() -> tuple[int, int, dict[str, Any]]:
+    """Qwen's recorded peak, the allocator model's peak of the recorded stream as it is, and the diagnosis'
+    remedies."""
+    ctx = _context(QWEN)
+    identity = replay(recorded_stream(ctx.trace, 0), None, recorded_settings(ctx.trace)).peak_allocated_bytes
+    return ctx.d.peak.allocated_bytes, identity, _remedies(_gpu(QWEN))
+
+
+def test_use_cache_false_is_replayed_each_layers_k_and_v_freed_when_its_attention_returns():
+    """Qwen's peak (2,088,508,416 B) is in layer 23's MLP, after every layer's attention has returned: without
+    a cache the 24 layers' K and V (879,230,976 B) are all gone there. The replay's peak is that, 1,209,277,440 B,
+    plus the allocator model's rounding (at most what it adds to the recorded stream as it is: 3,704,320 B); the
+    saving is measured at the replayed peak, not taken from the formula."""
+    per_layer = 2 * (16 * 16 * 559 * 64 * 2)
+    peak, identity, remedies = _qwen_replays()
+    off = remedies[RemedyId.KV_CACHE_OFF]
+    replayed = off["replay"]["peak_allocated_bytes"]
+    assert 0 <= replayed - (peak - 24 * per_layer) <= identity - peak < 0.002 * peak
+    assert off["saved_bytes"] == peak - replayed and off["new_peak_bytes"] == replayed
+
+
+def test_a_quantized_cache_is_replayed_at_half_its_bytes():
+    """Each of Qwen's 48 cache tensors (18,317,312 B) at half its bytes: the replayed peak is the recorded
+    stream's, as the allocator model replays it, less half of 24 layers' K and V, to the byte."""
+    per_layer = 2 * (16 * 16 * 559 * 64 * 2)
+    _, identity, remedies = _qwen_replays()
+    quantized = remedies[RemedyId.KV_CACHE_QUANTIZED]
+    assert quantized["replay"]["peak_allocated_bytes"] == identity - 12 * per_layer
+
+
+def test_the_kv_cache_transforms_act_on_no_training_run():
+    """wedsonlin trains (backward, optimizer state): no cache remedy is offered, and the transforms, asked
+    anyway, leave its stream as it is (the replay would judge nothing)."""
+    remedies = _remedies(_gpu(WEDSONLIN))
+    assert not {RemedyId.KV_CACHE_OFF, RemedyId.KV_CACHE_QUANTIZED} & set(remedies)
+    stream = recorded_stream(_context(WEDSONLIN).trace, 0)
+    assert stream is not None
+    assert kv_cache.uncached(stream) is stream and kv_cache.cache_scaled(stream, 0.5) is stream
+
+
+def test_a_cache_without_an_allocation_history_keeps_the_formula():
+    """SketchKV2's cache (2.71 GiB) was alive at the dump with no history of its allocations: no stream to edit,
+    so use_cache=False saves the cache's bytes at the peak, a formula, and says so."""
+    d = _gpu(SKETCHKV)
+    finding = next(f for f in d.findings if f.kind == FindingKind.KV_CACHE)
+    off = _remedies(d)[RemedyId.KV_CACHE_OFF]
+    assert off["saving_source"] == "formula" and off["replay"] is None and off["saved_bytes"] == finding.bytes
+
+
+def _attention_call(i: int, kept: bool) -> list[tuple[str, float, float]]:
+    """Layer i's forward (module, made, freed): K in its attention (kept to the end, or not), a tensor of the
+    layer itself (a rotary table), a score freed inside the attention, then its MLP."""
+    attention = _block(i)
+    layer = MODULE_PATH_SEPARATOR.join(["Model_0", f"DecoderLayer_{i}"])
+    mlp = MODULE_PATH_SEPARATOR.join(["Model_0", f"DecoderLayer_{i}", f"MLP_{i}"])
+    start = 10.0 * i
+    return [(attention, start, 100.0 if kept else start + 2), (layer, start + 0.5, start + 3),
+            (attention, start + 1, start + 2), (mlp, start + 4, start + 5)]
+
+
+def test_use_cache_false_frees_each_cache_tensor_when_its_attention_returns():
+    """Two layers under inference_mode: K (made at 0 and 10, kept to 100) is freed just after its attention's
+    last allocation in its layer's call (1 and 11; the layer's own tensor between them does not end it), before
+    the layer's MLP; nothing else moves."""
+    rows = [r for i in range(2) for r in _attention_call(i, kept=True)]
+    stream = Stream(rows=pd.DataFrame({"at": [r[1] for r in rows], "until": [r[2] for r in rows], "bytes": 64,
+                                       "stream": 0, "category": "activation", "phase": "forward",
+                                       "module": [r[0] for r in rows], "step": 1.0, "stack_id": np.nan}),
+                    releases=np.array([]), stacks=_stacks(), grad_mode="inference_mode")
+    assert kv_cache.uncached(stream).rows["until"].tolist() == [1 + NUDGE / 2, 3, 2, 5, 11 + NUDGE / 2, 13, 12, 15]
+    assert kv_cache.cache_scaled(stream, 0.5).rows["bytes"].tolist() == [32, 64, 64, 64] * 2
+    assert kv_cache.uncached(replace(stream, grad_mode="enabled")).rows.equals(stream.rows), \
+        "autograd on: the same tensors may be the graph, which no_grad addresses"
 
 
 def test_a_cache_the_frames_show_quantized_is_not_offered_quantization():
@@ -217,13 +308,20 @@ def test_a_peak_mostly_made_before_the_recording_says_so_and_how_to_see_it():
 
 
 @pytest.mark.parametrize("share,said", [(0.82, True), (0.83, False)])
-def test_memory_made_before_the_recording_leads_from_half_the_peak(monkeypatch: pytest.MonkeyPatch, share: float,
-                                                                    said: bool):
+def test_memory_made_before_the_recording_leads_from_half_the_peak(share: float, said: bool):
     """SketchKV2's 12.55 GiB of 15.27 GiB made before its only recorded event: 82.2%."""
     assert UNSEEN_SHARE == UNSEEN
-    monkeypatch.setattr("analyzer.diagnose.UNSEEN_SHARE", share)
-    clause, how_to_see = _unseen(_context(SKETCHKV))
+    clause, how_to_see = unseen(_context(SKETCHKV), share)
     assert bool(clause) is said and bool(how_to_see) is said
+
+
+def test_the_unseen_share_is_a_threshold_of_the_python_api():
+    """SketchKV2's 82.2% made before the recording leads its verdict at the default half, and not at 83%."""
+    assert analyzer.Thresholds().unseen_share == UNSEEN
+    tuned = next(d for d in analyzer.analyze(_path(SKETCHKV), thresholds=analyzer.Thresholds(unseen_share=0.83)).devices
+                 if d.device >= 0).diagnosis
+    assert tuned.verdict.startswith("Peak 15.27 GiB allocated on cuda:0: a KV cache holds 2.71 GiB of it (18%)")
+    assert "was allocated before the recording began" not in tuned.verdict and "To see what" not in tuned.verdict
 
 
 def _decode(sizes: list[list[int]]) -> pd.DataFrame:

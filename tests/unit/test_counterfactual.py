@@ -7,8 +7,9 @@ import pandas as pd
 import pytest
 
 from analyzer.attribute import attribute
+from analyzer.diagnose.blocks import blocks
 from analyzer.diagnose.counterfactual import Replayer, predict, recorded_stream, replay
-from analyzer.diagnose.transforms import Stream, accumulation, bf16, block_key, checkpointing, micro_batch, zero, zero3
+from analyzer.diagnose.transforms import Stream, accumulation, bf16, checkpointing, micro_batch, zero, zero3
 from analyzer.simulate.allocator import AllocatorSettings
 from tests.support.snapshots import MiB, Recording
 
@@ -82,9 +83,10 @@ def test_checkpointing_keeps_block_outputs_and_recomputes_in_backward():
 def test_checkpointing_needs_repeated_blocks():
     s = stream([(0, 9, 4 * MiB, "activation", "forward", "encoder"), (1, 8, 4 * MiB, "activation", "forward", "encoder")])
     assert checkpointing(s).rows.equals(s.rows)
-    assert block_key("GPT › Block[3] › MLP") == "GPT › Block[3]"
-    assert block_key("model.layers.12.self_attn") == "model.layers.12"
-    assert block_key("lm_head") is None
+    found = blocks(["GPT › Block[3] › MLP", "model.layers.12.self_attn", "lm_head"])
+    assert found["GPT › Block[3] › MLP"].path == "GPT › Block[3]"
+    assert found["model.layers.12.self_attn"].path == "model.layers.12"
+    assert found["lm_head"] is None
 
 
 def test_bf16_halves_what_the_ops_say_runs_in_bf16():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ MOMENTS = 2 * ADAPTERS             # Adam's exp_avg and exp_avg_sq of the adapte
 FROZEN_LUMP_SHARE, ADAM_MOMENTS = 0.5, 2   # model_states.FROZEN_LUMP_SHARE, ADAM_MOMENTS
 
 
-def _on_gpu(tmp_path: Path, before: int) -> Analysis:
+def _on_gpu(tmp_path: Path, before: int, **options: Any) -> Analysis:
     trace = json.loads(gzip.decompress(LORA.read_bytes()))
     high = 0
     for event in trace["traceEvents"]:
@@ -37,7 +38,7 @@ def _on_gpu(tmp_path: Path, before: int) -> Analysis:
             args["Total Reserved"] = high
     path = tmp_path / "lora_gpu.pt.trace.json"
     path.write_text(json.dumps(trace))
-    return analyzer.analyze(read_kineto(path))
+    return analyzer.analyze(read_kineto(path), **options)
 
 
 def _before(analysis: Analysis) -> tuple[str | None, str]:
@@ -67,6 +68,15 @@ def test_the_amount_is_parameters_only_where_the_trainable_part_is_under_half_of
     gradients' worth (the trainable part half of it) it stays unattributed."""
     category, _ = _before(_on_gpu(tmp_path, before))
     assert (category == "parameter") is named and (category is None) is (not named)
+
+
+def test_the_frozen_lump_share_is_a_threshold_of_the_python_api(tmp_path):
+    """Six gradients' worth (the trainable part with Adam's moments exactly half the amount) stays open at the
+    default half, and is a frozen base at a share tuned to 0.51."""
+    assert analyzer.Thresholds().frozen_lump_share == FROZEN_LUMP_SHARE
+    six = int((1 + ADAM_MOMENTS) * ADAPTERS / FROZEN_LUMP_SHARE)
+    tuned = _on_gpu(tmp_path, six, thresholds=analyzer.Thresholds(frozen_lump_share=0.51))
+    assert _before(tuned) == ("parameter", "phase=none;category=structure:frozen-base-before-trace;module=none")
 
 
 def test_a_backward_that_made_no_gradient_leaves_the_amount_open():

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+import analyzer
 from analyzer.commands import main
 from analyzer.commands.estimate import (
     BUSY_TOKENS,
@@ -158,6 +159,15 @@ def test_checkpointing_leads_only_where_the_micro_batch_would_go_below_busy_toke
     sbh = 512 * 32 * H
     assert (states + L * (34 * 512 * 4 * H + 4 * 32 * 512 * 4) <= usable) is (memory == 50)
     assert states + L * 2 * sbh + 34 * sbh + 4 * 32 * 512 * 32 <= usable
+
+
+def test_busy_tokens_is_a_threshold_of_the_python_api():
+    """On 50 GiB micro-batch 4 (2,048 tokens) leads checkpointing at the default BUSY_TOKENS; tuned to 8,192 tokens
+    the halvings past micro-batch 16 cost SMALL_HALVING each: 0.5 + 2 x 2 = 4.5 > checkpointing's 3, which leads."""
+    assert analyzer.Thresholds().busy_tokens == BUSY_TOKENS
+    tuned = estimate(PSI, GPUS, 0, 50 * GiB, Shape(32, 512, L, H, 32), False,
+                     thresholds=analyzer.Thresholds(busy_tokens=8192))["plan"]
+    assert [s["remedy"] for s in tuned["steps"]] == ["zero1", "activation_checkpointing"]
 
 
 def test_precision_dropout_and_the_vocabulary_reach_the_per_gpu_bytes():
