@@ -24,6 +24,7 @@ The list is data (`REMEDIES`, cheapest first); each estimate is computed from th
 - parallelism (ZeRO, tensor, pipeline) and offload are for a model whose states do not fit one GPU, or a batch
   that does not: a run that fits as it is (its remedies would only grow the batch) is offered them only when
   its model states hold at least SHARD_TO_GROW_SHARE of the device (of SMALLEST_GPU where it is not known);
+  a leaking run is judged as without its leak (more GPUs only delay it);
 - when a plan exists (analyzer.diagnose.plan, a run that does not fit a known device), it decides what to try
   first: `plan.agree` moves `try_first` to the remedy of its first step.
 """
@@ -266,7 +267,11 @@ def fits_as_is(d: Demand) -> bool:
 
 def needs_beyond_one_gpu(d: Demand) -> bool:
     """Parallelism and offload are worth their cost: the run does not fit as it is, or its model states hold at
-    least SHARD_TO_GROW_SHARE of the device (SMALLEST_GPU where it is not known), leaving the batch too little."""
+    least SHARD_TO_GROW_SHARE of the device (SMALLEST_GPU where it is not known), leaving the batch too little.
+    A leak is judged without it: more GPUs only delay an out of memory that grows every step, as a smaller batch
+    does."""
+    if FindingKind.LEAK in d.findings:
+        d = replace(d, findings=d.findings - {FindingKind.LEAK})
     if not (fits_as_is(d) or fits_any_gpu(d)):
         return True
     device = d.capacity if d.capacity is not None else SMALLEST_GPU

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import analyzer
-from analyzer.core.vocabulary import RECORD_HISTORY
+from analyzer.core.vocabulary import RECORD_HISTORY, FindingKind
 from analyzer.diagnose.imbalance import PeakSummary, find_imbalance
 from analyzer.diagnose.remedies import Demand, rank_remedies
 from analyzer.ingest.kineto import read_kineto
@@ -189,6 +189,17 @@ def test_a_run_that_fits_is_offered_parallelism_only_when_its_states_crowd_the_d
     assert bool(BEYOND_ONE_GPU & {r["id"] for r in remedies}) is offered
     if offered:
         assert {"zero1", "zero2", "zero3", "tensor_parallel", "pipeline_parallel"} <= {r["id"] for r in remedies}
+
+
+@pytest.mark.parametrize(("states", "offered"), [(int(SHARD_TO_GROW_SHARE * CAPACITY), True),
+                                                 (int(SHARD_TO_GROW_SHARE * CAPACITY) - BLOCK, False)],
+                         ids=["states half the device", "just under half"])
+def test_a_leak_is_not_offered_more_gpus_unless_the_work_needs_them_without_it(states, offered):
+    """A leak runs out of memory later whatever the GPUs (fits_as_is is false for it): parallelism and offload
+    would only delay it, as a smaller batch would. They are judged as for the run without the leak."""
+    leaking = dataclasses.replace(_fitting(states), findings={FindingKind.LEAK}, triage="leak")
+    ids = {r["id"] for r in rank_remedies(leaking)}
+    assert bool(BEYOND_ONE_GPU & ids) is offered
 
 
 def test_a_small_model_whose_batch_does_not_fit_is_still_offered_parallelism():
