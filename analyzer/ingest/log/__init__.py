@@ -18,8 +18,8 @@ from typing import IO
 from analyzer.core.log_records import AllocatorSetting, LogReading, OomText, Reading
 from analyzer.errors import CorruptInput
 from analyzer.ingest.log import oom_message
-from analyzer.ingest.log.framework_lines import FrameworkLinesReader
-from analyzer.ingest.log.lines import Scan, decode, holds_any
+from analyzer.ingest.log.framework_lines import QUICK, FrameworkLinesReader
+from analyzer.ingest.log.lines import Quick, Scan, decode, holds_any
 from analyzer.ingest.log.memory_summary import MemorySummaryReader
 from analyzer.ingest.log.nvidia_smi import NvidiaSmiReader
 from analyzer.ingest.log.traceback import TRACEBACK_WORDS, Frame, frames_before
@@ -113,7 +113,16 @@ def read_log(stream: IO[bytes], path: str) -> LogReading:
     def wants_next() -> bool:
         return ooms.busy or summaries.busy or smi.busy
 
-    scan = Scan(stream, ANCHORS, wants_next)
+    def take_quick(number: int, match: re.Match[bytes]) -> None:
+        """A line read from its bytes: past MAX_READINGS only counted, as every reading is."""
+        nonlocal dropped
+        found = frameworks.quick(number, match, keep=len(readings) < MAX_READINGS)
+        if found is None:
+            dropped += 1
+        else:
+            readings.append(found)
+
+    scan = Scan(stream, ANCHORS, wants_next, Quick(QUICK, take_quick))
 
     def text_of(raw: bytes) -> str:
         return decode(raw)[0]
