@@ -113,14 +113,16 @@ def read_log(stream: IO[bytes], path: str) -> LogReading:
     def wants_next() -> bool:
         return ooms.busy or summaries.busy or smi.busy
 
-    def take_quick(number: int, match: re.Match[bytes]) -> None:
-        """A line read from its bytes: past MAX_READINGS only counted, as every reading is."""
+    def take_quick(number: int, match: re.Match[bytes]) -> bool:
+        """A line read from its bytes; past MAX_READINGS only counted, as every reading is (and the scan is told
+        that no later one is wanted: it counts them, scan.passed)."""
         nonlocal dropped
         found = frameworks.quick(number, match, keep=len(readings) < MAX_READINGS)
         if found is None:
             dropped += 1
-        else:
-            readings.append(found)
+            return False
+        readings.append(found)
+        return len(readings) < MAX_READINGS
 
     scan = Scan(stream, ANCHORS, wants_next, Quick(QUICK, take_quick))
 
@@ -152,6 +154,7 @@ def read_log(stream: IO[bytes], path: str) -> LogReading:
             readings += found[:room]
             dropped += max(len(found) - room, 0)
     ooms.finish()
+    dropped += scan.passed
     readings += summaries.finish()
     warnings = []
     if ooms.left_out:

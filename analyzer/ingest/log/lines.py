@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import IO, NamedTuple
 
 #: bytes of one line handed to the readers at most; a longer line is handed over in pieces of this size
@@ -41,17 +41,19 @@ _ALL_PREFIXES = (*_PREFIXES, _SGLANG_TP)
 
 class Quick(NamedTuple):
     """Lines read straight from their bytes: `pattern` matches such a line whole (its newline aside), and `take`
-    gets its number and the match."""
+    gets its number and the match and says whether later ones are still wanted (once it says no, they are only
+    counted, in Scan.passed, and no number is worked out for them)."""
 
     pattern: re.Pattern[bytes]
-    take: Callable[[int, re.Match[bytes]], None]
+    take: Callable[[int, re.Match[bytes]], bool]
 
 
 _NOTHING = re.compile(b"(?!)")
 
 
-def _skip(number: int, match: re.Match[bytes]) -> None:
+def _skip(number: int, match: re.Match[bytes]) -> bool:
     """Never called: no line matches _NOTHING."""
+    return False
 
 
 class Line(NamedTuple):
@@ -170,6 +172,7 @@ class Scan:
                  quick: Quick | None = None) -> None:
         self._stream, self._ends, self._wants_next, self._quick = stream, line_finder(anchors), wants_next, quick
         self.lines = 0            # lines gone through: all of them once the iteration ends
+        self.passed = 0           # quick lines only counted, once `quick.take` said no more are taken
         self._region = bytearray()  # the buffer whose first `_size` bytes are the whole lines being read
         self._size = 0
         self._behind = b""        # up to LOOKBACK bytes of whole lines before the region
@@ -225,12 +228,25 @@ class Scan:
             text, rank = decode(region[piece: min(end, piece + MAX_LINE)])
             yield Line(number, text, rank)
 
+    def _follow(self, number: int, pos: int, limit: int) -> Generator[Line, None, tuple[int, int, bool]]:
+        """The lines from `pos` on for as long as a reader wants the next one, to the region's `limit` at most;
+        then the lines gone through, where they end and whether a reader still wants the next one."""
+        busy = self._wants_next()
+        while busy and pos < limit:
+            end = self._region.index(b"\n", pos)
+            number += 1
+            yield from self._handed(number, pos, end)
+            pos = end + 1
+            busy = self._wants_next()
+        return number, pos, busy
+
     def __iter__(self) -> Iterator[Line]:
         block = BLOCK
         # a partial line carried (under a block, or MAX_LINE of a longer one), a block, and a newline at the end
         region = self._region = bytearray(max(block, MAX_LINE) + block + 1)
         view = memoryview(region)
         match, take = (self._quick.pattern.fullmatch, self._quick.take) if self._quick else (_NOTHING.fullmatch, _skip)
+        keep = True   # quick lines are still taken (past that, only counted: self.passed)
         number = 0    # lines before `pos`
         kept = 0      # bytes of a partial line at the buffer's start
         busy = False  # a reader wants the next line, wherever it is
@@ -250,30 +266,26 @@ class Scan:
                     continue
             self._base += self._size
             self._size = limit
-            pos = 0  # offset of the first line of the region not yet taken or counted past
-            while busy and pos < limit:  # a reader is inside something that went on past the last block
-                end = region.index(b"\n", pos)
-                number += 1
-                yield from self._handed(number, pos, end)
-                pos = end + 1
-                busy = self._wants_next()
+            pos = 0  # offset of the first line of the region not yet counted (quick lines passed are not)
+            if busy:  # a reader is inside something that went on past the last block
+                number, pos, busy = yield from self._follow(number, 0, limit)
             for end in self._ends(region, limit):
                 if end <= pos:
                     continue
                 start = region.rfind(b"\n", pos, end - 1) + 1 or pos
+                if end - start <= MAX_LINE and (m := match(region, start, end - 1)):  # no reader is inside anything
+                    if not keep:
+                        self.passed += 1   # pos stays: the line is counted with the ones before the next handed over
+                        continue
+                    gap = region[pos:start]
+                    number += len(gap) - len(gap.replace(b"\n", b"")) + 1  # _newlines, inlined: once a line
+                    pos = end
+                    keep = take(number, m)
+                    continue
                 number += _newlines(region[pos:start]) + 1
                 pos = end
-                if end - start <= MAX_LINE and (m := match(region, start, end - 1)):
-                    take(number, m)
-                    continue
                 yield from self._handed(number, start, end - 1)
-                busy = self._wants_next()
-                while busy and pos < limit:
-                    end = region.index(b"\n", pos)
-                    number += 1
-                    yield from self._handed(number, pos, end)
-                    pos = end + 1
-                    busy = self._wants_next()
+                number, pos, busy = yield from self._follow(number, pos, limit)
             number += _newlines(region[pos:limit])
             self._keep_behind()
             if not got:
