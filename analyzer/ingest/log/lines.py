@@ -102,7 +102,7 @@ def holds_any(text: str, words: tuple[str, ...]) -> bool:
     return False
 
 
-def decode(raw: bytes) -> tuple[str, int | None]:
+def decode(raw: bytes | bytearray) -> tuple[str, int | None]:
     """One raw line, decoded and cleaned."""
     return clean(raw.decode("utf-8", errors="replace"))
 
@@ -148,11 +148,26 @@ def line_finder(anchors: tuple[bytes, ...]) -> Callable[[bytes | bytearray, int]
 
     def ends(region: bytes | bytearray, limit: int) -> list[int]:
         found: list[int] = []
-        database.scan(memoryview(region)[:limit], scratch=scratch,
+        # the binding scans any buffer (here a view of the block: no copy); its stub names only str and bytes
+        database.scan(memoryview(region)[:limit], scratch=scratch,  # type: ignore[type-var]
                       match_event_handler=lambda _id, _from, end, _flags, _context: found.append(end))
         found.sort()   # in order already (a block scan reports by end); sorting a sorted list is one pass
         return found
     return ends
+
+
+def _reader_into(stream: IO[bytes]) -> Callable[[memoryview], int]:
+    """`stream`'s readinto (every stream opened here has one: a file, gzip, standard input, BytesIO), or one made
+    of read for a stream without it; 0 at the end."""
+    into = getattr(stream, "readinto", None)
+    if into is not None:
+        return lambda view: into(view) or 0
+
+    def by_read(view: memoryview) -> int:
+        data = stream.read(len(view))
+        view[:len(data)] = data
+        return len(data)
+    return by_read
 
 
 class Scan:
@@ -245,13 +260,14 @@ class Scan:
         # a partial line carried (under a block, or MAX_LINE of a longer one), a block, and a newline at the end
         region = self._region = bytearray(max(block, MAX_LINE) + block + 1)
         view = memoryview(region)
+        readinto = _reader_into(self._stream)
         match, take = (self._quick.pattern.fullmatch, self._quick.take) if self._quick else (_NOTHING.fullmatch, _skip)
         keep = True   # quick lines are still taken (past that, only counted: self.passed)
         number = 0    # lines before `pos`
         kept = 0      # bytes of a partial line at the buffer's start
         busy = False  # a reader wants the next line, wherever it is
         while True:
-            got = self._stream.readinto(view[kept: kept + block])
+            got = readinto(view[kept: kept + block])
             size = kept + got
             if not got:
                 if not size:
