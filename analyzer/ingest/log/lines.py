@@ -263,6 +263,8 @@ class Scan:
         readinto = _reader_into(self._stream)
         match, take = (self._quick.pattern.fullmatch, self._quick.take) if self._quick else (_NOTHING.fullmatch, _skip)
         keep = True   # quick lines are still taken (past that, only counted: self.passed)
+        passed = 0
+        rfind = region.rfind
         number = 0    # lines before `pos`
         kept = 0      # bytes of a partial line at the buffer's start
         busy = False  # a reader wants the next line, wherever it is
@@ -288,10 +290,10 @@ class Scan:
             for end in self._ends(region, limit):
                 if end <= pos:
                     continue
-                start = region.rfind(b"\n", pos, end - 1) + 1 or pos
+                start = rfind(b"\n", pos, end - 1) + 1 or pos
                 if end - start <= MAX_LINE and (m := match(region, start, end - 1)):  # no reader is inside anything
                     if not keep:
-                        self.passed += 1   # pos stays: the line is counted with the ones before the next handed over
+                        passed += 1   # pos stays: the line is counted with the ones before the next handed over
                         continue
                     gap = region[pos:start]
                     number += len(gap) - len(gap.replace(b"\n", b"")) + 1  # _newlines, inlined: once a line
@@ -303,6 +305,7 @@ class Scan:
                 yield from self._handed(number, start, end - 1)
                 number, pos, busy = yield from self._follow(number, pos, limit)
             number += _newlines(region[pos:limit])
+            self.passed = passed
             self._keep_behind()
             if not got:
                 break
