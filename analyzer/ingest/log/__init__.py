@@ -3,8 +3,10 @@
 One pass over cleaned lines (analyzer.ingest.log.lines) feeds every reader: the OOM messages with the
 traceback read back from the lines before each (oom_message, traceback), memory_summary() tables and
 memory_stats() dicts (memory_summary), nvidia-smi output (nvidia_smi) and framework memory lines
-(framework_lines). Only what was read is kept, bounded: a log of any size is read in constant memory but for its
-OOMs and readings.
+(framework_lines). Megatron's memory lines, most of what a long run's log holds, go from their bytes straight to
+their reader (framework_lines.QUICK) while no reader is inside something. Only what was read is kept, bounded: a
+log of any size is read in constant memory but for its OOMs and readings, and past MAX_READINGS a reading is
+only counted (a Megatron line then only matched: its numbers are not read).
 """
 from __future__ import annotations
 

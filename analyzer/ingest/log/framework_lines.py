@@ -31,8 +31,8 @@ _MEGATRON_MB = re.compile(r"(?:\[Rank (\d+)\] )?(?:\(?after (\d+) iterations\)?|
 #: a Megatron line as Megatron prints it (either era), alone on its line but for torchrun's `[rankN]: ` and a
 #: carriage return, in ASCII: cleaning leaves its text as it is and no other reader acts on it (none of their
 #: words is in it), so while no reader is inside something (a wrapped message, a table) lines.Scan reads it from
-#: its bytes, without decoding it, to the same Reading as _MEGATRON_MB (`_megatron_mb` makes both). A large
-#: log's memory lines are these: on the benchmark's 2 GB, 224,000 of its 224,040 matched lines
+#: its bytes, without decoding it, to the same Reading as _MEGATRON_MB (`_megatron_mb` makes both). A long run's
+#: log is mostly these among its matched lines: 224,070 of the benchmark's 2 GB (bench_log.py)
 QUICK = re.compile(rb"(?:\[(?:rank|default)(\d+)\]:? ?)?(?:\[Rank (\d+)\] )?\(?after (\d+) iterations\)? memory \(MB\) \| "
                    rb"allocated: (\d+(?:\.\d+)?) \| max allocated: (\d+(?:\.\d+)?) \| reserved: (\d+(?:\.\d+)?) \| "
                    rb"max reserved: (\d+(?:\.\d+)?)\r?")
@@ -74,8 +74,6 @@ def _megatron_mb(number: int, rank: int | None, named: str | bytes | None, step:
                           "allocated_peak": round(float(allocated_peak) * _MIB),
                           "reserved": round(float(reserved) * _MIB),
                           "reserved_peak": round(float(reserved_peak) * _MIB)})
-
-
 
 
 class FrameworkLinesReader:

@@ -8,8 +8,9 @@ mpirun's `[1,0]<stderr>:`, Ray's and vLLM's `(RayWorkerWrapper pid=12, ip=10.0.0
 only they know where their text ends.
 
 The file is never read whole: it is read in blocks, searched in C for what any reader looks for, and only the
-lines around a match are decoded and cleaned (`scan`); a longer line than MAX_LINE arrives in pieces (none of
-the texts we read is longer than a few hundred characters).
+lines around a match are decoded and cleaned (`Scan`); a reader's own plain lines (`Quick`: Megatron's memory
+lines) are matched on their bytes and never decoded; a longer line than MAX_LINE arrives in pieces (none of the
+texts we read is longer than a few hundred characters).
 """
 from __future__ import annotations
 
