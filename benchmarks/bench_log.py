@@ -6,7 +6,9 @@ file, in one run.
 The log is generated: rank-prefixed, coloured training lines, tqdm bars, a Megatron memory line every 100 lines,
 and every 500,000 lines a traceback and an OOM message (torch <= 1.3's or 2.1+'s). Target: within 4x the time
 of grep and under 200 MiB peak RSS on a 2 GB log (`--megabytes 2000`); CPU time is the ratio to read on a
-shared machine, where other work stretches wall time.
+shared machine, where other work stretches wall time (and, less, CPU time: take several runs). The analysis
+starts in about 0.25-0.3 s of CPU (0.03 s of it compiling the package's sources where PYTHONDONTWRITEBYTECODE is
+set; an installed package has its bytecode); docs/results/performance.md says where the rest goes.
 """
 from __future__ import annotations
 

@@ -315,16 +315,18 @@ def test_what_is_read_back_does_not_depend_on_where_blocks_end(monkeypatch: pyte
 
 def test_hyperscan_finds_the_lines_the_bytes_find_passes_find() -> None:
     """The one-pass search (Hyperscan) and the fallback where it is not installed pick the same lines of every
-    fixture, all of them in one text too (anchors twice on a line, at its start and end, a line without a newline)."""
+    fixture, all of them in one text too (anchors twice on a line, at its start and end, a line without a newline),
+    each line once however many anchors it holds, and none past the limit they are given."""
     pytest.importorskip("hyperscan")
     from analyzer.ingest.log import ANCHORS
-    from analyzer.ingest.log.lines import _starts_one_by_one, line_finder
+    from analyzer.ingest.log.lines import _ends_one_by_one, line_finder
     texts = [p.read_bytes() + b"\n" for p in sorted(LOGS.glob("*.log"))]
     texts += [b"".join(texts), b"emory\nMiB lloc MiB emory\nnothing\nLoad weight end\n"]
     finder = line_finder(ANCHORS)
-    picked = [finder(t) for t in texts]
-    assert picked == [_starts_one_by_one(t, ANCHORS) for t in texts]
-    assert picked[-1] == [0, 6, 33] and sum(map(len, picked[:-2])) == len(picked[-2]) > 50
+    picked = [finder(t, len(t)) for t in texts]
+    assert picked == [_ends_one_by_one(t, ANCHORS, len(t)) for t in texts]
+    assert picked[-1] == [6, 25, 49] and sum(map(len, picked[:-2])) == len(picked[-2]) > 50
+    assert finder(texts[-1], 33) == _ends_one_by_one(texts[-1], ANCHORS, 33) == [6, 25]
 
 
 def test_a_log_reads_the_same_without_hyperscan(monkeypatch: pytest.MonkeyPatch) -> None:

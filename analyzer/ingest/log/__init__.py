@@ -3,8 +3,10 @@
 One pass over cleaned lines (analyzer.ingest.log.lines) feeds every reader: the OOM messages with the
 traceback read back from the lines before each (oom_message, traceback), memory_summary() tables and
 memory_stats() dicts (memory_summary), nvidia-smi output (nvidia_smi) and framework memory lines
-(framework_lines). Only what was read is kept, bounded: a log of any size is read in constant memory but for its
-OOMs and readings.
+(framework_lines). Megatron's memory lines, most of what a long run's log holds, go from their bytes straight to
+their reader (framework_lines.QUICK) while no reader is inside something. Only what was read is kept, bounded: a
+log of any size is read in constant memory but for its OOMs and readings, and past MAX_READINGS a reading is
+only counted (a Megatron line then only matched: its numbers are not read).
 """
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ from typing import IO
 from analyzer.core.log_records import AllocatorSetting, LogReading, OomText, Reading
 from analyzer.errors import CorruptInput
 from analyzer.ingest.log import oom_message
-from analyzer.ingest.log.framework_lines import FrameworkLinesReader
-from analyzer.ingest.log.lines import Scan, decode, holds_any
+from analyzer.ingest.log.framework_lines import QUICK, FrameworkLinesReader
+from analyzer.ingest.log.lines import Quick, Scan, decode, holds_any
 from analyzer.ingest.log.memory_summary import MemorySummaryReader
 from analyzer.ingest.log.nvidia_smi import NvidiaSmiReader
 from analyzer.ingest.log.traceback import TRACEBACK_WORDS, Frame, frames_before
@@ -113,7 +115,18 @@ def read_log(stream: IO[bytes], path: str) -> LogReading:
     def wants_next() -> bool:
         return ooms.busy or summaries.busy or smi.busy
 
-    scan = Scan(stream, ANCHORS, wants_next)
+    def take_quick(number: int, match: re.Match[bytes]) -> bool:
+        """A line read from its bytes; past MAX_READINGS only counted, as every reading is (and the scan is told
+        that no later one is wanted: it counts them, scan.passed)."""
+        nonlocal dropped
+        found = frameworks.quick(number, match, keep=len(readings) < MAX_READINGS)
+        if found is None:
+            dropped += 1
+            return False
+        readings.append(found)
+        return len(readings) < MAX_READINGS
+
+    scan = Scan(stream, ANCHORS, wants_next, Quick(QUICK, take_quick))
 
     def text_of(raw: bytes) -> str:
         return decode(raw)[0]
@@ -143,6 +156,7 @@ def read_log(stream: IO[bytes], path: str) -> LogReading:
             readings += found[:room]
             dropped += max(len(found) - room, 0)
     ooms.finish()
+    dropped += scan.passed
     readings += summaries.finish()
     warnings = []
     if ooms.left_out:

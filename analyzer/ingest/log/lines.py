@@ -8,14 +8,15 @@ mpirun's `[1,0]<stderr>:`, Ray's and vLLM's `(RayWorkerWrapper pid=12, ip=10.0.0
 only they know where their text ends.
 
 The file is never read whole: it is read in blocks, searched in C for what any reader looks for, and only the
-lines around a match are decoded and cleaned (`scan`); a longer line than MAX_LINE arrives in pieces (none of
-the texts we read is longer than a few hundred characters).
+lines around a match are decoded and cleaned (`Scan`); a reader's own plain lines (`Quick`: Megatron's memory
+lines) are matched on their bytes and never decoded; a longer line than MAX_LINE arrives in pieces (none of the
+texts we read is longer than a few hundred characters).
 """
 from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import IO, NamedTuple
 
 #: bytes of one line handed to the readers at most; a longer line is handed over in pieces of this size
@@ -37,6 +38,23 @@ _PREFIXES = [
 _PREFIX_FIRST = frozenset("[(>0123456789")
 _SGLANG_TP = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? (?:DP\d+ )?TP(?P<rank>\d+)(?: EP\d+)?\]\s?")
 _ALL_PREFIXES = (*_PREFIXES, _SGLANG_TP)
+
+
+class Quick(NamedTuple):
+    """Lines read straight from their bytes: `pattern` matches such a line whole (its newline aside), and `take`
+    gets its number and the match and says whether later ones are still wanted (once it says no, they are only
+    counted, in Scan.passed, and no number is worked out for them)."""
+
+    pattern: re.Pattern[bytes]
+    take: Callable[[int, re.Match[bytes]], bool]
+
+
+_NOTHING = re.compile(b"(?!)")
+
+
+def _skip(number: int, match: re.Match[bytes]) -> bool:
+    """Never called: no line matches _NOTHING."""
+    return False
 
 
 class Line(NamedTuple):
@@ -85,72 +103,94 @@ def holds_any(text: str, words: tuple[str, ...]) -> bool:
     return False
 
 
-def decode(raw: bytes) -> tuple[str, int | None]:
+def decode(raw: bytes | bytearray) -> tuple[str, int | None]:
     """One raw line, decoded and cleaned."""
     return clean(raw.decode("utf-8", errors="replace"))
 
 
-def _starts_one_by_one(region: bytes, anchors: tuple[bytes, ...]) -> list[int]:
-    """Offsets of the lines of `region` that hold an anchor, in order: each anchor found with bytes.find, which
-    runs at memchr speed (a regular expression of alternatives tries each at every byte, ten times slower); the
-    search where Hyperscan is not installed (it has no wheel for Linux on ARM)."""
-    starts: set[int] = set()
+def _ends_one_by_one(region: bytes | bytearray, anchors: tuple[bytes, ...], limit: int) -> list[int]:
+    """Where the lines of `region[:limit]` (whole lines) that hold an anchor end (past their newline), in order:
+    each anchor found with bytes.find, which runs at memchr speed (a regular expression of alternatives tries
+    each at every byte, ten times slower); the search where Hyperscan is not installed (it has no wheel for
+    Linux on ARM)."""
+    ends: set[int] = set()
     for anchor in anchors:
-        i = region.find(anchor)
+        i = region.find(anchor, 0, limit)
         while i >= 0:
-            starts.add(region.rfind(b"\n", 0, i) + 1)
-            i = region.find(anchor, region.index(b"\n", i))
-    return sorted(starts)
+            end = region.index(b"\n", i) + 1
+            ends.add(end)
+            i = region.find(anchor, end, limit)
+    return sorted(ends)
 
 
-def _newlines(piece: bytes) -> int:
+def _newlines(piece: bytes | bytearray) -> int:
     """How many lines `piece` ends: twice as fast as bytes.count, whose one-byte count is a plain loop where
     replace finds each newline with memchr (0.04 s against 0.08 s on 200 MiB of 93-byte lines)."""
     return len(piece) - len(piece.replace(b"\n", b""))
 
 
-def line_finder(anchors: tuple[bytes, ...]) -> Callable[[bytes], list[int]]:
-    """region -> the offsets of its lines that hold one of `anchors`, in order.
+def line_finder(anchors: tuple[bytes, ...]) -> Callable[[bytes | bytearray, int], list[int]]:
+    """(region, limit) -> where the lines of `region[:limit]` (whole lines) that hold one of `anchors` end, in
+    order.
 
     Hyperscan finds every anchor in one pass of SIMD literal matching, 3 GB/s here where the seven bytes.find
     passes together ran at 0.27 GB/s (and pyahocorasick's automaton at 0.12 GB/s, Python's `re` of the
-    alternatives at 0.15 GB/s): on a large log this search was half of the whole read."""
+    alternatives at 0.15 GB/s): on a large log this search was half of the whole read. Its one expression runs
+    from an anchor to the line's newline, and Hyperscan reports an expression once per end: one report per
+    line, however many anchors it holds (a Megatron memory line holds three)."""
     try:
         import hyperscan
     except ImportError:
-        return lambda region: _starts_one_by_one(region, anchors)
+        return lambda region, limit: _ends_one_by_one(region, anchors, limit)
     database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-    database.compile(expressions=[re.escape(a.decode()).encode() for a in anchors], ids=list(range(len(anchors))),
-                     elements=len(anchors), flags=[0] * len(anchors))
+    any_anchor = b"|".join(re.escape(a.decode()).encode() for a in anchors)
+    database.compile(expressions=[b"(?:" + any_anchor + b")[^\n]*\n"], ids=[0], elements=1, flags=[0])
     scratch = hyperscan.Scratch(database)
 
-    def starts(region: bytes) -> list[int]:
-        ends: list[int] = []
-        database.scan(region, match_event_handler=lambda _id, _from, end, _flags, _context: ends.append(end),
-                      scratch=scratch)
+    def ends(region: bytes | bytearray, limit: int) -> list[int]:
         found: list[int] = []
-        line_end = -1
-        for end in sorted(ends):
-            if end > line_end:   # the first anchor of its line (an anchor holds no newline)
-                found.append(region.rfind(b"\n", 0, end) + 1)
-                line_end = region.index(b"\n", end - 1)
+        # the binding scans any buffer (here a view of the block: no copy); its stub names only str and bytes
+        database.scan(memoryview(region)[:limit], scratch=scratch,  # type: ignore[type-var]
+                      match_event_handler=lambda _id, _from, end, _flags, _context: found.append(end))
+        found.sort()   # in order already (a block scan reports by end); sorting a sorted list is one pass
         return found
-    return starts
+    return ends
+
+
+def _reader_into(stream: IO[bytes]) -> Callable[[memoryview], int]:
+    """`stream`'s readinto (every stream opened here has one: a file, gzip, standard input, BytesIO), or one made
+    of read for a stream without it; 0 at the end."""
+    into = getattr(stream, "readinto", None)
+    if into is not None:
+        return lambda view: into(view) or 0
+
+    def by_read(view: memoryview) -> int:
+        data = stream.read(len(view))
+        view[:len(data)] = data
+        return len(data)
+    return by_read
 
 
 class Scan:
     """The cleaned lines of a stream that hold one of `anchors`, and every line after one for as long as
-    `wants_next()` says a reader is inside something (a wrapped message, a table); and, while on a line, the
-    raw lines before it (`preceding`), for the readers that look back rather than read every line.
+    `wants_next()` says a reader is inside something (a wrapped message, a table), across block ends too; and,
+    while on a line, the raw lines before it (`preceding`), for the readers that look back rather than read
+    every line.
 
-    The file is read in BLOCK pieces and searched block by block in C: only the lines a reader can use reach
-    Python. A line longer than MAX_LINE is handed over in MAX_LINE pieces, all with its number; of a line longer
-    than BLOCK only its last MAX_LINE bytes are read (an exception's message ends its line)."""
+    The file is read in BLOCK pieces into one buffer (no copy of a block but the kernel's) and searched block
+    by block in C: only the lines a reader can use reach Python. A line that `quick`'s pattern matches whole
+    while no reader is inside something is not decoded, cleaned or handed over: `quick`'s function takes its
+    number and the match (a reader's own lines, read from their bytes; see FrameworkLinesReader.QUICK). A line
+    longer than MAX_LINE is handed over in MAX_LINE pieces, all with its number; of a line longer than BLOCK only
+    its last MAX_LINE bytes are read (an exception's message ends its line)."""
 
-    def __init__(self, stream: IO[bytes], anchors: tuple[bytes, ...], wants_next: Callable[[], bool]) -> None:
-        self._stream, self._starts, self._wants_next = stream, line_finder(anchors), wants_next
+    def __init__(self, stream: IO[bytes], anchors: tuple[bytes, ...], wants_next: Callable[[], bool],
+                 quick: Quick | None = None) -> None:
+        self._stream, self._ends, self._wants_next, self._quick = stream, line_finder(anchors), wants_next, quick
         self.lines = 0            # lines gone through: all of them once the iteration ends
-        self._region = b""        # whole lines being read
+        self.passed = 0           # quick lines only counted, once `quick.take` said no more are taken
+        self._region = bytearray()  # the buffer whose first `_size` bytes are the whole lines being read
+        self._size = 0
         self._behind = b""        # up to LOOKBACK bytes of whole lines before the region
         self._at = 0              # offset in the region of the line being handed over
         self._base = 0            # offset of the region in the regions read (`preceding`'s offsets)
@@ -168,7 +208,7 @@ class Scan:
         at, base, behind = self._at, self._base, self._behind
         lo = max(base + at - limit, since, base - len(behind)) - base   # from the region's start; < 0: behind
         if lo >= 0:
-            head, whole = self._region[lo:at], lo == 0 or self._region[lo - 1] == 0x0A or base + lo == since
+            head, whole = bytes(self._region[lo:at]), lo == 0 or self._region[lo - 1] == 0x0A or base + lo == since
         else:
             lo += len(behind)
             head = behind[lo:] + self._region[:at]
@@ -181,50 +221,95 @@ class Scan:
         first = self.lines - len(found)   # self.lines is the current line's number while it is handed over
         return [(first + i, raw) for i, raw in enumerate(found)]
 
-    def _keep_behind(self, region: bytes) -> None:
-        """Keep the whole lines within LOOKBACK bytes of the end of `region` (and what was behind it)."""
-        tail = region if len(region) >= LOOKBACK else self._behind + region
+    def _keep_behind(self) -> None:
+        """Keep the whole lines within LOOKBACK bytes of the end of the region (and what was behind it)."""
+        region, size = self._region, self._size
+        if size >= LOOKBACK:
+            cut = size - LOOKBACK
+            if cut and region[cut - 1] != 0x0A:
+                cut = region.index(b"\n", cut) + 1
+            self._behind = bytes(region[cut:size])
+            return
+        tail = self._behind + region[:size]
         if len(tail) > LOOKBACK:
             cut = len(tail) - LOOKBACK
             tail = tail[cut if tail[cut - 1] == 0x0A else tail.index(b"\n", cut) + 1:]
         self._behind = tail
 
+    def _handed(self, number: int, start: int, end: int) -> Iterator[Line]:
+        """Line `number`, from `start` to its newline at `end`, decoded and cleaned (in pieces if it is long)."""
+        region = self._region
+        self.lines, self._at = number, start
+        for piece in range(start, end, MAX_LINE) if end > start else (start,):
+            text, rank = decode(region[piece: min(end, piece + MAX_LINE)])
+            yield Line(number, text, rank)
+
+    def _follow(self, number: int, pos: int, limit: int) -> Generator[Line, None, tuple[int, int, bool]]:
+        """The lines from `pos` on for as long as a reader wants the next one, to the region's `limit` at most;
+        then the lines gone through, where they end and whether a reader still wants the next one."""
+        busy = self._wants_next()
+        while busy and pos < limit:
+            end = self._region.index(b"\n", pos)
+            number += 1
+            yield from self._handed(number, pos, end)
+            pos = end + 1
+            busy = self._wants_next()
+        return number, pos, busy
+
     def __iter__(self) -> Iterator[Line]:
-        number = 0  # lines before the current region
-        carry = b""
+        block = BLOCK
+        # a partial line carried (under a block, or MAX_LINE of a longer one), a block, and a newline at the end
+        region = self._region = bytearray(max(block, MAX_LINE) + block + 1)
+        view = memoryview(region)
+        readinto = _reader_into(self._stream)
+        match, take = (self._quick.pattern.fullmatch, self._quick.take) if self._quick else (_NOTHING.fullmatch, _skip)
+        keep = True   # quick lines are still taken (past that, only counted: self.passed)
+        passed = 0
+        rfind = region.rfind
+        number = 0    # lines before `pos`
+        kept = 0      # bytes of a partial line at the buffer's start
+        busy = False  # a reader wants the next line, wherever it is
         while True:
-            data = self._stream.read(BLOCK)
-            block = carry + data
-            if not data:
-                if not block:
+            got = readinto(view[kept: kept + block])
+            size = kept + got
+            if not got:
+                if not size:
                     break
-                region, carry = block if block.endswith(b"\n") else block + b"\n", b""
+                region[size] = 0x0A   # the last line, without its newline
+                limit = size = size + 1
             else:
-                cut = block.rfind(b"\n")
-                if cut < 0:  # inside one long line: only its last MAX_LINE bytes are kept for when it ends
-                    carry = block if len(block) < BLOCK else block[-MAX_LINE:]
+                limit = region.rfind(b"\n", 0, size) + 1
+                if not limit:  # inside one long line: only its last MAX_LINE bytes are kept for when it ends
+                    kept = min(size, MAX_LINE) if size >= block else size
+                    region[:kept] = region[size - kept:size]
                     continue
-                region, carry = block[: cut + 1], block[cut + 1:]
-            self._base += len(self._region)
-            self._region = region
-            pos = 0  # offset of the first line of `region` not yet taken or counted past
-            for start in self._starts(region):
-                if start < pos:
+            self._base += self._size
+            self._size = limit
+            pos = 0  # offset of the first line of the region not yet counted (quick lines passed are not)
+            if busy:  # a reader is inside something that went on past the last block
+                number, pos, busy = yield from self._follow(number, 0, limit)
+            for end in self._ends(region, limit):
+                if end <= pos:
                     continue
-                number += _newlines(region[pos:start])
-                pos = start
-                while True:
-                    end = region.index(b"\n", pos)
-                    number += 1
-                    self.lines, self._at = number, pos
-                    for piece in range(pos, end, MAX_LINE) if end > pos else (pos,):
-                        text, rank = decode(region[piece: min(end, piece + MAX_LINE)])
-                        yield Line(number, text, rank)
-                    pos = end + 1
-                    if pos >= len(region) or not self._wants_next():
-                        break
-            number += _newlines(region[pos:])
-            self._keep_behind(region)
-            if not data:
+                start = rfind(b"\n", pos, end - 1) + 1 or pos
+                if end - start <= MAX_LINE and (m := match(region, start, end - 1)):  # no reader is inside anything
+                    if not keep:
+                        passed += 1   # pos stays: the line is counted with the ones before the next handed over
+                        continue
+                    gap = region[pos:start]
+                    number += len(gap) - len(gap.replace(b"\n", b"")) + 1  # _newlines, inlined: once a line
+                    pos = end
+                    keep = take(number, m)
+                    continue
+                number += _newlines(region[pos:start]) + 1
+                pos = end
+                yield from self._handed(number, start, end - 1)
+                number, pos, busy = yield from self._follow(number, pos, limit)
+            number += _newlines(region[pos:limit])
+            self.passed = passed
+            self._keep_behind()
+            if not got:
                 break
+            kept = size - limit
+            region[:kept] = region[limit:size]
         self.lines = number
