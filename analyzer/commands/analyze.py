@@ -14,16 +14,15 @@ from functools import partial
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from analyzer import __version__
 from analyzer.core.printable import printable
 from analyzer.core.units import parse_bytes
+from analyzer.core.vocabulary import RUN_LOG_ENV
 from analyzer.errors import AnalyzerError, OutputError, UnsupportedFormat
 from analyzer.report import REPORTERS, SUFFIXES, reporter
 from analyzer.report.job_report import Report
-from analyzer.report.run_log import ENV_VAR as RUN_LOG_ENV, appending, document_of, log_line
 
 _STRIP_SUFFIXES = (".gz", ".json", ".pickle", ".pkl", ".sqlite", ".tar", ".log", ".txt")
 #: names tried for the files a report writes beside itself before giving up (`notes.png`, `notes-1.png`, ...)
@@ -178,6 +177,8 @@ class AnalyzeCommand:
             raise UnsupportedFormat(args.file, "a folder of ranks is analysed alone (no Nsight export, no "
                                     "--export-trace)", "Pass one rank's file to use those options.")
         options = RankOptions(args.gpu_memory, args.gpus, tuple(str(r) for r in args.source_root))
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
         progress = Progress(TextColumn("analysing ranks"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             console=Console(stderr=True), transient=True, disable=args.quiet or not sys.stderr.isatty())
         task = progress.add_task("ranks", total=None)
@@ -204,6 +205,8 @@ def _run_log(path: Path | None, note: str | None) -> Iterator[Callable[[Report],
                                 f"Pass --log RUNS.jsonl, or set {RUN_LOG_ENV}.")
         yield lambda report: None
         return
+    from analyzer.report.run_log import appending, document_of, log_line  # only with a log: not on a log's path
+
     with appending(path) as append:
         yield lambda report: append(log_line(document_of(report), note))
 

@@ -184,6 +184,7 @@ RECORD_MEMORY_HINT = ("Record device memory next time: nsys profile --cuda-memor
 #: the JSON contract every report writes (a recording's Analysis and a log's alike): later versions add fields and
 #: never rename or drop them
 SCHEMA = "analyzer/1"
+RUN_LOG_ENV = "ANALYZER_RUN_LOG"   # the log of runs `analyze FILE` appends to when --log is not given
 #: the label of what could not be attributed (category, phase or module)
 UNATTRIBUTED = "unattributed"
 #: the root module's name in results (its FQN is the empty string)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from analyzer import __version__
-from analyzer.core.vocabulary import LAYOUT_ONLY_REMEDIES
+from analyzer.core.vocabulary import LAYOUT_ONLY_REMEDIES, RUN_LOG_ENV
 from analyzer.errors import CorruptInput, InputNotFound, OutputError
 from analyzer.report.job_report import JobReport, Report
 
@@ -32,7 +32,6 @@ SCHEMA = "analyzer-run-log/1"
 #: bytes of one line of the log past which it is skipped unread (a run's line is a few KiB; a job of 512 ranks
 #: some hundreds)
 MAX_LINE_BYTES = 16 << 20
-ENV_VAR = "ANALYZER_RUN_LOG"   # the log `analyze FILE` appends to when --log is not given
 #: the configuration a recording reveals, compared between runs (analyzer.report.run_pairs)
 CONFIG_VARIABLES = ("gpus", "precision", "autocast", "workload", "frozen_share")
 _DEVICE_FIELDS = {"device": int, "needed_bytes": int, "peak_allocated_bytes": int, "peak_reserved_bytes": int,
@@ -106,7 +105,7 @@ def appending(path: Path) -> Iterator[Callable[[dict[str, Any]], None]]:
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise OutputError(path, "is not a regular file; nothing was appended",
-                          f"Pass --log a file in a folder you can write, or unset {ENV_VAR}.")
+                          f"Pass --log a file in a folder you can write, or unset {RUN_LOG_ENV}.")
 
     def append(line: dict[str, Any]) -> None:
         data = (json.dumps(line, separators=(",", ":")) + "\n").encode("utf-8")
@@ -137,7 +136,7 @@ def _log_error(path: Path, error: OSError) -> OutputError:
         problem = "the run log cannot be written (permission denied)"
     else:
         problem = f"the run log cannot be written ({error.strerror or error})"
-    return OutputError(path, problem, f"Pass --log a file in a folder you can write, or unset {ENV_VAR}.")
+    return OutputError(path, problem, f"Pass --log a file in a folder you can write, or unset {RUN_LOG_ENV}.")
 
 
 @dataclass(frozen=True)
