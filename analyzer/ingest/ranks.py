@@ -164,8 +164,13 @@ def find_rank_files(root: Path) -> RankFiles:
             continue
         candidates.append(RankFile(path, rank_of(path, root), _last_number(_ITERATION, str(path.relative_to(root))),
                                    kind))
+    logs = sum(1 for w in warnings if w.endswith(f"({sniff.LOG})"))
     warnings[:] = named_skips(warnings)
     if not candidates:
+        if logs:   # torchrun --log-dir writes one text log a rank: each is read alone, or all as one text
+            raise UnsupportedFormat(root, f"holds no memory snapshot or profiler trace, but {logs} text log"
+                                    f"{'s' if logs != 1 else ''}", "Pass one log (analyze FILE), or several as one text "
+                                    "(cat rank*.log | analyze -).")
         raise UnsupportedFormat(root, "holds no memory snapshot or profiler trace",
                                 "Point at the folder the job wrote its per-rank files to.")
     chosen: dict[tuple[int, str], RankFile] = {}

@@ -12,6 +12,7 @@ import pytest
 from analyzer.errors import UnsupportedFormat
 from analyzer.ingest import ranks
 from analyzer.ingest.ranks import find_rank_files, rank_of
+from support.paths import ROOT
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "traces"
 SNAPSHOT = FIXTURES / "sim" / "activation_cache.pickle"
@@ -127,3 +128,20 @@ def test_identical_warnings_are_said_once_with_who_said_them():
     assert folded(said, 8, "ranks") == ["all 8 ranks: no memory events", "rank 3: truncated"]
     assert folded(said[:5], 8, "ranks") == ["rank 0, rank 1, rank 2 and 2 more: no memory events"]
     assert folded(said[:2], 8, "ranks") == ["rank 0, rank 1: no memory events"]
+
+
+def test_a_folder_of_text_logs_is_told_how_to_read_them(tmp_path):
+    """torchrun --log-dir writes one text log a rank: the folder holds no recording, and the error says how its
+    logs can be read (one alone, or several as one text on standard input); an empty folder is not told so."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for rank in (0, 1):
+        (logs / f"rank{rank}.log").write_bytes((ROOT / "fixtures/logs/ofwhich_fragmentation_lerf_73.log").read_bytes())
+    with pytest.raises(UnsupportedFormat) as told:
+        find_rank_files(logs)
+    assert "but 2 text logs" in told.value.problem and "analyze -" in told.value.hint
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UnsupportedFormat) as bare:
+        find_rank_files(empty)
+    assert "text log" not in bare.value.problem
