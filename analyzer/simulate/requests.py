@@ -125,11 +125,8 @@ def feed(model: CachingAllocator, requests: Requests, fast_forward: bool = True)
     """Feed every request to the model in order. A request that fails is noted and the run goes on as if the
     device were larger, so that the peaks are what the whole run needs. With `fast_forward`, a period that
     repeats the one before it from the same state is skipped (the module's docstring says why that is exact)."""
-    kinds, ordinals = requests.kind.tolist(), requests.ordinal.tolist()
-    positions = requests.position.tolist()
-    sizes, streams = requests.size.tolist(), requests.stream.tolist()
-    n = len(kinds)
-    blocks: list[Block | None] = [None] * len(sizes)
+    n = len(requests.kind)
+    blocks: list[Block | None] = [None] * len(requests.size)
     period = requests.period() if fast_forward else None
     skip = _Skipper(requests, period) if period is not None else None
     peak_allocated = peak_reserved = fed = 0
@@ -137,14 +134,21 @@ def feed(model: CachingAllocator, requests: Requests, fast_forward: bool = True)
     i = 0
     while i < n:
         end = n if skip is None else min(skip.next_boundary(i), n)
-        for kind, o, position in zip(kinds[i:end], ordinals[i:end], positions[i:end], strict=True):
+        # only what is fed becomes Python ints: a replay of a long run feeds a few periods of it
+        ordinals = requests.ordinal[i:end]
+        if len(requests.size):
+            sizes, streams = requests.size[ordinals].tolist(), requests.stream[ordinals].tolist()
+        else:   # cache releases only
+            sizes = streams = [0] * len(ordinals)
+        for kind, o, size, stream, position in zip(requests.kind[i:end].tolist(), ordinals.tolist(), sizes, streams,
+                                                   requests.position[i:end].tolist(), strict=True):
             if kind == ALLOC:
                 try:
-                    blocks[o] = model.malloc(sizes[o], streams[o])
+                    blocks[o] = model.malloc(size, stream)
                 except SimulatedOutOfMemory:
                     oom_at = position if oom_at is None else oom_at
                     model.device.capacity = None
-                    blocks[o] = model.malloc(sizes[o], streams[o])
+                    blocks[o] = model.malloc(size, stream)
                 if model.allocated_bytes > peak_allocated:
                     peak_allocated = model.allocated_bytes
                 if model.reserved_bytes > peak_reserved:
