@@ -11,6 +11,7 @@ Either way the peaks and the first failure are those of feeding every request (t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -76,8 +77,9 @@ class Requests:
         return cls(kind.astype(np.int64), ordinal, position, np.asarray(size, dtype=np.int64)[by_ordinal],
                    np.asarray(stream, dtype=np.int64)[by_ordinal])
 
+    @cached_property
     def made_before(self) -> np.ndarray:
-        """Per event: how many allocations were made before it."""
+        """Per event: how many allocations were made before it (the period's search and the skipper read it)."""
         made = (self.kind == ALLOC).astype(np.int64)
         return np.cumsum(made) - made
 
@@ -87,7 +89,7 @@ class Requests:
         is_release = self.kind == RELEASE
         size = np.where(is_release, 0, self.size[self.ordinal])
         stream = np.where(is_release, 0, self.stream[self.ordinal])
-        back = np.where(self.kind == FREE, self.made_before() - self.ordinal, 0)
+        back = np.where(self.kind == FREE, self.made_before - self.ordinal, 0)
         return self.kind, size, stream, back
 
     def period(self) -> Period | None:
@@ -170,7 +172,7 @@ class _Skipper:
 
     def __init__(self, requests: Requests, period: Period) -> None:
         self.requests, self.period = requests, period
-        self.made_before = requests.made_before()
+        self.made_before = requests.made_before
         free = requests.kind == FREE
         self.freed_at = np.full(len(requests.size), len(requests.kind), dtype=np.int64)
         self.freed_at[requests.ordinal[free]] = np.flatnonzero(free)
