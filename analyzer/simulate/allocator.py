@@ -29,6 +29,7 @@ per-process memory fractions; free-memory callbacks; IPC sharing.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -79,6 +80,14 @@ class SimulatedOutOfMemory(Exception):
         self.device_free, self.allocated, self.reserved = device_free, allocated, reserved
         super().__init__(f"CUDA out of memory. Tried to allocate {alloc_size} bytes; {device_free} bytes free; "
                          f"{allocated} allocated by PyTorch, {reserved - allocated} reserved but unallocated")
+
+
+class _Places(list):
+    """Blocks' addresses as `CachingAllocator.state` names them; `relative`: by range rank and offset."""
+
+    def __init__(self, named: list[tuple[int, int]], relative: bool) -> None:
+        super().__init__(named)
+        self.relative = relative
 
 
 class CachingAllocator:
@@ -142,12 +151,40 @@ class CachingAllocator:
     def state(self) -> tuple:
         """Everything the model's later decisions depend on: every block of every segment (free, allocated or
         unmapped; where its segment begins and ends), the device, and the byte counts. Two models in equal states
-        serve the same requests the same way (analyzer.simulate.requests skips repeated periods by it)."""
-        blocks = sorted((b.addr, b.size, b.stream, b.allocated, b.mapped, b.pool.is_small, b.prev is None,
-                         b.next is None, None if b.expandable is None else (b.expandable.addr, b.expandable.size))
-                        for b in (*self.small.blocks, *self.large.blocks, *self.small.unmapped,
-                                  *self.large.unmapped, *self.active))
-        return tuple(blocks), self.allocated_bytes, self.reserved_bytes, self.device.state()
+        serve the same requests the same way (analyzer.simulate.requests skips repeated periods by it).
+
+        Where every segment is expandable, a block's address is named by its range's rank and its offset in the
+        range: a range is reserved at fresh addresses, above every range before it, so two states that differ
+        only by where their ranges lie, in the same order, make the same decisions (the model compares addresses,
+        never adds one range's to another's). A run that empties its cache every step reserves its ranges anew
+        each time: its states repeat only so."""
+        every = (*self.small.blocks, *self.large.blocks, *self.small.unmapped, *self.large.unmapped, *self.active)
+        where = self._places(every)
+        blocks = sorted((where[k], b.size, b.stream, b.allocated, b.mapped, b.pool.is_small, b.prev is None,
+                         b.next is None, None if b.expandable is None else where[k][:1] + (b.expandable.size,))
+                        for k, b in enumerate(every))
+        return tuple(blocks), self.allocated_bytes, self.reserved_bytes, self.device.state(relative=where.relative)
+
+    def places(self, blocks: list[Block | None]) -> tuple:
+        """Where each of `blocks` lies (None: nowhere), named as `state` names addresses."""
+        every = (*self.small.blocks, *self.large.blocks, *self.small.unmapped, *self.large.unmapped, *self.active)
+        where = self._places(every, blocks)
+        return tuple(where[len(every) + k] for k in range(len(blocks)))
+
+    @staticmethod
+    def _places(every: tuple[Block, ...], more: Sequence[Block | None] = ()) -> _Places:
+        ranges = sorted({b.expandable.addr for b in every if b.expandable is not None})
+        relative = bool(ranges) and all(b.expandable is not None for b in every)
+        rank = {addr: k for k, addr in enumerate(ranges)}
+        named: list[tuple[int, int]] = []
+        for b in (*every, *more):
+            if b is None:
+                named.append((-2, -1))
+            elif relative and b.expandable is not None:
+                named.append((rank.get(b.expandable.addr, -3), b.addr - b.expandable.addr))
+            else:
+                named.append((-1, b.addr))
+        return _Places(named, relative)
 
     def all_blocks(self) -> list[Block]:
         """Mapped blocks, free and allocated (what `snapshot()` walks; unmapped ranges are not memory)."""

@@ -186,7 +186,7 @@ class _Skipper:
         """From boundary `i`, the first event that must be fed: past every period that repeats the one before."""
         length, n = self.period.length, len(self.requests.kind)
         while i < n:
-            here = (i, model.state(), self._freed_next(i, blocks))
+            here = (i, model.state(), self._freed_next(i, model, blocks))
             last, self.last = self.last, here
             if last is None or last[0] != i - length or last[1] != here[1]:
                 return i
@@ -210,9 +210,9 @@ class _Skipper:
             i += length
         return i
 
-    def _freed_next(self, start: int, blocks: list[Block | None]) -> tuple[int, ...]:
+    def _freed_next(self, start: int, model: CachingAllocator, blocks: list[Block | None]) -> tuple:
         """The addresses of the blocks made before `start` that the period from `start` frees, in that order."""
         span = slice(start, start + self.period.length)
         kind, ordinal = self.requests.kind[span], self.requests.ordinal[span]
         made = ordinal[(kind == FREE) & (ordinal < self.made_before[start])]
-        return tuple(-1 if (b := blocks[o]) is None else b.addr for o in made.tolist())
+        return model.places([blocks[o] for o in made.tolist()])
