@@ -139,7 +139,8 @@ class _Call:
 
 def call_path_labels(times: np.ndarray, stacks: np.ndarray, paths: Sequence[CallPath],
                      steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(call-path label or None, numbered?) of every row: see the module docstring, signal 2."""
+    """(call-path label or None, numbered?) of every row: see the module docstring, signal 2. Rows in time order
+    that repeat the stack before them (in one step) are the same calls: one group, labelled once."""
     n = len(stacks)
     labels = np.full(n, None, dtype=object)
     numbered = np.zeros(n, dtype=bool)
@@ -149,19 +150,18 @@ def call_path_labels(times: np.ndarray, stacks: np.ndarray, paths: Sequence[Call
     timed = has_path & np.isfinite(times)
     order = np.flatnonzero(timed)
     order = order[np.argsort(times[order], kind="stable")]
-    calls: dict[int, tuple[tuple[tuple, int], ...]] = {}   # row -> (position, index) of each level
-    most: dict[tuple, int] = defaultdict(int)               # position -> most calls within one parent call
+    groups: list[tuple[int, tuple[tuple[tuple, int], ...]]] = []   # (stack, (position, index) of each level)
+    group_of: list[int] = []                                        # of each row in `order`
+    most: dict[tuple, int] = defaultdict(int)                       # position -> most calls within one parent call
     chain: list[_Call] = []
     roots: dict[tuple, int] = {}
     last_step: int | None = None
     last_stack: int | None = None
-    last: tuple = ()
-    for row in order.tolist():
-        sid = int(stacks[row])
-        if steps[row] != last_step:
-            chain, roots, last_step, last_stack = [], {}, steps[row], None
+    for sid, row_step in zip(stacks[order].tolist(), steps[order].tolist(), strict=True):
+        if row_step != last_step:
+            chain, roots, last_step, last_stack = [], {}, row_step, None
         elif sid == last_stack:   # the same stack again: the same calls, lines unchanged
-            calls[row] = last
+            group_of.append(len(groups) - 1)
             continue
         levels = paths[sid]
         keep = 0
@@ -186,19 +186,28 @@ def call_path_labels(times: np.ndarray, stacks: np.ndarray, paths: Sequence[Call
             if depth:
                 most[position] = max(most[position], index + 1)
             chain.append(_Call(level.identity, entered_at, level.line, index, position))
-        last = tuple((c.position, c.index) for c in chain)
-        calls[row], last_stack = last, sid
+        group_of.append(len(groups))
+        groups.append((sid, tuple((c.position, c.index) for c in chain)))
+        last_stack = sid
     cache: dict[tuple, str] = {}
-    for row in np.flatnonzero(has_path).tolist():
-        levels = paths[int(stacks[row])]
-        shown: tuple[int | None, ...] = tuple(
-            index if depth and most.get(position, 0) > 1 else None
-            for depth, (position, index) in enumerate(calls.get(row, ())))
-        cached = (int(stacks[row]), shown)
+
+    def label(sid: int, calls: tuple[tuple[tuple, int], ...]) -> tuple[str, bool]:
+        shown: tuple[int | None, ...] = tuple(index if depth and most.get(position, 0) > 1 else None
+                                              for depth, (position, index) in enumerate(calls))
+        cached = (sid, shown)
         if cached not in cache:
-            cache[cached] = path_label(levels, shown or None)
-        labels[row] = cache[cached]
-        numbered[row] = any(i is not None for i in shown)
+            cache[cached] = path_label(paths[sid], shown or None)
+        return cache[cached], any(i is not None for i in shown)
+
+    untimed = np.flatnonzero(has_path & ~timed)
+    for sid in np.unique(stacks[untimed]).tolist():   # no calls seen: each stack's plain path
+        rows = untimed[stacks[untimed] == sid]
+        labels[rows], numbered[rows] = label(sid, ())
+    if groups:
+        group_labels, group_numbered = zip(*(label(sid, calls) for sid, calls in groups), strict=True)
+        which = np.asarray(group_of, dtype=np.int64)
+        labels[order] = np.asarray(group_labels, dtype=object)[which]
+        numbered[order] = np.asarray(group_numbered, dtype=bool)[which]
     return labels, numbered
 
 

@@ -192,9 +192,11 @@ def replay(stream: Stream, capacity: int | None, settings: AllocatorSettings = A
     a device of `capacity` usable bytes. A request that fails is noted and the replay goes on as if the device
     were larger, so that the peaks are what the whole run would need. Periods that repeat from the same allocator
     state are skipped (`fast_forward`; analyzer.simulate.requests), which changes nothing in the result."""
-    rows = stream.rows[stream.rows["bytes"] > 0]
-    requests = Requests.of(rows["at"].to_numpy(dtype=np.float64), rows["until"].to_numpy(dtype=np.float64),
-                           rows["bytes"].to_numpy(), rows["stream"].to_numpy(), stream.releases)
+    rows = stream.rows
+    sizes = rows["bytes"].to_numpy()
+    made = sizes > 0   # the columns the model needs, not every column of the rows (a long run's strings)
+    requests = Requests.of(rows["at"].to_numpy(dtype=np.float64)[made], rows["until"].to_numpy(dtype=np.float64)[made],
+                           sizes[made], rows["stream"].to_numpy()[made], stream.releases)
     fed = feed(CachingAllocator(DeviceMemory(capacity), settings, record=False), requests, fast_forward)
     return Prediction(fed.peak_allocated, fed.peak_reserved, None if capacity is None else fed.oom_at is not None,
                       None if fed.oom_at is None else int(np.ceil(fed.oom_at)))

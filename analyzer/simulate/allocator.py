@@ -29,6 +29,7 @@ per-process memory fractions; free-memory callbacks; IPC sharing.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -81,6 +82,14 @@ class SimulatedOutOfMemory(Exception):
                          f"{allocated} allocated by PyTorch, {reserved - allocated} reserved but unallocated")
 
 
+class _Places(list):
+    """Blocks' addresses as `CachingAllocator.state` names them; `relative`: by range rank and offset."""
+
+    def __init__(self, named: list[tuple[int, int]], relative: bool) -> None:
+        super().__init__(named)
+        self.relative = relative
+
+
 class CachingAllocator:
     """One device's caching allocator; every action is appended to `trace` as a torch snapshot trace entry."""
 
@@ -97,11 +106,16 @@ class CachingAllocator:
         self.allocated_bytes = 0
         self.reserved_bytes = 0
         self._divisions = division_table({"roundup_power2_divisions": settings.roundup_power2_divisions})
+        self._rounded: dict[int, int] = {}     # request size -> rounded: a replay asks the same sizes again and again
+        self._split_limit = settings.split_limit
+        self._split_any = settings.expandable_segments   # every pool splits off remainders of MIN_BLOCK_SIZE
 
     # ---- public API --------------------------------------------------------------------------------
     def malloc(self, size: int, stream: int = 0, ctx: CallContext = NO_CONTEXT) -> Block:
         """Serve a request of `size` bytes, as DeviceCachingAllocator::malloc; raises SimulatedOutOfMemory."""
-        rounded = round_with(size, self._divisions)
+        rounded = self._rounded.get(size)
+        if rounded is None:
+            rounded = self._rounded[size] = round_with(size, self._divisions)
         pool = self.small if rounded <= SMALL_SIZE else self.large
         block = self._get_free_block(pool, rounded, stream)
         if block is None:
@@ -127,7 +141,8 @@ class CachingAllocator:
         self.active.discard(block)
         if self.record:
             self._record("free_requested", block.addr, block.requested, block.stream, ctx)
-        self._free_block(block, ctx)
+            self._record("free_completed", block.addr, block.requested, block.stream, ctx)
+        self._free_block(block)
 
     def empty_cache(self, ctx: CallContext = NO_CONTEXT) -> None:
         """torch.cuda.empty_cache(): release every cached segment that is not split."""
@@ -136,12 +151,40 @@ class CachingAllocator:
     def state(self) -> tuple:
         """Everything the model's later decisions depend on: every block of every segment (free, allocated or
         unmapped; where its segment begins and ends), the device, and the byte counts. Two models in equal states
-        serve the same requests the same way (analyzer.simulate.requests skips repeated periods by it)."""
-        blocks = sorted((b.addr, b.size, b.stream, b.allocated, b.mapped, b.pool.is_small, b.prev is None,
-                         b.next is None, None if b.expandable is None else (b.expandable.addr, b.expandable.size))
-                        for b in (*self.small.blocks, *self.large.blocks, *self.small.unmapped,
-                                  *self.large.unmapped, *self.active))
-        return tuple(blocks), self.allocated_bytes, self.reserved_bytes, self.device.state()
+        serve the same requests the same way (analyzer.simulate.requests skips repeated periods by it).
+
+        Where every segment is expandable, a block's address is named by its range's rank and its offset in the
+        range: a range is reserved at fresh addresses, above every range before it, so two states that differ
+        only by where their ranges lie, in the same order, make the same decisions (the model compares addresses,
+        never adds one range's to another's). A run that empties its cache every step reserves its ranges anew
+        each time: its states repeat only so."""
+        every = (*self.small.blocks, *self.large.blocks, *self.small.unmapped, *self.large.unmapped, *self.active)
+        where = self._places(every)
+        blocks = sorted((where[k], b.size, b.stream, b.allocated, b.mapped, b.pool.is_small, b.prev is None,
+                         b.next is None, None if b.expandable is None else where[k][:1] + (b.expandable.size,))
+                        for k, b in enumerate(every))
+        return tuple(blocks), self.allocated_bytes, self.reserved_bytes, self.device.state(relative=where.relative)
+
+    def places(self, blocks: list[Block | None]) -> tuple:
+        """Where each of `blocks` lies (None: nowhere), named as `state` names addresses."""
+        every = (*self.small.blocks, *self.large.blocks, *self.small.unmapped, *self.large.unmapped, *self.active)
+        where = self._places(every, blocks)
+        return tuple(where[len(every) + k] for k in range(len(blocks)))
+
+    @staticmethod
+    def _places(every: tuple[Block, ...], more: Sequence[Block | None] = ()) -> _Places:
+        ranges = sorted({b.expandable.addr for b in every if b.expandable is not None})
+        relative = bool(ranges) and all(b.expandable is not None for b in every)
+        rank = {addr: k for k, addr in enumerate(ranges)}
+        named: list[tuple[int, int]] = []
+        for b in (*every, *more):
+            if b is None:
+                named.append((-2, -1))
+            elif relative and b.expandable is not None:
+                named.append((rank.get(b.expandable.addr, -3), b.addr - b.expandable.addr))
+            else:
+                named.append((-1, b.addr))
+        return _Places(named, relative)
 
     def all_blocks(self) -> list[Block]:
         """Mapped blocks, free and allocated (what `snapshot()` walks; unmapped ranges are not memory)."""
@@ -149,11 +192,13 @@ class CachingAllocator:
 
     # ---- finding and carving blocks ----------------------------------------------------------------
     def _get_free_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
-        block = pool.blocks.first_from((stream, size, 0))
+        free = pool.blocks
+        found = free.lower_bound((stream, size, 0))
+        block = free.at(found)
         if block is None or block.stream != stream:
             return None
         if block.expandable is not None:
-            candidates = pool.blocks.from_key((stream, size, 0))
+            candidates = free.from_key((stream, size, 0))
             next(candidates)
             if self.settings.expandable_segments:
                 # best fit counts the unmapped space after a block as part of it: prefer blocks that cannot grow
@@ -166,12 +211,16 @@ class CachingAllocator:
                 block = next((b for b in candidates if b.expandable is None or b.stream != stream), None)
                 if block is None or block.stream != stream:
                     return None
-        limit = self.settings.split_limit
+            found = -1   # another block than the lower bound's
+        limit = self._split_limit
         if size < limit <= block.size:
             return None
         if size >= limit and block.size >= size + self.settings.max_non_split_rounding_size:
             return None
-        pool.blocks.remove(block)
+        if found < 0:
+            free.remove(block)
+        else:
+            free.remove_at(found)
         return block
 
     @staticmethod
@@ -181,12 +230,12 @@ class CachingAllocator:
 
     def _should_split(self, block: Block, size: int) -> bool:
         remaining = block.size - size
-        if block.pool.is_small or self.settings.expandable_segments:
+        if block.pool.is_small or self._split_any:
             return remaining >= MIN_BLOCK_SIZE
-        return size < self.settings.split_limit and remaining > SMALL_SIZE
+        return size < self._split_limit and remaining > SMALL_SIZE
 
     def _alloc_found_block(self, block: Block, size: int, requested: int, stream: int, ctx: CallContext) -> Block:
-        if self._should_split(block, size):
+        if block.size - size >= MIN_BLOCK_SIZE and self._should_split(block, size):
             # the front part becomes a new block; the original object (and its segment record) is the remainder,
             # which is why a split segment's snapshot entry has no frames, in torch as here
             remaining = block
@@ -261,12 +310,13 @@ class CachingAllocator:
         block.pool.blocks.remove(block)
 
     # ---- returning blocks to the cache -------------------------------------------------------------
-    def _free_block(self, block: Block, ctx: CallContext) -> None:
-        if self.record:
-            self._record("free_completed", block.addr, block.requested, block.stream, ctx)
+    def _free_block(self, block: Block) -> None:
         block.context = None
-        for neighbour in (block.prev, block.next):
-            self._try_merge(block, neighbour)
+        before, after = block.prev, block.next
+        if before is not None and not before.allocated:
+            self._try_merge(block, before)
+        if after is not None and not after.allocated:
+            self._try_merge(block, after)
         block.pool.blocks.add(block)
 
     @staticmethod

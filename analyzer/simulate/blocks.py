@@ -78,9 +78,20 @@ class _SortedBlocks:
 
     def first_from(self, key: tuple) -> Block | None:
         """The first block at or after `key` (lower_bound), or None: the best fit's one lookup."""
+        return self.at(bisect_left(self._keys, key))
+
+    def lower_bound(self, key: tuple) -> int:
+        """The place of the first block at or after `key`."""
+        return bisect_left(self._keys, key)
+
+    def at(self, i: int) -> Block | None:
+        """The block at place `i`, or None past the last."""
         keys = self._keys
-        i = bisect_left(keys, key)
         return self._blocks[keys[i]] if i < len(keys) else None
+
+    def remove_at(self, i: int) -> None:
+        """Remove the block at place `i` (`remove` without looking for its place again)."""
+        del self._blocks[self._keys.pop(i)]
 
     def __iter__(self) -> Iterator[Block]:
         return iter([self._blocks[k] for k in self._keys])

@@ -38,10 +38,12 @@ class DeviceMemory:
             return 1 << 62
         return max(self.capacity - self.used_outside - self.in_use, 0)
 
-    def state(self) -> tuple:
-        """What later cudaMallocs depend on: capacity, use, and where the next address ranges come from."""
+    def state(self, relative: bool = False) -> tuple:
+        """What later cudaMallocs depend on: capacity, use, and where the next address ranges come from; with
+        `relative` (the allocator names its ranges by rank: CachingAllocator.state) not where the next reserved
+        range lies, which is above every one before it wherever that is."""
         return (self.capacity, self.used_outside, self.in_use, tuple(self._holes), self._malloc_top,
-                self._reserve_top, tuple(self._recorded))
+                None if relative else self._reserve_top, tuple(self._recorded))
 
     def take(self, size: int) -> bool:
         """Back `size` bytes with physical memory (cudaMalloc or cuMemCreate); False when the device is full."""

@@ -11,6 +11,7 @@ Either way the peaks and the first failure are those of feeding every request (t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -76,8 +77,9 @@ class Requests:
         return cls(kind.astype(np.int64), ordinal, position, np.asarray(size, dtype=np.int64)[by_ordinal],
                    np.asarray(stream, dtype=np.int64)[by_ordinal])
 
+    @cached_property
     def made_before(self) -> np.ndarray:
-        """Per event: how many allocations were made before it."""
+        """Per event: how many allocations were made before it (the period's search and the skipper read it)."""
         made = (self.kind == ALLOC).astype(np.int64)
         return np.cumsum(made) - made
 
@@ -87,7 +89,7 @@ class Requests:
         is_release = self.kind == RELEASE
         size = np.where(is_release, 0, self.size[self.ordinal])
         stream = np.where(is_release, 0, self.stream[self.ordinal])
-        back = np.where(self.kind == FREE, self.made_before() - self.ordinal, 0)
+        back = np.where(self.kind == FREE, self.made_before - self.ordinal, 0)
         return self.kind, size, stream, back
 
     def period(self) -> Period | None:
@@ -125,11 +127,8 @@ def feed(model: CachingAllocator, requests: Requests, fast_forward: bool = True)
     """Feed every request to the model in order. A request that fails is noted and the run goes on as if the
     device were larger, so that the peaks are what the whole run needs. With `fast_forward`, a period that
     repeats the one before it from the same state is skipped (the module's docstring says why that is exact)."""
-    kinds, ordinals = requests.kind.tolist(), requests.ordinal.tolist()
-    positions = requests.position.tolist()
-    sizes, streams = requests.size.tolist(), requests.stream.tolist()
-    n = len(kinds)
-    blocks: list[Block | None] = [None] * len(sizes)
+    n = len(requests.kind)
+    blocks: list[Block | None] = [None] * len(requests.size)
     period = requests.period() if fast_forward else None
     skip = _Skipper(requests, period) if period is not None else None
     peak_allocated = peak_reserved = fed = 0
@@ -137,14 +136,21 @@ def feed(model: CachingAllocator, requests: Requests, fast_forward: bool = True)
     i = 0
     while i < n:
         end = n if skip is None else min(skip.next_boundary(i), n)
-        for kind, o, position in zip(kinds[i:end], ordinals[i:end], positions[i:end], strict=True):
+        # only what is fed becomes Python ints: a replay of a long run feeds a few periods of it
+        ordinals = requests.ordinal[i:end]
+        if len(requests.size):
+            sizes, streams = requests.size[ordinals].tolist(), requests.stream[ordinals].tolist()
+        else:   # cache releases only
+            sizes = streams = [0] * len(ordinals)
+        for kind, o, size, stream, position in zip(requests.kind[i:end].tolist(), ordinals.tolist(), sizes, streams,
+                                                   requests.position[i:end].tolist(), strict=True):
             if kind == ALLOC:
                 try:
-                    blocks[o] = model.malloc(sizes[o], streams[o])
+                    blocks[o] = model.malloc(size, stream)
                 except SimulatedOutOfMemory:
                     oom_at = position if oom_at is None else oom_at
                     model.device.capacity = None
-                    blocks[o] = model.malloc(sizes[o], streams[o])
+                    blocks[o] = model.malloc(size, stream)
                 if model.allocated_bytes > peak_allocated:
                     peak_allocated = model.allocated_bytes
                 if model.reserved_bytes > peak_reserved:
@@ -166,7 +172,7 @@ class _Skipper:
 
     def __init__(self, requests: Requests, period: Period) -> None:
         self.requests, self.period = requests, period
-        self.made_before = requests.made_before()
+        self.made_before = requests.made_before
         free = requests.kind == FREE
         self.freed_at = np.full(len(requests.size), len(requests.kind), dtype=np.int64)
         self.freed_at[requests.ordinal[free]] = np.flatnonzero(free)
@@ -180,7 +186,7 @@ class _Skipper:
         """From boundary `i`, the first event that must be fed: past every period that repeats the one before."""
         length, n = self.period.length, len(self.requests.kind)
         while i < n:
-            here = (i, model.state(), self._freed_next(i, blocks))
+            here = (i, model.state(), self._freed_next(i, model, blocks))
             last, self.last = self.last, here
             if last is None or last[0] != i - length or last[1] != here[1]:
                 return i
@@ -204,9 +210,9 @@ class _Skipper:
             i += length
         return i
 
-    def _freed_next(self, start: int, blocks: list[Block | None]) -> tuple[int, ...]:
+    def _freed_next(self, start: int, model: CachingAllocator, blocks: list[Block | None]) -> tuple:
         """The addresses of the blocks made before `start` that the period from `start` frees, in that order."""
         span = slice(start, start + self.period.length)
         kind, ordinal = self.requests.kind[span], self.requests.ordinal[span]
         made = ordinal[(kind == FREE) & (ordinal < self.made_before[start])]
-        return tuple(-1 if (b := blocks[o]) is None else b.addr for o in made.tolist())
+        return model.places([blocks[o] for o in made.tolist()])
