@@ -150,19 +150,54 @@ def call_path_labels(times: np.ndarray, stacks: np.ndarray, paths: Sequence[Call
     timed = has_path & np.isfinite(times)
     order = np.flatnonzero(timed)
     order = order[np.argsort(times[order], kind="stable")]
-    groups: list[tuple[int, tuple[tuple[tuple, int], ...]]] = []   # (stack, (position, index) of each level)
-    group_of: list[int] = []                                        # of each row in `order`
+    ordered_stacks, ordered_steps = stacks[order], steps[order]
+    # a row that repeats the stack before it in the same step makes the same calls (lines unchanged): one group
+    starts = np.ones(len(order), dtype=bool)
+    starts[1:] = (ordered_stacks[1:] != ordered_stacks[:-1]) | (ordered_steps[1:] != ordered_steps[:-1])
+    group_stacks, group_steps = ordered_stacks[starts], ordered_steps[starts]
+    # the calls begin afresh each step: a step whose groups run the stacks an earlier one ran makes its calls
     most: dict[tuple, int] = defaultdict(int)                       # position -> most calls within one parent call
+    distinct: dict[bytes, int] = {}                                 # a step's stacks -> its index in `runs`
+    runs: list[tuple[list[int], list[tuple[tuple[tuple, int], ...]]]] = []   # (stacks, calls of each group)
+    run_of_step: list[int] = []
+    for sids in np.split(group_stacks, np.flatnonzero(group_steps[1:] != group_steps[:-1]) + 1):
+        key = sids.tobytes()
+        if key not in distinct:
+            distinct[key] = len(runs)
+            runs.append((sids.tolist(), _calls_of_step(sids.tolist(), paths, most)))
+        run_of_step.append(distinct[key])
+    cache: dict[tuple, str] = {}
+
+    def label(sid: int, calls: tuple[tuple[tuple, int], ...]) -> tuple[str, bool]:
+        shown: tuple[int | None, ...] = tuple(index if depth and most.get(position, 0) > 1 else None
+                                              for depth, (position, index) in enumerate(calls))
+        cached = (sid, shown)
+        if cached not in cache:
+            cache[cached] = path_label(paths[sid], shown or None)
+        return cache[cached], any(i is not None for i in shown)
+
+    untimed = np.flatnonzero(has_path & ~timed)
+    for sid in np.unique(stacks[untimed]).tolist():   # no calls seen: each stack's plain path
+        rows = untimed[stacks[untimed] == sid]
+        labels[rows], numbered[rows] = label(sid, ())
+    if len(order):
+        run_labels = []
+        for sids, calls in runs:
+            texts, marks = zip(*(label(sid, c) for sid, c in zip(sids, calls, strict=True)), strict=True)
+            run_labels.append((np.asarray(texts, dtype=object), np.asarray(marks, dtype=bool)))
+        which = np.cumsum(starts) - 1   # the group of each row in `order`
+        labels[order] = np.concatenate([run_labels[r][0] for r in run_of_step])[which]
+        numbered[order] = np.concatenate([run_labels[r][1] for r in run_of_step])[which]
+    return labels, numbered
+
+
+def _calls_of_step(sids: list[int], paths: Sequence[CallPath], most: dict[tuple, int]) -> list[tuple[tuple[tuple, int], ...]]:
+    """The (position, index) of each level of each group of one step, whose groups' stacks are `sids` in time
+    order; `most` (position -> most calls within one parent call) takes what this step shows."""
+    groups: list[tuple[tuple[tuple, int], ...]] = []
     chain: list[_Call] = []
     roots: dict[tuple, int] = {}
-    last_step: int | None = None
-    last_stack: int | None = None
-    for sid, row_step in zip(stacks[order].tolist(), steps[order].tolist(), strict=True):
-        if row_step != last_step:
-            chain, roots, last_step, last_stack = [], {}, row_step, None
-        elif sid == last_stack:   # the same stack again: the same calls, lines unchanged
-            group_of.append(len(groups) - 1)
-            continue
+    for sid in sids:
         levels = paths[sid]
         keep = 0
         while keep < min(len(chain), len(levels)):
@@ -186,29 +221,8 @@ def call_path_labels(times: np.ndarray, stacks: np.ndarray, paths: Sequence[Call
             if depth:
                 most[position] = max(most[position], index + 1)
             chain.append(_Call(level.identity, entered_at, level.line, index, position))
-        group_of.append(len(groups))
-        groups.append((sid, tuple((c.position, c.index) for c in chain)))
-        last_stack = sid
-    cache: dict[tuple, str] = {}
-
-    def label(sid: int, calls: tuple[tuple[tuple, int], ...]) -> tuple[str, bool]:
-        shown: tuple[int | None, ...] = tuple(index if depth and most.get(position, 0) > 1 else None
-                                              for depth, (position, index) in enumerate(calls))
-        cached = (sid, shown)
-        if cached not in cache:
-            cache[cached] = path_label(paths[sid], shown or None)
-        return cache[cached], any(i is not None for i in shown)
-
-    untimed = np.flatnonzero(has_path & ~timed)
-    for sid in np.unique(stacks[untimed]).tolist():   # no calls seen: each stack's plain path
-        rows = untimed[stacks[untimed] == sid]
-        labels[rows], numbered[rows] = label(sid, ())
-    if groups:
-        group_labels, group_numbered = zip(*(label(sid, calls) for sid, calls in groups), strict=True)
-        which = np.asarray(group_of, dtype=np.int64)
-        labels[order] = np.asarray(group_labels, dtype=object)[which]
-        numbered[order] = np.asarray(group_numbered, dtype=bool)[which]
-    return labels, numbered
+        groups.append(tuple((c.position, c.index) for c in chain))
+    return groups
 
 
 def without_order(label: str) -> str:
