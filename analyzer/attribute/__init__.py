@@ -221,8 +221,8 @@ def _phases_of_recorded_categories(a: pd.DataFrame) -> tuple[np.ndarray, np.ndar
     Tensors alive before the recording (untimed) were made by a pass it did not see: they get no phase."""
     given = a["category"].astype(str).to_numpy()
     recorded = (a["label_source"].astype(str).to_numpy() == TORCH_PROFILER_LABEL_SOURCE) & a["t_alloc_us"].notna().to_numpy()
-    phase = np.asarray([_PHASE_OF_TORCH_CATEGORY.get(c) for c in given], dtype=object)
-    phase[~recorded] = None
+    phase = np.full(len(a), None, dtype=object)
+    phase[recorded] = [_PHASE_OF_TORCH_CATEGORY.get(c) for c in given[recorded]]
     signal = np.full(len(a), None, dtype=object)
     signal[~pd.isna(phase)] = "structure:torch-category"
     return phase, signal

@@ -55,7 +55,8 @@ def categorise(a: pd.DataFrame, phase: np.ndarray, step: np.ndarray,
     b_end = np.minimum(lookup(backward_end, np.inf), lookup(next_start, np.inf, shift=1))
     o_end = lookup(optimizer_end, np.inf)
     next_forward = _next_forward(t_alloc, phase, t_free)
-    long_lived = np.asarray([_LONG_LIVED.get(p) for p in phase], dtype=object)
+    codes, phases = pd.factorize(phase)   # looked up once per distinct phase (None: code -1, the last entry)
+    long_lived = np.asarray([_LONG_LIVED.get(p) for p in phases] + [None], dtype=object)[codes]
     temporary = Category.TEMPORARY.value
     rules = [
         # allocated before the recording: only the phase is known, and the allocation outlived it
@@ -85,7 +86,7 @@ def recomputed_activations(phase_source: np.ndarray, t_alloc: np.ndarray, t_free
     """Rows an activation-checkpointing recomputation made that outlive the recomputation (each run of
     recomputing allocations, in time): the checkpointed segment's activations, made again for its backward;
     what the recomputation frees before it ends is its temporaries."""
-    recomputing = np.asarray([str(s) == RECOMPUTE_SIGNAL for s in phase_source], dtype=bool)
+    recomputing = np.asarray(phase_source == RECOMPUTE_SIGNAL, dtype=bool)
     out = np.zeros(len(phase_source), dtype=bool)
     if not recomputing.any():
         return out

@@ -253,11 +253,14 @@ def _match_parameters(a: pd.DataFrame, module: np.ndarray, source: np.ndarray, c
             common = {without_order(n) for n in distinct}
             if len(common) == 1:
                 owners[int(size)] = (common.pop(), "size-match:parameter-class")
+    if not owners:
+        return
     wanted = np.isin(category, [Category.GRADIENT, Category.OPTIMIZER_STATE]) & pd.isna(module)
-    for i in np.flatnonzero(wanted):
-        owner = owners.get(int(sizes[i]))
-        if owner is not None:
-            module[i], source[i] = owner
+    owned = np.fromiter(owners, dtype=np.int64, count=len(owners))
+    found = pd.Index(owned).get_indexer(sizes[wanted])
+    rows = np.flatnonzero(wanted)[found >= 0]
+    names, signals = (np.asarray(column, dtype=object) for column in zip(*owners.values(), strict=True))
+    module[rows], source[rows] = names[found[found >= 0]], signals[found[found >= 0]]
 
 
 def _align(reference: np.ndarray, targets: np.ndarray, capacity: int, slack: int) -> list[tuple[int, int]] | None:
