@@ -32,12 +32,18 @@ def categorise(a: pd.DataFrame, phase: np.ndarray, step: np.ndarray,
     t_alloc = a["t_alloc_us"].to_numpy(dtype=np.float64, na_value=np.nan)
     t_free = a["t_free_us"].to_numpy(dtype=np.float64, na_value=np.inf)  # alive at the end: forever
     timed = ~np.isnan(t_alloc)
-    forward_end = _per_step(step, phase == Phase.FORWARD, t_alloc, "max")
-    for s, start in _per_step(step, phase == Phase.BACKWARD, t_alloc, "min").items():
+    codes, phases = pd.factorize(phase)   # each phase compared once per distinct value, not once per row (None: -1)
+
+    def made_in(*names: str | None) -> np.ndarray:
+        return np.isin(codes, [k for k, p in enumerate(phases) if p in names] + ([-1] if None in names else []))
+
+    forward, backward, optimizer = made_in(Phase.FORWARD), made_in(Phase.BACKWARD), made_in(Phase.OPTIMIZER)
+    forward_end = _per_step(step, forward, t_alloc, "max")
+    for s, start in _per_step(step, backward, t_alloc, "min").items():
         forward_end[s] = start  # the forward pass ends where backward begins (the loss belongs to forward)
-    forward_start = _per_step(step, phase == Phase.FORWARD, t_alloc, "min")
-    backward_end = _per_step(step, phase == Phase.OPTIMIZER, t_alloc, "min")
-    optimizer_end = _per_step(step, phase == Phase.OPTIMIZER, t_alloc, "max")
+    forward_start = _per_step(step, forward, t_alloc, "min")
+    backward_end = _per_step(step, optimizer, t_alloc, "min")
+    optimizer_end = _per_step(step, optimizer, t_alloc, "max")
     for s, end in _optimizer_ranges(annotations, step, t_alloc).items():
         optimizer_end[s] = max(optimizer_end.get(s, -np.inf), end)
     next_start = _per_step(step, timed, t_alloc, "min")
@@ -54,28 +60,29 @@ def categorise(a: pd.DataFrame, phase: np.ndarray, step: np.ndarray,
     f_end, f_start = lookup(forward_end, np.inf), lookup(forward_start, np.inf)
     b_end = np.minimum(lookup(backward_end, np.inf), lookup(next_start, np.inf, shift=1))
     o_end = lookup(optimizer_end, np.inf)
-    next_forward = _next_forward(t_alloc, phase, t_free)
-    codes, phases = pd.factorize(phase)   # looked up once per distinct phase (None: code -1, the last entry)
-    long_lived = np.asarray([_LONG_LIVED.get(p) for p in phases] + [None], dtype=object)[codes]
+    next_forward = _next_forward(t_alloc, forward, t_free)
+    long_lived = np.asarray([_LONG_LIVED.get(p) for p in phases] + [None], dtype=object)[codes]   # None: code -1
     temporary = Category.TEMPORARY.value
     rules = [
         # allocated before the recording: only the phase is known, and the allocation outlived it
-        (~timed & (long_lived != None), long_lived, "lifetime:allocated-before-recording"),  # noqa: E711
-        (phase == Phase.LOAD, np.where(t_free > next_forward, _LONG_LIVED[Phase.LOAD], temporary), "lifetime:load"),
-        (phase == Phase.FORWARD, np.where(t_free > f_end, _LONG_LIVED[Phase.FORWARD], temporary), "lifetime:forward"),
-        (phase == Phase.BACKWARD, np.where(t_free > b_end, _LONG_LIVED[Phase.BACKWARD], temporary), "lifetime:backward"),
-        (phase == Phase.OPTIMIZER, np.where(t_free > o_end, _LONG_LIVED[Phase.OPTIMIZER], temporary),
+        (~timed & made_in(*_LONG_LIVED), long_lived, "lifetime:allocated-before-recording"),
+        (made_in(Phase.LOAD), np.where(t_free > next_forward, _LONG_LIVED[Phase.LOAD], temporary), "lifetime:load"),
+        (forward, np.where(t_free > f_end, _LONG_LIVED[Phase.FORWARD], temporary), "lifetime:forward"),
+        (backward, np.where(t_free > b_end, _LONG_LIVED[Phase.BACKWARD], temporary), "lifetime:backward"),
+        (optimizer, np.where(t_free > o_end, _LONG_LIVED[Phase.OPTIMIZER], temporary),
          "lifetime:optimizer"),
-        (np.isin(phase, np.array([None, Phase.OTHER], dtype=object)) & timed & (t_alloc < f_start) & (t_free > f_start), Category.INPUT.value,
+        (made_in(None, Phase.OTHER) & timed & (t_alloc < f_start) & (t_free > f_start), Category.INPUT.value,
          "lifetime:input"),
-        (np.isin(phase, [Phase.CHECKPOINT_SAVE, Phase.COMPILE, Phase.OTHER]), Category.OTHER.value, "phase"),
+        (made_in(Phase.CHECKPOINT_SAVE, Phase.COMPILE, Phase.OTHER), Category.OTHER.value, "phase"),
     ]
     category = np.full(len(a), None, dtype=object)
     source = np.full(len(a), None, dtype=object)
+    labelled = np.zeros(len(a), dtype=bool)   # every rule's value is a category: a row it sets is labelled
     for mask, value, signal in rules:
-        free = mask & pd.isna(category)
+        free = mask & ~labelled
         category[free] = value[free] if isinstance(value, np.ndarray) else value
         source[free] = signal
+        labelled |= free
     return category, source
 
 
@@ -99,12 +106,12 @@ def recomputed_activations(phase_source: np.ndarray, t_alloc: np.ndarray, t_free
     return out
 
 
-def _next_forward(t_alloc: np.ndarray, phase: np.ndarray, t_free: np.ndarray) -> np.ndarray:
-    """For each allocation, the start of the first forward work after it: a tensor loaded for the model
-    outlives it; one made and dropped while loading (or reloading, between forwards) does not. With no forward
-    after it, only a tensor alive at the end counts as loaded for the model."""
-    forward = np.append(np.sort(t_alloc[(phase == Phase.FORWARD) & ~np.isnan(t_alloc)]), np.inf)
-    following = forward[np.searchsorted(forward, np.nan_to_num(t_alloc, nan=-np.inf), side="right")]
+def _next_forward(t_alloc: np.ndarray, forward: np.ndarray, t_free: np.ndarray) -> np.ndarray:
+    """For each allocation, the start of the first forward work (the `forward` rows) after it: a tensor loaded for
+    the model outlives it; one made and dropped while loading (or reloading, between forwards) does not. With no
+    forward after it, only a tensor alive at the end counts as loaded for the model."""
+    starts = np.append(np.sort(t_alloc[forward & ~np.isnan(t_alloc)]), np.inf)
+    following = starts[np.searchsorted(starts, np.nan_to_num(t_alloc, nan=-np.inf), side="right")]
     return np.where(np.isinf(following) & np.isinf(t_free), -np.inf, following)
 
 

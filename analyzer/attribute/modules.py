@@ -182,8 +182,8 @@ def call_path_labels(times: np.ndarray, stacks: np.ndarray, paths: Sequence[Call
         labels[rows], numbered[rows] = label(sid, ())
     if len(order):
         run_labels = []
-        for sids, calls in runs:
-            texts, marks = zip(*(label(sid, c) for sid, c in zip(sids, calls, strict=True)), strict=True)
+        for run_stacks, calls in runs:
+            texts, marks = zip(*(label(sid, c) for sid, c in zip(run_stacks, calls, strict=True)), strict=True)
             run_labels.append((np.asarray(texts, dtype=object), np.asarray(marks, dtype=bool)))
         which = np.cumsum(starts) - 1   # the group of each row in `order`
         labels[order] = np.concatenate([run_labels[r][0] for r in run_of_step])[which]
