@@ -268,6 +268,21 @@ def test_repeated_calls_from_one_line_are_numbered_by_order():
     assert numbered.all()
 
 
+def test_steps_that_run_the_same_stacks_make_the_same_calls_and_the_most_calls_of_any_step_number_all():
+    """Steps 1, 2, 1 again (each a fresh run of calls), rows given newest first: the third step runs step 1's stacks
+    and is labelled as it is; step 2 calls Block twice only in its third row, and is numbered because step 1 shows
+    two calls of Block from that line."""
+    paths = [(level("Model", 7), level("Block", 3)), (level("Model", 7), level("Block", 4))]
+    first = [0, 0, 1, 0, 1]
+    stacks = np.asarray(first + [0, 1, 0] + first)[::-1]
+    steps = np.asarray([1] * 5 + [2] * 3 + [1] * 5)[::-1]
+    times = np.arange(13, dtype=np.float64)[::-1]
+    got, numbered = call_path_labels(times, stacks, paths, steps)
+    once = ["Model › Block[0]"] * 3 + ["Model › Block[1]"] * 2
+    assert list(got[::-1]) == once + ["Model › Block[0]", "Model › Block[0]", "Model › Block[1]"] + once
+    assert numbered.all()
+
+
 def test_a_loop_inside_a_call_numbers_the_child_not_the_parent():
     """Experts called in a loop from one line of one MoE call: the experts are numbered, the MoE is one call."""
     paths = [(level("MoE", 5), level("Expert", 2)), (level("MoE", 5), level("Expert", 3))]
