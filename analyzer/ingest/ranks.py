@@ -149,6 +149,7 @@ def find_rank_files(root: Path) -> RankFiles:
     """The files to analyse under `root`, one per rank where names give ranks, in rank order."""
     warnings: list[str] = []
     candidates: list[RankFile] = []
+    logs = 0   # text logs skipped: what the error says when nothing else is here
     for path in _walk(root, warnings):
         try:
             kind = sniff.sniff(path)
@@ -160,11 +161,11 @@ def find_rank_files(root: Path) -> RankFiles:
             warnings.append(f"skipped {_shown(path, root)}: cannot be read ({error.strerror})")
             continue
         if not rank_kind:
+            logs += 1 if kind == sniff.LOG else 0
             warnings.append(f"skipped {_shown(path, root)}: not a recording of one rank ({kind})")
             continue
         candidates.append(RankFile(path, rank_of(path, root), _last_number(_ITERATION, str(path.relative_to(root))),
                                    kind))
-    logs = sum(1 for w in warnings if w.endswith(f"({sniff.LOG})"))
     warnings[:] = named_skips(warnings)
     if not candidates:
         if logs:   # torchrun --log-dir writes one text log a rank: each is read alone, or all as one text

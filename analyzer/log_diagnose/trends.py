@@ -32,6 +32,12 @@ _NVIDIA_SMI = ("nvidia_smi", "nvidia_smi_csv", "nvidia_smi_process")
 _PEAK_KEYS = ("allocated_peak", "reserved_peak", "used", "allocated")
 
 
+def _where(rank: int | None, device: int | None, label: str | None = None) -> str:
+    """'rank 3, GPU 1, before forward': what a series' readings name of where they were taken."""
+    return ", ".join(p for p in (f"rank {rank}" if rank is not None else "",
+                                 f"GPU {device}" if device is not None else "", label or "") if p)
+
+
 def _series(readings: list[Reading]) -> dict[tuple[Any, ...], list[tuple[int, int]]]:
     """(source, rank, device, label, key) -> [(line, bytes)] in order, for the keys that grow with a leak."""
     out: dict[tuple[Any, ...], list[tuple[int, int]]] = defaultdict(list)
@@ -53,8 +59,7 @@ def leaks(readings: list[Reading]) -> list[LogFinding]:
         values = [v for _, v in points]
         growth = values[-1] - values[0] if values else 0
         if len(values) >= LEAK_MIN_READINGS and growth >= LEAK_MIN_GROWTH and all(b >= a for a, b in pairwise(values)):
-            where = ", ".join(p for p in (f"rank {rank}" if rank is not None else "",
-                                          f"GPU {device}" if device is not None else "", label or "") if p)
+            where = _where(rank, device, label)
             found.append({"kind": "leak", "source": source, "rank": rank, "device": device, "label": label,
                           "readings": len(values), "first_line": points[0][0], "last_line": points[-1][0],
                           "first_bytes": values[0], "last_bytes": values[-1], "growth_bytes": growth,
@@ -127,8 +132,7 @@ def memory_highs(readings: list[Reading]) -> list[MemoryHigh]:
                 worst.pop(key, None)
         if not worst:
             continue
-        where = ", ".join(p for p in (f"rank {rank}" if rank is not None else "",
-                                      f"GPU {device}" if device is not None else "") if p)
+        where = _where(rank, device)
         count = f"{len(series)} reading{'s' if len(series) != 1 else ''}"
         counts = {k: max(r.counts.get(k, 0) for r in series) for k in {k for r in series for k in r.counts}}
         sizes = ", ".join(f"{READING_WORDS[k]} {human_bytes(v)}" for k, v in worst.items())
