@@ -145,18 +145,14 @@ def attention_seen(allocations: pd.DataFrame, stacks: pd.DataFrame, scores: pd.S
     return False if convolutions else None
 
 
-def cache_tensors(allocations: pd.DataFrame, stacks: pd.DataFrame, structural: bool = True) -> pd.Series:
-    """The allocations a forward-only run keeps in a KV cache: made by a cache's update (its frames say so), or,
-    `structural` (autograd known off), made in a repeated block's attention (a module or frame naming
-    attention) and alive past that block's call (after its last forward allocation)."""
-    return cache_call_ends(allocations, stacks, structural).notna()
-
-
 def cache_call_ends(allocations: pd.DataFrame, stacks: pd.DataFrame, structural: bool = True) -> pd.Series:
-    """Per allocation in a KV cache (cache_tensors), where the call that used it ended: its attention module's
-    last forward allocation in its block's call where its module path names one (`self_attn`, `Qwen2Attention_3`),
-    else the block call's last; its own position outside a block's call, -1 made before the recording. Without a
-    cache the tensor is freed there. NaN for the rest."""
+    """Per allocation a forward-only run keeps in a KV cache, where the call that used it ended; NaN for the rest.
+
+    In the cache: made by a cache's update (its frames say so), or, `structural` (autograd known off), made in a
+    repeated block's attention (a module or frame naming attention) and alive past that block's call (after its
+    last forward allocation). Where the call ended: its attention module's last forward allocation in its block's
+    call where its module path names one (`self_attn`, `Qwen2Attention_3`), else the block call's last; its own
+    position outside a block's call, -1 made before the recording. Without a cache the tensor is freed there."""
     out = pd.Series(np.nan, index=allocations.index)
     if allocations.empty:
         return out

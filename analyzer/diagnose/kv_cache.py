@@ -1,6 +1,6 @@
 """A KV cache: a forward-only run keeps each layer's K and V across the forward (and the decode steps after it).
 
-Named where the recording shows it (analyzer.diagnose.attention.cache_tensors: attention's tensors outliving
+Named where the recording shows it (analyzer.diagnose.attention.cache_call_ends: attention's tensors outliving
 their block's call with autograd off, or a cache's update in the frames), in a run that shows no training (no
 backward, optimizer step, gradients or optimizer state), and where the cache holds at least KV_CACHE_SHARE of
 the peak. With autograd on (or not recorded) the kept tensors may be the autograd graph, which `no_grad`

@@ -17,7 +17,7 @@ import analyzer
 from analyzer.attribute import attribute
 from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, RECORD_HISTORY, FindingKind, RemedyId
 from analyzer.diagnose import kv_cache
-from analyzer.diagnose.attention import cache_tensors, score_tensors
+from analyzer.diagnose.attention import cache_call_ends, score_tensors
 from analyzer.diagnose.before_recording import UNSEEN_SHARE, unseen
 from analyzer.diagnose.context import make_context
 from analyzer.diagnose.counterfactual import recorded_settings, recorded_stream, replay
@@ -292,10 +292,10 @@ def _allocations(kept: bool) -> pd.DataFrame:
 
 def test_attention_tensors_kept_past_their_layer_are_a_cache_only_with_autograd_off():
     stacks = _stacks()
-    assert cache_tensors(_allocations(kept=True), stacks).tolist() == [True, False, False] * 2
-    assert not cache_tensors(_allocations(kept=True), stacks, structural=False).any(), \
+    assert cache_call_ends(_allocations(kept=True), stacks).notna().tolist() == [True, False, False] * 2
+    assert not cache_call_ends(_allocations(kept=True), stacks, structural=False).notna().any(), \
         "autograd on or unknown: the same tensors may be the graph"
-    assert not cache_tensors(_allocations(kept=False), stacks).any(), "nothing outlives its layer: no cache"
+    assert not cache_call_ends(_allocations(kept=False), stacks).notna().any(), "nothing outlives its layer: no cache"
 
 
 # ---- memory made before the recording began ----------------------------------------------------------------------
@@ -353,7 +353,7 @@ def _decode(sizes: list[list[int]]) -> pd.DataFrame:
     ([[100, 100]], True),                               # one call (a prefill): growth cannot be seen
 ])
 def test_a_cache_kept_across_decode_steps_must_grow(sizes: list[list[int]], cache: bool):
-    assert bool(cache_tensors(_decode(sizes), _stacks()).any()) is cache
+    assert bool(cache_call_ends(_decode(sizes), _stacks()).notna().any()) is cache
 
 
 @pytest.mark.parametrize("relative,title,kv", [
