@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.core.vocabulary import Category, Phase
-from analyzer.diagnose.blocks import blocks
+from analyzer.diagnose.blocks import block_paths
 from analyzer.diagnose.transforms import Stream
 
 SCORES_MIN_BYTES = 1 << 20     # a softmax under 1 MiB is no attention matrix worth fusing
@@ -83,14 +83,6 @@ def _kinds_of(rows: pd.DataFrame, stacks: pd.DataFrame) -> pd.Series:
     kinds = _stack_kinds(stacks)
     ids = pd.to_numeric(rows["stack_id"], errors="coerce").astype("float64")
     return ids.map({float(k): v for k, v in kinds.items()}).fillna("").astype(str)
-
-
-def block_paths(modules: pd.Series) -> pd.Series:
-    """The path of each row's repeated block (analyzer.diagnose.blocks, read over these rows' modules; NaN
-    outside one), computed once per distinct module."""
-    text = modules.astype(str)
-    found = blocks(text.unique())
-    return text.map({m: b.path for m, b in found.items() if b is not None})
 
 
 def _elements(rows: pd.DataFrame, size: str) -> pd.DataFrame:

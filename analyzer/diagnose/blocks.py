@@ -20,6 +20,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+import pandas as pd
+
 from analyzer.core.vocabulary import MODULE_PATH_SEPARATOR, NO_MODULE, UNATTRIBUTED
 
 _QUALIFIED = re.compile(r"^((?:.*\.)?(?:layers|layer|h|blocks|block|encoder\.layer|decoder\.layers))\.(\d+)(?:\.|$)")
@@ -75,6 +78,16 @@ def blocks(modules: Iterable[str]) -> dict[str, Block | None]:
                 found = Block(m.group(1), m.group(2), MODULE_PATH_SEPARATOR.join(levels[:at + 1]), named=False)
         out[path] = found
     return out
+
+
+def block_paths(modules: pd.Series) -> pd.Series:
+    """Each row's repeated block, as its path (`blocks`, read over these rows' modules; None outside one), read
+    once per distinct module: matching every row took 2 s of a 1M-entry run's checkpointing."""
+    codes, names = pd.factorize(modules.astype(str))
+    found = blocks(names)
+    paths = np.array([None if (b := found.get(m)) is None else b.path for m in names] + [None],
+                     dtype=object)     # code -1 (none here): None
+    return pd.Series(paths[codes], index=modules.index, name=modules.name, dtype=object)
 
 
 def most_blocks(found: Iterable[Block | None]) -> int:

@@ -20,7 +20,8 @@ import pandas as pd
 
 from analyzer.core.units import gib
 from analyzer.core.vocabulary import Category, GradMode, Phase
-from analyzer.diagnose.attention import block_paths, cache_call_ends, quantized_cache
+from analyzer.diagnose.attention import cache_call_ends, quantized_cache
+from analyzer.diagnose.blocks import block_paths
 from analyzer.diagnose.context import DeviceContext
 from analyzer.diagnose.evidence import top_allocations
 from analyzer.diagnose.transforms import NUDGE, Stream

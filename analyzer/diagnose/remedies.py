@@ -46,7 +46,7 @@ from analyzer.core.vocabulary import (
     category_plural,
 )
 from analyzer.diagnose.attention import fused
-from analyzer.diagnose.blocks import blocks, most_blocks, profiler_names, torch_layer_loop
+from analyzer.diagnose.blocks import block_paths, blocks, most_blocks, profiler_names, torch_layer_loop
 from analyzer.diagnose.kv_cache import cache_scaled, uncached
 from analyzer.diagnose.transforms import (
     Stream,
@@ -958,9 +958,7 @@ def checkpointable_bytes(live: pd.DataFrame) -> int | None:
     block's input, which checkpointing keeps): the latest activation each block made. None without at least two
     blocks."""
     activations = live[live["category"] == Category.ACTIVATION]
-    modules = activations["module"].astype(str)
-    found = blocks(modules.unique())
-    block = modules.map({m: b.path for m, b in found.items() if b is not None})
+    block = block_paths(activations["module"])
     inside = activations[block.notna()].assign(block=block[block.notna()])
     if inside["block"].nunique() < 2:
         return None

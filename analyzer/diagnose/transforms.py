@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.core.vocabulary import UNATTRIBUTED, Category, Phase
-from analyzer.diagnose.blocks import blocks
+from analyzer.diagnose.blocks import block_paths
 
 #: positions of recorded events are integers; an added row sits this far (or a fraction of it) after one
 NUDGE = 1e-3
@@ -143,23 +143,13 @@ class _Ordered:
         return np.sort(span)
 
 
-def _blocks(rows: pd.DataFrame) -> pd.Series:
-    """Each row's repeated block (the path of analyzer.diagnose.blocks' block of its module; None outside one),
-    read once per distinct module: matching every row took 2 s of a 1M-entry run's checkpointing."""
-    codes, modules = pd.factorize(rows["module"].astype(str))
-    found = blocks(modules)
-    keys = np.array([None if (b := found.get(m)) is None else b.path for m in modules] + [None],
-                    dtype=object)     # code -1 (none here): None
-    return pd.Series(keys[codes], index=rows.index, name="module", dtype=object)
-
-
 def checkpointing(stream: Stream) -> Stream:
     """Every repeated block checkpointed: in the forward, its activations other than its output (the latest it
     made, the next block's input) live only until the block's forward ends; just before the block's backward
     (its first backward allocation, or the first free of what it saved) its forward runs again, its activations
     and temporaries in their recorded order, and the recomputed activations live to their recorded frees."""
     rows = stream.rows
-    blocks = _blocks(rows)
+    blocks = block_paths(rows["module"])
     if blocks.nunique() < 2:
         return stream
     forward = (rows["phase"] == Phase.FORWARD.value) & blocks.notna() & (rows["at"] >= 0)
@@ -313,7 +303,7 @@ def zero3(stream: Stream, shards: int) -> Stream:
     parameters no module owns (made before the recording) shows no place to gather, or no unit to gather: it is
     returned as it is, for the formula to judge."""
     rows = stream.rows
-    blocks = _blocks(rows)
+    blocks = block_paths(rows["module"])
     calls, call_of_gradient = _calls(rows, blocks)
     parameter = rows["category"] == Category.PARAMETER.value
     owners = rows.loc[parameter, "module"].astype(str)
