@@ -83,7 +83,10 @@ def blocks(modules: Iterable[str]) -> dict[str, Block | None]:
 def block_paths(modules: pd.Series) -> pd.Series:
     """Each row's repeated block, as its path (`blocks`, read over these rows' modules; None outside one), read
     once per distinct module: matching every row took 2 s of a 1M-entry run's checkpointing."""
-    codes, names = pd.factorize(modules.astype(str))
+    if isinstance(modules.dtype, pd.CategoricalDtype):   # a replay's stream: its categories are the distinct modules
+        codes, names = modules.cat.codes.to_numpy(), modules.cat.categories.astype(str)
+    else:
+        codes, names = pd.factorize(modules.astype(str))
     found = blocks(names)
     paths = np.array([None if (b := found.get(m)) is None else b.path for m in names] + [None],
                      dtype=object)     # code -1 (none here): None

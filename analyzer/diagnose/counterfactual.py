@@ -31,6 +31,7 @@ from analyzer.simulate.device import DeviceMemory
 from analyzer.simulate.requests import Requests, feed
 
 _RELEASES = ("segment_free", "segment_unmap")
+_LABELS = ("category", "phase", "module")
 # what a failed request would have been, by the phase it failed in (the rest: other)
 _FAILED = {Phase.FORWARD.value: Category.ACTIVATION.value, Phase.BACKWARD.value: Category.TEMPORARY.value,
            Phase.OPTIMIZER.value: Category.OPTIMIZER_STATE.value}
@@ -165,6 +166,8 @@ def recorded_stream(trace: MemoryTrace, device: int) -> Stream | None:
                   "category": _FAILED.get(phase, Category.OTHER.value), "phase": phase, "module": "unattributed",
                   "step": float(last["step"]) if last is not None else -1.0, "stack_id": np.nan}
         rows = pd.concat([rows, pd.DataFrame([failed])], ignore_index=True)
+    for label in _LABELS:   # the transforms compare labels dozens of times: a category at a time, not a string a row
+        rows[label] = rows[label].astype("category")
     return Stream(rows=rows, releases=_releases(trace, device), stacks=trace.stacks, grad_mode=trace.grad_mode)
 
 
