@@ -80,9 +80,13 @@ def _stack_kinds(stacks: pd.DataFrame) -> dict[int, str]:
 
 
 def _kinds_of(rows: pd.DataFrame, stacks: pd.DataFrame) -> pd.Series:
+    """Each row's stack kind ('' without one), as categories: its callers compare it several times a call."""
     kinds = _stack_kinds(stacks)
+    names = sorted({"", *kinds.values()})
+    code_of = {name: i for i, name in enumerate(names)}
     ids = pd.to_numeric(rows["stack_id"], errors="coerce").astype("float64")
-    return ids.map({float(k): v for k, v in kinds.items()}).fillna("").astype(str)
+    codes = ids.map({float(k): code_of[v] for k, v in kinds.items()}).fillna(code_of[""]).to_numpy(dtype=np.int64)
+    return pd.Series(pd.Categorical.from_codes(codes, categories=names), index=rows.index)
 
 
 def _elements(rows: pd.DataFrame, size: str) -> pd.DataFrame:
@@ -103,7 +107,7 @@ def score_tensors(rows: pd.DataFrame, stacks: pd.DataFrame, size: str) -> pd.Ser
         return out
     table = pd.DataFrame({"block": block_paths(rows["module"]), "step": pd.to_numeric(rows["step"], errors="coerce")
                           .fillna(-1).astype("float64"), size: rows[size].astype("int64")}, index=rows.index)
-    phase, category = rows["phase"].astype(str), rows["category"].astype(str)
+    phase, category = rows["phase"], rows["category"]   # categories: compared as they are, not a string a row
     forward = (phase == Phase.FORWARD.value) & table["block"].notna()
     softmax = forward & kinds.isin(("softmax", "attention_softmax")) & (table[size] >= SCORES_MIN_BYTES)
     if not softmax.any():

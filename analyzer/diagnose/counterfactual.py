@@ -153,8 +153,7 @@ def recorded_stream(trace: MemoryTrace, device: int) -> Stream | None:
         "at": a["seq_alloc"].to_numpy(dtype=np.float64, na_value=-1.0),
         "until": a["seq_free"].to_numpy(dtype=np.float64, na_value=np.inf),
         "bytes": a["requested_bytes"].to_numpy(dtype=np.int64), "stream": a["stream"].to_numpy(dtype=np.int64),
-        "category": a["category"].astype(str).to_numpy(), "phase": a["phase"].astype(str).to_numpy(),
-        "module": a["module"].astype(str).to_numpy(), "step": a["step"].to_numpy(dtype=np.float64, na_value=-1.0),
+        **{label: _categories(a[label]) for label in _LABELS}, "step": a["step"].to_numpy(dtype=np.float64, na_value=-1.0),
         "stack_id": a["stack_id"].to_numpy(dtype=np.float64, na_value=np.nan)})
     ooms = trace.ooms[trace.ooms["device"] == device]
     if len(ooms):
@@ -166,9 +165,17 @@ def recorded_stream(trace: MemoryTrace, device: int) -> Stream | None:
                   "category": _FAILED.get(phase, Category.OTHER.value), "phase": phase, "module": "unattributed",
                   "step": float(last["step"]) if last is not None else -1.0, "stack_id": np.nan}
         rows = pd.concat([rows, pd.DataFrame([failed])], ignore_index=True)
-    for label in _LABELS:   # the transforms compare labels dozens of times: a category at a time, not a string a row
-        rows[label] = rows[label].astype("category")
+        rows = rows.astype({label: "category" for label in _LABELS})   # the failed request's labels joined them
     return Stream(rows=rows, releases=_releases(trace, device), stacks=trace.stacks, grad_mode=trace.grad_mode)
+
+
+def _categories(labels: pd.Series) -> pd.Categorical:
+    """A label column as categories of strings (attribution makes them so; a missing label reads "nan"): the
+    transforms compare labels dozens of times, a category at a time, not a string a row."""
+    if isinstance(labels.dtype, pd.CategoricalDtype) and not labels.hasnans and all(
+            isinstance(c, str) for c in labels.cat.categories):
+        return pd.Categorical(labels.array)
+    return pd.Categorical(labels.astype(str).to_numpy(dtype=object))
 
 
 def _releases(trace: MemoryTrace, device: int) -> np.ndarray:
