@@ -84,12 +84,14 @@ def event_labels(trace: MemoryTrace, device: int) -> pd.DataFrame:
 
 def step_peaks(labels: pd.DataFrame, timeline: pd.DataFrame) -> list[StepPeak]:
     """Per step: its highest allocated bytes, when, and the phase running then (`labels` from event_labels)."""
-    events = timeline[timeline["seq"] >= 0].reset_index(drop=True)
-    if events.empty or labels.empty:
+    after_event = timeline["seq"].to_numpy() >= 0      # the columns it reads, not the whole table taken
+    seqs = timeline["seq"].to_numpy()[after_event]
+    if not len(seqs) or labels.empty:
         return []
-    steps = labels["step"].to_numpy()[: len(events)]
-    phases = labels["phase"].to_numpy(dtype=object)[: len(events)]
-    allocated = events["allocated_bytes"].to_numpy()
+    times = timeline["t_us"].array[after_event]
+    steps = labels["step"].to_numpy()[: len(seqs)]
+    phases = labels["phase"].to_numpy(dtype=object)[: len(seqs)]
+    allocated = timeline["allocated_bytes"].to_numpy()[after_event]
     keep = np.flatnonzero(~np.isnan(steps) & (np.nan_to_num(steps, nan=-1) >= 0))
     if not len(keep):
         return []
@@ -97,9 +99,9 @@ def step_peaks(labels: pd.DataFrame, timeline: pd.DataFrame) -> list[StepPeak]:
     out: list[StepPeak] = []
     for step, position in peaks.items():
         i = keep[position]
-        t_us = events["t_us"].iat[i]
+        t_us = times[i]
         out.append({"step": int(step), "peak_allocated_bytes": int(allocated[i]), "phase": phases[i],
-                    "event_index": int(events["seq"].iat[i]), "time_us": None if pd.isna(t_us) else int(t_us)})
+                    "event_index": int(seqs[i]), "time_us": None if pd.isna(t_us) else int(t_us)})
     return out
 
 

@@ -23,10 +23,16 @@ _GROW = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unma
 
 def _deltas(rows: pd.DataFrame, column: str, n_events: int) -> tuple[int, np.ndarray]:
     """(bytes alive before the first event, change at each event) for one size column of one device."""
+    return _array_deltas(rows[column].to_numpy(dtype=np.int64), *_lifetimes(rows), n_events)
+
+
+def _lifetimes(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    return (rows["seq_alloc"].to_numpy(dtype=np.float64, na_value=np.nan),
+            rows["seq_free"].to_numpy(dtype=np.float64, na_value=np.nan))
+
+
+def _array_deltas(sizes: np.ndarray, seq_alloc: np.ndarray, seq_free: np.ndarray, n_events: int) -> tuple[int, np.ndarray]:
     delta = np.zeros(n_events, dtype=np.int64)
-    sizes = rows[column].to_numpy(dtype=np.int64)
-    seq_alloc = rows["seq_alloc"].to_numpy(dtype=np.float64, na_value=np.nan)
-    seq_free = rows["seq_free"].to_numpy(dtype=np.float64, na_value=np.nan)
     allocated_in_trace = ~np.isnan(seq_alloc)
     freed_in_trace = ~np.isnan(seq_free)
     np.add.at(delta, seq_alloc[allocated_in_trace].astype(np.int64), sizes[allocated_in_trace])
@@ -47,10 +53,13 @@ def _reserved_deltas(trace, device: int, events: pd.DataFrame) -> tuple[int, np.
 def allocated_by(rows: pd.DataFrame, column: str, n_events: int) -> dict[str, np.ndarray]:
     """Allocated bytes per label of `column` (category, phase, module) before the first event and after each
     of the `n_events` events of one device: the labels' series sum to the allocated series."""
-    labels = rows[column].to_numpy(dtype=object)
+    codes, labels = pd.factorize(rows[column].to_numpy(dtype=object), use_na_sentinel=False)
+    sizes = rows["allocated_bytes"].to_numpy(dtype=np.int64)
+    seq_alloc, seq_free = _lifetimes(rows)
     out = {}
-    for label in sorted(set(labels), key=str):
-        start, delta = _deltas(rows[labels == label], "allocated_bytes", n_events)
+    for code, label in sorted(enumerate(labels), key=lambda pair: str(pair[1])):   # arrays, not a table per label
+        mine = codes == code
+        start, delta = _array_deltas(sizes[mine], seq_alloc[mine], seq_free[mine], n_events)
         out[str(label)] = np.concatenate([[start], start + np.cumsum(delta)]).astype(np.int64)
     return out
 

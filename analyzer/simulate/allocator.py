@@ -135,11 +135,11 @@ class CachingAllocator:
         """Return a block to the cache (free_requested, then free_completed at once: one stream)."""
         if not block.allocated:
             raise AssertionError(f"double free of {block.addr:#x}")
-        ctx = ctx or block.context or NO_CONTEXT
         block.allocated = False
         self.allocated_bytes -= block.size
         self.active.discard(block)
         if self.record:
+            ctx = ctx or block.context or NO_CONTEXT
             self._record("free_requested", block.addr, block.requested, block.stream, ctx)
             self._record("free_completed", block.addr, block.requested, block.stream, ctx)
         self._free_block(block)
@@ -193,8 +193,7 @@ class CachingAllocator:
     # ---- finding and carving blocks ----------------------------------------------------------------
     def _get_free_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
         free = pool.blocks
-        found = free.lower_bound((stream, size, 0))
-        block = free.at(found)
+        found, block = free.lower_bound((stream, size, 0))
         if block is None or block.stream != stream:
             return None
         if block.expandable is not None:

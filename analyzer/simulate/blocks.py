@@ -8,7 +8,7 @@ that a best-fit search is a lower-bound lookup; unmapped address ranges of expan
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -51,43 +51,37 @@ class Block:
     def size_key(self) -> tuple[int, int, int]:
         return (self.stream, self.size, self.addr)
 
-    def addr_key(self) -> tuple[int, int]:
-        return (self.stream, self.addr)
-
 
 class _SortedBlocks:
-    """A set of blocks ordered by a key tuple, with lower-bound search (std::set in the C++)."""
+    """A set of blocks ordered by a key tuple, with lower-bound search (std::set in the C++). The key is built
+    in place, not by a key function: a replay adds and removes blocks hundreds of thousands of times."""
 
     def __init__(self, by_size: bool) -> None:
-        self._key: Callable[[Block], tuple] = Block.size_key if by_size else Block.addr_key
+        self._by_size = by_size
         self._keys: list[tuple] = []
         self._blocks: dict[tuple, Block] = {}
 
     def add(self, block: Block) -> None:
-        key = self._key(block)
-        if key in self._blocks:
+        key = (block.stream, block.size, block.addr) if self._by_size else (block.stream, block.addr)
+        blocks = self._blocks
+        if key in blocks:
             raise AssertionError(f"block {key} inserted twice")
         insort(self._keys, key)
-        self._blocks[key] = block
+        blocks[key] = block
 
     def remove(self, block: Block) -> None:
-        key = self._key(block)
+        key = (block.stream, block.size, block.addr) if self._by_size else (block.stream, block.addr)
         if self._blocks.pop(key, None) is not block:
             raise AssertionError(f"block {key} is not in the set")
-        del self._keys[bisect_left(self._keys, key)]
-
-    def first_from(self, key: tuple) -> Block | None:
-        """The first block at or after `key` (lower_bound), or None: the best fit's one lookup."""
-        return self.at(bisect_left(self._keys, key))
-
-    def lower_bound(self, key: tuple) -> int:
-        """The place of the first block at or after `key`."""
-        return bisect_left(self._keys, key)
-
-    def at(self, i: int) -> Block | None:
-        """The block at place `i`, or None past the last."""
         keys = self._keys
-        return self._blocks[keys[i]] if i < len(keys) else None
+        del keys[bisect_left(keys, key)]
+
+    def lower_bound(self, key: tuple) -> tuple[int, Block | None]:
+        """The place of the first block at or after `key`, and that block (None past the last): a best fit's
+        one lookup."""
+        keys = self._keys
+        i = bisect_left(keys, key)
+        return i, (self._blocks[keys[i]] if i < len(keys) else None)
 
     def remove_at(self, i: int) -> None:
         """Remove the block at place `i` (`remove` without looking for its place again)."""
