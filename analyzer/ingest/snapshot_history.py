@@ -60,7 +60,7 @@ class StackInterner:
 
     Frame dicts are shared objects in the pickle, and an entry's list is new but for the entries that share
     one (a free's `free_requested` and `free_completed`), so a stack is found by identity, not by reading
-    strings. First by the id of its list. Then, for a new list, by prediction: a training run allocates the
+    strings. First by the list of the entry before it. Then, for a new list, by prediction: a training run allocates the
     same stacks in the same order step after step, so the stack that followed the last three new lists'
     stacks the last time is compared with it by `==`, which passes over identical elements without looking
     inside them (93% right on the real cpp-frames recording; ~0.3 µs a list, where a probe costs ~1.5 µs).
@@ -74,6 +74,7 @@ class StackInterner:
     quadratically). New lists are met in the entries' order, so ids follow the order stacks first appear in."""
 
     PROBE_CANDIDATES = 4
+    LONG = 1024   # frames: the real recordings' stacks have at most 303
     PLAIN_KEYS = 8
     PLAIN_CHARS = MAX_SHOWN
 
@@ -81,7 +82,8 @@ class StackInterner:
         self._by_probe: dict[Probe, list[tuple[Any, int, Any]]] = {}   # (as Known, and the list)
         self._by_ids: dict[tuple[int, ...], Known] = {}   # all frame ids, for stacks whose probe is crowded
         self._by_content: dict[tuple, int] = {}
-        self._by_list: dict[int, int] = {id(None): MISSING}
+        self._previous: tuple[Any, int] = (None, MISSING)   # the last entry's list, and its stack id
+        self._long_lists: dict[int, int] = {}   # id of a list of more than LONG frames: its stack id
         self._by_frame: dict[int, tuple] = {}   # id of a frame dict: its (file, line, function)
         self._next: dict[tuple[int, int, int], Known] = {}   # the last three new lists' stacks: the one after them
         self._recent = (MISSING, MISSING, MISSING)
@@ -138,32 +140,45 @@ class StackInterner:
         return new
 
     def intern_all(self, frame_lists: list[Any], out: array) -> None:
-        """Append the stack ids of many entries to `out`, caching by list id. That is safe even as entries
-        are released: every list looked up was made by the unpickler before any was freed, so no two of
-        them ever share an id. Lists without frames (None, empty) are MISSING. A new list is compared with
-        the predicted stack, else found by `_find` (see the class): this runs once per entry of large
-        snapshots, so the loop does no more than that."""
-        by_list, seen, following = self._by_list, self._by_list.get, self._next
+        """Append the stack ids of many entries to `out`. An entry whose list is the one before it (a free's
+        `free_requested` and `free_completed` share one) has its id; lists without frames (None, empty) are
+        MISSING. A new list is compared with the predicted stack, else found by `_find` (see the class): this
+        runs once per entry of large snapshots, so the loop does no more than that (a dict of every list seen,
+        for the pairs, cost more than the pairs it found). Lists longer than LONG frames are remembered by id,
+        so that a file repeating one long list costs a lookup an entry, not a walk of the list: that is safe even
+        as entries are released, as every list looked up was made by the unpickler before any was freed, so no
+        two of them ever share an id."""
+        following = self._next
         before, last, recent = self._recent
+        previous, sid = self._previous
         append = out.append
-        for list_id, frames in zip(map(id, frame_lists), frame_lists, strict=True):
-            sid = seen(list_id)
-            if sid is None:
+        long_lists, long = self._long_lists, self.LONG
+        for frames in frame_lists:
+            if frames is not previous:
+                previous = frames
+                if not frames:
+                    sid = MISSING
+                    append(sid)
+                    continue
+                if len(frames) > long and (seen := long_lists.get(id(frames))) is not None:
+                    sid = seen
+                    append(sid)
+                    continue
                 context = (before, last, recent)
                 predicted = following.get(context, _UNKNOWN)
                 if predicted[0] == frames:
                     sid = predicted[1]
-                elif frames:
+                else:
                     found = self._find(frames)
                     sid = found[1]
                     if found[0] is not None:
                         following[context] = found
-                else:
-                    sid = MISSING
-                by_list[list_id] = sid
+                if len(frames) > long:
+                    long_lists[id(frames)] = sid
                 before, last, recent = last, recent, sid
             append(sid)
         self._recent = (before, last, recent)
+        self._previous = (previous, sid)
 
     def table(self) -> pd.DataFrame:
         return make_table("stacks", {

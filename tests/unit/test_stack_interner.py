@@ -100,6 +100,21 @@ def test_frames_that_are_not_plain_are_never_compared_by_eq() -> None:
     assert found == 2000
 
 
+def test_a_long_list_met_again_is_known_by_its_id() -> None:
+    """A list met again further on (not the entry before's) is a new list to the prediction and the probe, but one
+    of more than LONG frames is remembered by its id: a file repeating long lists by reference costs a lookup an
+    entry, not a walk of the list; a list of LONG frames is walked."""
+    frames = [_frame(i) for i in range(StackInterner.LONG + 1)]
+    long = [list(frames), list(reversed(frames))] * 500
+    ids, found = _ids_together(long)
+    assert ids == _ids_one_by_one(long) and sorted(set(ids)) == [0, 1]
+    assert found == 2
+    short = [frames[:StackInterner.LONG], frames[1:]] * 500
+    ids, found = _ids_together(short)
+    assert ids == _ids_one_by_one(short) and sorted(set(ids)) == [0, 1]
+    assert found > 2
+
+
 def test_a_stack_of_a_long_name_is_not_plain() -> None:
     long = "x" * (StackInterner.PLAIN_CHARS + 1)
     assert history._plain([_frame(0), _frame(1)])
