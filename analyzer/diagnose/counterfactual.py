@@ -89,6 +89,7 @@ class Replayer:
         self._stream: Stream | None | bool = False     # False: not read yet
         self._acts: dict[tuple[str, int | None], bool] = {}
         self._last: tuple[tuple[str, int | None], Stream] | None = None   # the last change `can` made, for `run`
+        self._like: tuple[Stream, Requests] | None = None   # a replayed stream of the recorded places, all made
 
     @property
     def stream(self) -> Stream | None:
@@ -126,7 +127,11 @@ class Replayer:
             stream = cached[1] if cached is not None else made[0](stream)
             expandable = expandable or made[1]
         self.replays += 1
-        return replay(stream, self.usable, replace(self.settings, expandable_segments=expandable))
+        requests = requests_of(stream, self._like)
+        if self._like is None and self.stream is not None and (stream.rows["bytes"].to_numpy() > 0).all() \
+                and _same_places(stream.rows, self.stream.rows):
+            self._like = (stream, requests)    # the recorded places: a transform that only resizes takes their order
+        return replay(stream, self.usable, replace(self.settings, expandable_segments=expandable), requests=requests)
 
 
 def recorded_settings(trace: MemoryTrace) -> AllocatorSettings:
@@ -196,17 +201,32 @@ def _releases(trace: MemoryTrace, device: int) -> np.ndarray:
     return np.asarray(keep, dtype=np.float64)
 
 
-def replay(stream: Stream, capacity: int | None, settings: AllocatorSettings = AllocatorSettings(),
-           fast_forward: bool = True) -> Prediction:
-    """Feed the stream, in position order (frees before allocations at one position), to a fresh allocator on
-    a device of `capacity` usable bytes. A request that fails is noted and the replay goes on as if the device
-    were larger, so that the peaks are what the whole run would need. Periods that repeat from the same allocator
-    state are skipped (`fast_forward`; analyzer.simulate.requests), which changes nothing in the result."""
+def requests_of(stream: Stream, like: tuple[Stream, Requests] | None = None) -> Requests:
+    """The stream's requests, in position order (frees before allocations at one position); a row of 0 bytes
+    makes none. `like`: a stream whose every row makes one, and its requests: where this stream has the same rows
+    made and freed at the same places (a transform that only resized rows), its order is taken, with these sizes."""
     rows = stream.rows
     sizes = rows["bytes"].to_numpy()
     made = sizes > 0   # the columns the model needs, not every column of the rows (a long run's strings)
-    requests = Requests.of(rows["at"].to_numpy(dtype=np.float64)[made], rows["until"].to_numpy(dtype=np.float64)[made],
-                           sizes[made], rows["stream"].to_numpy()[made], stream.releases)
+    if like is not None and made.all() and _same_places(rows, like[0].rows) and \
+            np.array_equal(stream.releases, like[0].releases):
+        return like[1].resized(sizes)
+    return Requests.of(rows["at"].to_numpy(dtype=np.float64)[made], rows["until"].to_numpy(dtype=np.float64)[made],
+                       sizes[made], rows["stream"].to_numpy()[made], stream.releases)
+
+
+def _same_places(rows: pd.DataFrame, other: pd.DataFrame) -> bool:
+    return len(rows) == len(other) and all(np.array_equal(rows[c].to_numpy(), other[c].to_numpy())
+                                           for c in ("at", "until", "stream"))
+
+
+def replay(stream: Stream, capacity: int | None, settings: AllocatorSettings = AllocatorSettings(),
+           fast_forward: bool = True, requests: Requests | None = None) -> Prediction:
+    """Feed the stream (or its `requests`, made by requests_of) to a fresh allocator on a device of `capacity`
+    usable bytes. A request that fails is noted and the replay goes on as if the device were larger, so that the
+    peaks are what the whole run would need. Periods that repeat from the same allocator state are skipped
+    (`fast_forward`; analyzer.simulate.requests), which changes nothing in the result."""
+    requests = requests_of(stream) if requests is None else requests
     fed = feed(CachingAllocator(DeviceMemory(capacity), settings, record=False), requests, fast_forward)
     return Prediction(fed.peak_allocated, fed.peak_reserved, None if capacity is None else fed.oom_at is not None,
                       None if fed.oom_at is None else int(np.ceil(fed.oom_at)))

@@ -10,7 +10,7 @@ Either way the peaks and the first failure are those of feeding every request (t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -55,6 +55,7 @@ class Requests:
     position: np.ndarray
     size: np.ndarray
     stream: np.ndarray
+    row: np.ndarray       # by ordinal: the row of `of`'s arguments the allocation is
 
     @classmethod
     def of(cls, at: np.ndarray, until: np.ndarray, size: np.ndarray, stream: np.ndarray,
@@ -75,7 +76,12 @@ class Requests:
         by_ordinal = np.empty(n, dtype=np.int64)
         by_ordinal[ordinal_of_row] = np.arange(n)
         return cls(kind.astype(np.int64), ordinal, position, np.asarray(size, dtype=np.int64)[by_ordinal],
-                   np.asarray(stream, dtype=np.int64)[by_ordinal])
+                   np.asarray(stream, dtype=np.int64)[by_ordinal], by_ordinal)
+
+    def resized(self, size: np.ndarray) -> Requests:
+        """The same requests in the same order with other sizes (`size` by row, as given to `of`): a transform
+        that only resizes rows needs no new sort."""
+        return replace(self, size=np.asarray(size, dtype=np.int64)[self.row])
 
     @cached_property
     def made_before(self) -> np.ndarray:

@@ -8,7 +8,7 @@ import pytest
 
 from analyzer.attribute import attribute
 from analyzer.diagnose.blocks import blocks
-from analyzer.diagnose.counterfactual import Replayer, predict, recorded_stream, replay
+from analyzer.diagnose.counterfactual import Replayer, predict, recorded_stream, replay, requests_of
 from analyzer.diagnose.transforms import Stream, accumulation, bf16, checkpointing, micro_batch, zero, zero3
 from analyzer.simulate.allocator import AllocatorSettings
 from tests.support.snapshots import MiB, Recording
@@ -47,6 +47,21 @@ def test_replay_out_of_memory_on_each_side_of_the_capacity():
     assert fits.peak_reserved_bytes == 60 * MiB
     assert short.oom_at == 1
     assert replay(s, None).oom is None
+
+
+def test_a_resized_stream_takes_the_order_of_one_at_the_same_places_and_only_that():
+    """A transform that only resizes rows reuses the order of a stream at the same places (no sort): the requests
+    are those of sorting anew; a row made elsewhere, or one of 0 bytes (it makes no request), is sorted anew."""
+    rows = [(i % 7, 9 + (i * 5) % 11, (1 + i) * MiB, "activation", "forward", "m") for i in range(40)]
+    base = stream(rows)
+    like = (base, requests_of(base))
+    for changed, reused in ((micro_batch(base, 2), True), (base.with_rows(base.rows.assign(at=base.rows["at"] + 0.5)), False),
+                            (base.with_rows(base.rows.assign(bytes=base.rows["bytes"].where(base.rows.index != 3, 0))), False)):
+        shared, fresh = requests_of(changed, like), requests_of(changed)
+        assert (shared.kind is like[1].kind) == reused
+        for field in ("kind", "ordinal", "position", "size", "stream", "row"):
+            assert np.array_equal(getattr(shared, field), getattr(fresh, field)), field
+        assert replay(changed, None, requests=shared) == replay(changed, None)
 
 
 def test_fragmentation_fails_where_expandable_segments_fit():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -105,8 +106,8 @@ def test_a_run_that_fails_part_way_fails_at_the_same_request():
 
 def cut(requests: Requests, events: int) -> Requests:
     """The run stopped after its first `events` events (what it made later is never made, nor freed)."""
-    return Requests(requests.kind[:events], requests.ordinal[:events], requests.position[:events], requests.size,
-                    requests.stream)
+    return replace(requests, kind=requests.kind[:events], ordinal=requests.ordinal[:events],
+                   position=requests.position[:events])
 
 
 def _stopped_within_a_period() -> tuple[Requests, Requests]:
@@ -130,7 +131,7 @@ def test_a_last_partial_period_that_differs_is_fed():
     last = int(within.ordinal[np.flatnonzero(within.kind == ALLOC)[-1]])
     size = within.size.copy()
     size[last] += 64 * MiB                             # its last allocation is larger than the one a period before
-    changed = Requests(within.kind, within.ordinal, within.position, size, within.stream)
+    changed = replace(within, size=size)
     fast, slow = both(changed, None)
     assert outcome(fast) == outcome(slow) and fast.fed > both(at_boundary, None)[0].fed
     assert fast.peak_allocated > both(within, None)[1].peak_allocated     # the change shows in the peak
