@@ -257,11 +257,16 @@ def _between_neighbours(phase: np.ndarray, t_alloc: np.ndarray) -> tuple[np.ndar
     computed between the model's forward and backward is forward; a buffer made while loading is load)."""
     order = np.argsort(np.where(np.isnan(t_alloc), np.inf, t_alloc), kind="stable")
     timed = ~np.isnan(t_alloc[order])
-    ordered = pd.Series(phase[order][timed], dtype=object)
-    previous, following = ordered.ffill().to_numpy(dtype=object), ordered.bfill().to_numpy(dtype=object)
-    codes, combos = _combinations(previous, following)
-    decided = np.asarray([_NEIGHBOUR_RULES.get(pair) for pair in combos] + [None], dtype=object)[codes]
-    decided = np.where(pd.isna(ordered.to_numpy(dtype=object)), decided, None)
+    codes, names = pd.factorize(phase[order][timed])          # by code, not a string a row; unlabelled: -1
+    labelled = codes >= 0
+    place = np.arange(len(codes))
+    before = np.maximum.accumulate(np.where(labelled, place, -1))                     # the last labelled so far
+    after = np.minimum.accumulate(np.where(labelled, place, len(codes))[::-1])[::-1]  # the next labelled
+    known = [*names, None]                                     # code -1 (none on that side): None
+    rules = np.asarray([[_NEIGHBOUR_RULES.get((p, f)) for f in known] for p in known], dtype=object)
+    previous = np.where(before >= 0, codes[np.maximum(before, 0)], -1)
+    following = np.where(after < len(codes), codes[np.minimum(after, len(codes) - 1)], -1)
+    decided = np.where(labelled, None, rules[previous, following]) if len(codes) else np.zeros(0, dtype=object)  # type: ignore[call-overload]  # numpy's ArrayLike omits None
     values = np.full(len(phase), None, dtype=object)
     values[order[timed]] = decided
     return values, np.where(pd.isna(values), None, "timing:neighbours")  # type: ignore[call-overload]  # numpy's ArrayLike omits None
