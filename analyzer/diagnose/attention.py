@@ -23,6 +23,7 @@ whether the model has attention at all, and a KV cache kept by a forward-only ru
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -134,10 +135,10 @@ def attention_seen(allocations: pd.DataFrame, stacks: pd.DataFrame, scores: pd.S
     kinds = _kinds_of(allocations, stacks) if not stacks.empty else pd.Series("", index=allocations.index)
     if kinds.isin(("fused", "attention", *CACHE_KINDS)).any():
         return True
-    modules = allocations["module"].astype(str)
-    if any(_ATTENTION_NAME.search(m) for m in modules.unique()):
+    modules = [str(m) for m in pd.unique(allocations["module"])]   # the distinct modules, not a string a row
+    if any(_ATTENTION_NAME.search(m) for m in modules):
         return True
-    convolutions = (kinds == "conv").any() or any(_CONV_MODULE.search(m) for m in modules.unique())
+    convolutions = (kinds == "conv").any() or any(_CONV_MODULE.search(m) for m in modules)
     return False if convolutions else None
 
 
@@ -153,11 +154,15 @@ def cache_call_ends(allocations: pd.DataFrame, stacks: pd.DataFrame, structural:
     if allocations.empty:
         return out
     kinds = _kinds_of(allocations, stacks) if not stacks.empty else pd.Series("", index=allocations.index)
-    modules = allocations["module"].astype(str)
-    block = block_paths(modules)
-    forward = allocations["phase"].astype(str) == Phase.FORWARD.value
-    in_attention = modules.map({m: bool(_ATTENTION_NAME.search(m)) for m in modules.unique()}) \
-        | kinds.isin(("attention", "fused"))
+    codes, names = pd.factorize(allocations["module"], use_na_sentinel=False)   # each module read once, not a row
+    paths = [str(m) for m in names]
+
+    def per_module(rule: Callable[[str], object], dtype: type) -> pd.Series:
+        return pd.Series(np.asarray([rule(m) for m in paths], dtype=dtype)[codes], index=allocations.index)
+
+    block = block_paths(allocations["module"])
+    forward = allocations["phase"] == Phase.FORWARD.value
+    in_attention = per_module(lambda m: bool(_ATTENTION_NAME.search(m)), bool) | kinds.isin(("attention", "fused"))
     made = allocations["seq_alloc"].astype("float64")
     freed = allocations["seq_free"].astype("float64").fillna(np.inf)
     # a block's call: a run of forward allocations of that block, unbroken by another block's
@@ -165,13 +170,13 @@ def cache_call_ends(allocations: pd.DataFrame, stacks: pd.DataFrame, structural:
     call = (work["block"] != work["block"].shift()).cumsum()
     end = work.groupby(call)["made"].transform("max")
     # ... and the last allocation of its attention module in that call
-    scopes = modules[work.index].map({m: _attention_scope(m) for m in modules.unique()})
+    scopes = per_module(_attention_scope, object)[work.index]
     used_until = work["made"].groupby([call, scopes]).transform("max").where(scopes != "", end)
     if structural:
         kept_rows = work.index[(in_attention[work.index] & (freed[work.index] > end)).to_numpy()]
         kept = _growing(kept_rows, work["block"], call, allocations["allocated_bytes"])
         out.loc[kept] = used_until[kept]
-    updated = kinds.isin(CACHE_KINDS) & allocations["category"].astype(str).isin(_WORK) & out.isna()
+    updated = kinds.isin(CACHE_KINDS) & allocations["category"].isin(_WORK) & out.isna()
     out.loc[updated] = used_until.reindex(allocations.index[updated]).fillna(made[updated]).fillna(-1.0)
     return out
 

@@ -49,8 +49,7 @@ def cache_ends(allocations: pd.DataFrame, stacks: pd.DataFrame, grad_mode: str |
     """Per allocation of a run that does not train, where the block's call that made it ended when it is in the
     KV cache (attention.cache_call_ends, told structurally only with autograd known off); NaN for the rest, and
     for every allocation of a run that trains."""
-    if allocations["phase"].astype(str).isin(_TRAINING_PHASES).any() \
-            or allocations["category"].astype(str).isin(_TRAINING_CATEGORIES).any():
+    if allocations["phase"].isin(_TRAINING_PHASES).any() or allocations["category"].isin(_TRAINING_CATEGORIES).any():
         return pd.Series(np.nan, index=allocations.index)
     autograd_off = grad_mode is not None and GradMode(grad_mode).autograd_off
     return cache_call_ends(allocations, stacks, structural=autograd_off)

@@ -35,7 +35,7 @@ def kept_allocations(ctx: DeviceContext) -> pd.DataFrame:
     with `frame` (top user frame) and `module` as strings, the keys leaks are grouped by."""
     a = ctx.allocations
     kept = a[a["seq_alloc"].notna() & a["seq_free"].isna() & a["step"].notna()]
-    kept = kept[(kept["step"] >= 1) & ~kept["category"].astype(str).isin(MODEL_STATES)]
+    kept = kept[(kept["step"] >= 1) & ~kept["category"].isin(MODEL_STATES)]
     frames = ctx.trace.stacks["top_user_frame"]
     return kept.assign(
         frame=[NO_FRAMES if pd.isna(s) or frames.iat[int(s)] is None else frames.iat[int(s)] for s in kept["stack_id"]],
