@@ -227,14 +227,12 @@ class CachingAllocator:
         nxt = block.next
         return block.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
 
-    def _should_split(self, block: Block, size: int) -> bool:
-        remaining = block.size - size
-        if block.pool.is_small or self._split_any:
-            return remaining >= MIN_BLOCK_SIZE
-        return size < self._split_limit and remaining > SMALL_SIZE
-
     def _alloc_found_block(self, block: Block, size: int, requested: int, stream: int, ctx: CallContext) -> Block:
-        if block.size - size >= MIN_BLOCK_SIZE and self._should_split(block, size):
+        # should_split: a remainder worth keeping (any of 512 B in the small pool or with expandable segments, of
+        # over 1 MiB in the large pool, and only below max_split_size)
+        remaining_size = block.size - size
+        if remaining_size >= MIN_BLOCK_SIZE and (block.pool.is_small or self._split_any
+                                                 or remaining_size > SMALL_SIZE and size < self._split_limit):
             # the front part becomes a new block; the original object (and its segment record) is the remainder,
             # which is why a split segment's snapshot entry has no frames, in torch as here
             remaining = block

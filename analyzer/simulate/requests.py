@@ -191,8 +191,9 @@ class _Skipper:
     def past_repeats(self, i: int, model: CachingAllocator, blocks: list[Block | None]) -> int:
         """From boundary `i`, the first event that must be fed: past every period that repeats the one before."""
         length, n = self.period.length, len(self.requests.kind)
+        state = model.state()   # a skipped period leaves the model as it was: its state is read once
         while i < n:
-            here = (i, model.state(), self._freed_next(i, model, blocks))
+            here = (i, state, self._freed_next(i, model, blocks))
             last, self.last = self.last, here
             if last is None or last[0] != i - length or last[1] != here[1]:
                 return i
