@@ -88,7 +88,7 @@ def _combinations(*columns: np.ndarray) -> tuple[np.ndarray, list[tuple]]:
     combined = np.zeros(len(columns[0]), dtype=np.int64)
     for c, u in zip(codes, uniques, strict=True):
         combined = combined * max(len(u), 1) + c
-    distinct, inverse = np.unique(combined, return_inverse=True)
+    inverse, distinct = pd.factorize(combined)      # by hash, not a sort of every row
     first = np.zeros(len(distinct), dtype=np.int64)
     first[inverse[::-1]] = np.arange(len(combined))[::-1]  # a row holding each combination
     return inverse, [tuple(c[i] for c in columns) for i in first]

@@ -17,15 +17,18 @@ class PhasePeak:
 
 
 def phase_peak(ctx: DeviceContext, phase: str, ignore: tuple[str, ...] = ()) -> PhasePeak | None:
-    events = ctx.timeline[ctx.timeline["seq"] >= 0]
-    phases = ctx.labels["phase"].to_numpy()[: len(events)]
-    if not len(events):
+    seq = ctx.timeline["seq"].to_numpy()
+    after_event = seq >= 0      # the two columns it reads, not the whole timeline taken
+    phases = ctx.labels["phase"].to_numpy()[: int(after_event.sum())]
+    if not len(phases):
         return None
     inside = phases == phase
     if not inside.any():
         return None
-    allocated = events["allocated_bytes"].to_numpy()
-    outside = ~inside & ~np.isin(phases, list(ignore))
+    allocated = ctx.timeline["allocated_bytes"].to_numpy()[after_event]
+    outside = ~inside
+    for other in ignore:
+        outside &= phases != other
     best = int(np.argmax(np.where(inside, allocated, -1)))
-    return PhasePeak(bytes=int(allocated[best]), seq=int(events["seq"].iloc[best]),
+    return PhasePeak(bytes=int(allocated[best]), seq=int(seq[after_event][best]),
                      elsewhere=int(allocated[outside].max()) if outside.any() else 0)

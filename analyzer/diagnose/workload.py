@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pandas as pd
+
 from analyzer.core.vocabulary import Category, GradMode, Phase
 from analyzer.diagnose.context import DeviceContext
 from analyzer.result import WorkloadFacts
@@ -94,7 +96,7 @@ def recognise(ctx: DeviceContext, *, gradient_share: float = GRADIENT_SHARE, gra
     parameters."""
     most = {c: int(ctx.timeline[f"{c.value}_bytes"].max()) if f"{c.value}_bytes" in ctx.timeline else 0
             for c in (Category.PARAMETER, Category.GRADIENT, Category.OPTIMIZER_STATE)}
-    phases = {str(p) for p in ctx.labels["phase"].dropna().unique()} if "phase" in ctx.labels else set()
+    phases = {str(p) for p in pd.unique(ctx.labels["phase"].to_numpy()) if not pd.isna(p)} if "phase" in ctx.labels else set()
     backward = Phase.BACKWARD.value in phases or Phase.OPTIMIZER.value in phases
     trains = (backward or most[Category.OPTIMIZER_STATE] > 0
               or most[Category.GRADIENT] >= gradient_share * max(most[Category.PARAMETER], 1))
