@@ -155,17 +155,23 @@ def call_path_labels(times: np.ndarray, stacks: np.ndarray, paths: Sequence[Call
     starts = np.ones(len(order), dtype=bool)
     starts[1:] = (ordered_stacks[1:] != ordered_stacks[:-1]) | (ordered_steps[1:] != ordered_steps[:-1])
     group_stacks, group_steps = ordered_stacks[starts], ordered_steps[starts]
-    # the calls begin afresh each step: a step whose groups run the stacks an earlier one ran makes its calls
+    # the calls begin afresh each step, and below a new call of the outermost level (its class changes, or its line
+    # goes back: _calls_of_step), whose own order no label shows: a part of the run between two such places that
+    # runs the stacks an earlier part ran makes the calls that one made (a run without steps repeats its forward)
+    identities = pd.factorize(np.asarray([p[0].identity if p else "" for p in paths] + [""], dtype=object))[0]
+    lines = np.asarray([p[0].line if p else 0 for p in paths] + [0], dtype=np.int64)
+    root, line = identities[group_stacks], lines[group_stacks]
+    fresh = (group_steps[1:] != group_steps[:-1]) | (root[1:] != root[:-1]) | (line[1:] < line[:-1])
     most: dict[tuple, int] = defaultdict(int)                       # position -> most calls within one parent call
-    distinct: dict[bytes, int] = {}                                 # a step's stacks -> its index in `runs`
+    distinct: dict[bytes, int] = {}                                 # a part's stacks -> its index in `runs`
     runs: list[tuple[list[int], list[tuple[tuple[tuple, int], ...]]]] = []   # (stacks, calls of each group)
-    run_of_step: list[int] = []
-    for sids in np.split(group_stacks, np.flatnonzero(group_steps[1:] != group_steps[:-1]) + 1):
+    run_of_part: list[int] = []
+    for sids in np.split(group_stacks, np.flatnonzero(fresh) + 1):
         key = sids.tobytes()
         if key not in distinct:
             distinct[key] = len(runs)
             runs.append((sids.tolist(), _calls_of_step(sids.tolist(), paths, most)))
-        run_of_step.append(distinct[key])
+        run_of_part.append(distinct[key])
     cache: dict[tuple, str] = {}
 
     def label(sid: int, calls: tuple[tuple[tuple, int], ...]) -> tuple[str, bool]:
@@ -186,8 +192,8 @@ def call_path_labels(times: np.ndarray, stacks: np.ndarray, paths: Sequence[Call
             texts, marks = zip(*(label(sid, c) for sid, c in zip(run_stacks, calls, strict=True)), strict=True)
             run_labels.append((np.asarray(texts, dtype=object), np.asarray(marks, dtype=bool)))
         which = np.cumsum(starts) - 1   # the group of each row in `order`
-        labels[order] = np.concatenate([run_labels[r][0] for r in run_of_step])[which]
-        numbered[order] = np.concatenate([run_labels[r][1] for r in run_of_step])[which]
+        labels[order] = np.concatenate([run_labels[r][0] for r in run_of_part])[which]
+        numbered[order] = np.concatenate([run_labels[r][1] for r in run_of_part])[which]
     return labels, numbered
 
 

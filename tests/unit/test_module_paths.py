@@ -283,6 +283,20 @@ def test_steps_that_run_the_same_stacks_make_the_same_calls_and_the_most_calls_o
     assert numbered.all()
 
 
+def test_a_run_without_steps_begins_its_calls_afresh_at_each_new_call_of_the_outermost_level():
+    """A forward-only run (one step) of three passes of Model, each a new call (its line goes back from the head's
+    9 to the loop's 7): the second repeats the first's stacks and is labelled as it is; the third runs Block three
+    times, numbered 0-2, its third call continuing the same Model call (the line stays at 7, it does not go back)."""
+    paths = [(level("Model", 7), level("Block", 3), level("MLP", 11)), (level("Model", 7), level("Block", 4)),
+             (level("Model", 9), level("Head", 2))]
+    passes = [[0, 1, 0, 1, 2], [0, 1, 0, 1, 2], [0, 1, 0, 1, 0, 1, 2]]
+    stacks = np.asarray([s for run in passes for s in run])
+    got, numbered = call_path_labels(np.arange(len(stacks), dtype=np.float64), stacks, paths, np.ones(len(stacks), dtype=int))
+    two = ["Model › Block[0] › MLP", "Model › Block[0]", "Model › Block[1] › MLP", "Model › Block[1]", "Model › Head"]
+    assert list(got) == two + two + two[:4] + ["Model › Block[2] › MLP", "Model › Block[2]", "Model › Head"]
+    assert list(numbered) == [True] * 4 + [False] + [True] * 4 + [False] + [True] * 6 + [False]
+
+
 def test_a_loop_inside_a_call_numbers_the_child_not_the_parent():
     """Experts called in a loop from one line of one MoE call: the experts are numbered, the MoE is one call."""
     paths = [(level("MoE", 5), level("Expert", 2)), (level("MoE", 5), level("Expert", 3))]
