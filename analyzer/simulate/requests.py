@@ -24,6 +24,7 @@ _WINDOW = 32                       # requests that must agree for a distance to 
 _CANDIDATES = 64                   # distances tried as the period, each judged on a sample of the run
 _SAMPLE = 4096
 _MIN_SHARE = 0.5                   # a period is used when at least this share of the requests repeats with it
+_CLEAR_SHARE = 0.9                 # a period this clear is not looked for elsewhere in the run
 
 
 @dataclass(frozen=True)
@@ -105,19 +106,16 @@ class Requests:
             return None
         codes = self._codes()
         mixed = codes[0] + 3 * codes[1] + (codes[2] << 7) * 1_000_003 + (codes[3] << 3) * 998_244_353
-        anchor = n // 2
-        pattern = mixed[anchor:anchor + _WINDOW]
-        found = np.arange(anchor + 1, max(anchor + 1, n - _WINDOW))
-        for k, code in enumerate(pattern.tolist()):    # where the window after the anchor comes again, narrowed
-            found = found[mixed[found + k] == code]     # one request at a time (vectorised)
-        distances = (found[:_CANDIDATES] - anchor).tolist()
         sample = np.linspace(0, n - 1, min(_SAMPLE, n)).astype(np.int64)
-        best, share = 0, 0.0
-        for length in distances:
-            at = sample[sample < n - length]
-            agree = float(np.mean(mixed[at] == mixed[at + length])) * len(at) / len(sample) if len(at) else 0.0
+        best, share, anchor = 0, 0.0, n // 2
+        # looked for from the middle, else a quarter in from either end: the middle can lie where the run does not
+        # repeat (where gradient accumulation's two copies of a run without steps meet)
+        for where in (n // 2, n // 4, 3 * n // 4):
+            length, agree = _best_distance(mixed, where, sample)
             if agree > share:
-                best, share = length, agree
+                best, share, anchor = length, agree, where
+            if share >= _CLEAR_SHARE:
+                break
         if share < _MIN_SHARE:
             return None
         same = np.ones(n - best, dtype=bool)
@@ -127,6 +125,23 @@ class Requests:
         live = np.cumsum(np.where(made, 1, np.where(self.kind == FREE, -1, 0))) - np.where(made, 1, 0)
         start = anchor + int(np.argmin(live[anchor:anchor + best]))     # a period starts where least is alive
         return Period(best, start % best, np.concatenate([[0], np.cumsum(~same)]))
+
+
+def _best_distance(mixed: np.ndarray, anchor: int, sample: np.ndarray) -> tuple[int, float]:
+    """The distance at which the requests after `anchor` come again that most of the `sample` agrees with, and
+    the share of the stream that agrees (0 where none comes again)."""
+    n = len(mixed)
+    pattern = mixed[anchor:anchor + _WINDOW]
+    found = np.arange(anchor + 1, max(anchor + 1, n - _WINDOW))
+    for k, code in enumerate(pattern.tolist()):    # where the window after the anchor comes again, narrowed
+        found = found[mixed[found + k] == code]     # one request at a time (vectorised)
+    best, share = 0, 0.0
+    for length in (found[:_CANDIDATES] - anchor).tolist():
+        at = sample[sample < n - length]
+        agree = float(np.mean(mixed[at] == mixed[at + length])) * len(at) / len(sample) if len(at) else 0.0
+        if agree > share:
+            best, share = length, agree
+    return best, share
 
 
 def feed(model: CachingAllocator, requests: Requests, fast_forward: bool = True) -> Fed:

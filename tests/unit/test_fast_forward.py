@@ -21,10 +21,11 @@ from tests.support.paths import REAL, ROOT
 from tests.support.snapshots import MiB
 
 
-def steps(count: int, growth: int = 0, released: bool = False) -> Requests:
+def steps(count: int, growth: int = 0, released: bool = False, growing: range | None = None) -> Requests:
     """`count` training steps: parameters made once, then each step's activations (freed in reverse), a
-    temporary per layer and a gradient kept to the step's end; `growth` bytes more each step (no two alike);
-    `released`: the cache emptied at the end of each step (torch.cuda.empty_cache())."""
+    temporary per layer and a gradient kept to the step's end; `growth` bytes more each step (no two alike), in
+    the steps of `growing` only where it is given; `released`: the cache emptied at the end of each step
+    (torch.cuda.empty_cache())."""
     at, until, size = [-1.0, -1.0], [np.inf, np.inf], [64 * MiB, 3 * MiB]
     releases = []
     position = 0.0
@@ -33,7 +34,7 @@ def steps(count: int, growth: int = 0, released: bool = False) -> Requests:
         for layer in range(12):
             at.append(position)
             until.append(np.nan)
-            size.append((6 + layer % 3) * MiB + step * growth)
+            size.append((6 + layer % 3) * MiB + (step * growth if growing is None or step in growing else 0))
             made.append(len(at) - 1)
             at.append(position + 0.5)
             until.append(position + 0.7)
@@ -141,6 +142,16 @@ def test_a_run_that_never_repeats_is_fed_whole():
     requests = steps(200, growth=512 * 1024)          # each step's activations are larger than the last's
     fast, slow = both(requests, None)
     assert outcome(fast) == outcome(slow) and fast.fed == slow.fed == len(requests.kind)
+
+
+def test_a_run_whose_middle_does_not_repeat_is_skipped_from_a_quarter_in():
+    """300 steps whose middle 40 each differ (as where gradient accumulation's two copies of a run meet): the
+    period is looked for a quarter in, the repeating parts are skipped, the middle fed, and the peaks are the same."""
+    requests = steps(300, growth=512 * 1024, growing=range(130, 170))
+    period = requests.period()
+    assert period is not None and period.length == len(steps(2).kind) - len(steps(1).kind)
+    fast, slow = both(requests, None)
+    assert outcome(fast) == outcome(slow) and slow.fed == len(requests.kind) and fast.fed < len(requests.kind) // 3
 
 
 def _make_real():
