@@ -242,10 +242,11 @@ def _match_parameters(a: pd.DataFrame, module: np.ndarray, source: np.ndarray, c
     """Gradients and optimizer states have their parameter's size: borrow its module when unambiguous (`exact`),
     else the call path the parameters of that size share but for the order numbers."""
     sizes = a["requested_bytes"].to_numpy()
-    is_param = (category == Category.PARAMETER) & ~pd.isna(module)
+    parameter = category == Category.PARAMETER
+    is_param = parameter & ~pd.isna(module)
     if exact:   # an optimised tensor that is no parameter (`Adam([x])` on an input): where no parameter has its size
-        kept = (category == Category.INPUT) & ~pd.isna(module) & a["t_free_us"].isna().to_numpy()
-        is_param |= kept & ~np.isin(sizes, sizes[category == Category.PARAMETER])
+        kept = np.flatnonzero((category == Category.INPUT) & ~pd.isna(module) & a["t_free_us"].isna().to_numpy())
+        is_param[kept] |= ~np.isin(sizes[kept], sizes[parameter])
     if not is_param.any():
         return
     params = pd.DataFrame({"size": sizes[is_param], "module": module[is_param].astype(str)})
