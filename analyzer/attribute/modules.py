@@ -156,7 +156,7 @@ def call_path_labels(times: np.ndarray, stacks: np.ndarray, paths: Sequence[Call
     starts[1:] = (ordered_stacks[1:] != ordered_stacks[:-1]) | (ordered_steps[1:] != ordered_steps[:-1])
     group_stacks, group_steps = ordered_stacks[starts], ordered_steps[starts]
     # the calls begin afresh each step, and below a new call of the outermost level (its class changes, or its line
-    # goes back: _calls_of_step), whose own order no label shows: a part of the run between two such places that
+    # goes back: _calls_of_part), whose own order no label shows: a part of the run between two such places that
     # runs the stacks an earlier part ran makes the calls that one made (a run without steps repeats its forward)
     identities = pd.factorize(np.asarray([p[0].identity if p else "" for p in paths] + [""], dtype=object))[0]
     lines = np.asarray([p[0].line if p else 0 for p in paths] + [0], dtype=np.int64)
@@ -170,7 +170,7 @@ def call_path_labels(times: np.ndarray, stacks: np.ndarray, paths: Sequence[Call
         key = sids.tobytes()
         if key not in distinct:
             distinct[key] = len(runs)
-            runs.append((sids.tolist(), _calls_of_step(sids.tolist(), paths, most)))
+            runs.append((sids.tolist(), _calls_of_part(sids.tolist(), paths, most)))
         run_of_part.append(distinct[key])
     cache: dict[tuple, str] = {}
 
@@ -197,9 +197,10 @@ def call_path_labels(times: np.ndarray, stacks: np.ndarray, paths: Sequence[Call
     return labels, numbered
 
 
-def _calls_of_step(sids: list[int], paths: Sequence[CallPath], most: dict[tuple, int]) -> list[tuple[tuple[tuple, int], ...]]:
-    """The (position, index) of each level of each group of one step, whose groups' stacks are `sids` in time
-    order; `most` (position -> most calls within one parent call) takes what this step shows."""
+def _calls_of_part(sids: list[int], paths: Sequence[CallPath], most: dict[tuple, int]) -> list[tuple[tuple[tuple, int], ...]]:
+    """The (position, index) of each level of each group of one part of the run (a step, or a call of the outermost
+    level within one), whose groups' stacks are `sids` in time order; `most` (position -> most calls within one
+    parent call) takes what this part shows."""
     groups: list[tuple[tuple[tuple, int], ...]] = []
     chain: list[_Call] = []
     roots: dict[tuple, int] = {}
